@@ -1,0 +1,53 @@
+# dflashctl: set-up, tests, demo and benchmarks. Each target installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch that these machines keep on disk; elsewhere pip fetches it.
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install system-deps test demo demo-crash bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[trainer,dev]'
+	touch $@
+
+# The tests' real SSH host needs sshd, bubblewrap and nsenter. Install them with apt
+# when we are root and they are missing; otherwise those tests skip and say why.
+system-deps:
+	@missing=""; \
+	command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v nsenter >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	command -v ssh >/dev/null 2>&1 || missing="$$missing openssh-client"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "note: missing$$missing (need root + apt); the SSH/container tests will skip"; \
+	  fi; \
+	fi
+
+test: install system-deps
+	$(BIN)/pytest -q
+
+demo: install
+	$(BIN)/dflashctl deploy --config templates/demo.yaml
+
+demo-crash: install
+	$(BIN)/dflashctl deploy --config templates/demo.yaml -- --set debug.fail_in=drafter-0@step:3
+
+bench: install system-deps
+	$(BIN)/python bench/run_all.py
+
+lint: install
+	$(BIN)/ruff check dflashctl trainer tests bench
+	$(BIN)/ruff format --check dflashctl trainer tests bench
+
+clean:
+	rm -rf $(VENV) demo .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,84 @@
+"""The dflashctl command line: a typer app whose commands live in dflashctl/commands/.
+
+Kept light on purpose: `dflashctl --help` must start fast, so nothing heavy
+(paramiko, torch) is imported here; command modules import what they need
+inside their functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from dflashctl import __version__, terminal
+from dflashctl.errors import EXIT_INTERRUPTED, DflashError
+
+# Order is the order of `dflashctl --help`.
+COMMAND_MODULES = ("init", "doctor", "status", "deploy", "restart", "stop", "runs", "logs")
+
+app = typer.Typer(
+    name="dflashctl",
+    help="Deploy, run and debug DFlash drafter training in Proxmox containers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dflashctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Deploy, run and debug DFlash drafter training in Proxmox containers."""
+
+
+def _register_commands() -> None:
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"dflashctl.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"dflashctl.commands.{name}":
+                continue  # a command not built in this checkout
+            raise
+        module.register(app)
+
+
+_register_commands()
+
+
+def main() -> None:
+    debug = os.environ.get("DFLASHCTL_DEBUG") == "1"
+    try:
+        app(standalone_mode=False)
+    except DflashError as exc:
+        terminal.error(exc.message, exc.hint)
+        if debug:
+            raise
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        terminal.err.print("[yellow]interrupted[/yellow]")
+        sys.exit(EXIT_INTERRUPTED)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        terminal.err.print("[yellow]aborted[/yellow]")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise

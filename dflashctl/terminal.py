@@ -1,0 +1,81 @@
+"""One terminal facade over rich: results on stdout, diagnostics on stderr.
+
+Colour and progress bars appear only on an interactive terminal; NO_COLOR is
+honoured by rich itself. Commands print through this module so that `--json`
+output on stdout is never mixed with progress or step lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.markup import escape
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def set_quiet_stdout(quiet: bool) -> None:
+    """With --json, everything human goes to stderr so stdout stays parseable."""
+    global out
+    out = err if quiet else Console(highlight=False, soft_wrap=True)
+
+
+def interactive() -> bool:
+    return err.is_terminal and os.environ.get("TERM") != "dumb"
+
+
+def info(message: str) -> None:
+    err.print(message)
+
+
+def success(message: str) -> None:
+    err.print(f"[green]✓[/green] {message}")
+
+
+def warning(message: str) -> None:
+    err.print(f"[yellow]![/yellow] {message}")
+
+
+def error(message: str, hint: str | None = None) -> None:
+    err.print(f"[bold red]error:[/bold red] {escape(message)}")
+    if hint:
+        err.print(f"  [dim]hint:[/dim] {escape(hint)}")
+
+
+def step_done(message: str, seconds: float) -> None:
+    """One line per finished step, with its time: `✓ synced 3 files (12 KiB)  0.21 s`."""
+    err.print(f"[green]✓[/green] {message}  [dim]{seconds:.2f} s[/dim]")
+
+
+@contextlib.contextmanager
+def step(message: str) -> Iterator[dict]:
+    """Time a step; the caller may replace the finished line via `result["done"]`.
+
+    On a terminal a spinner shows while the step runs; elsewhere nothing is
+    printed until the step finishes, so logs stay one line per step.
+    """
+    result: dict = {"done": message}
+    start = time.monotonic()
+    status = err.status(message) if interactive() else contextlib.nullcontext()
+    with status:
+        yield result
+    step_done(result["done"], time.monotonic() - start)
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def is_stdout_terminal() -> bool:
+    return sys.stdout.isatty()
