@@ -281,7 +281,7 @@ def _resolve_paths(config: Config, path: Path) -> None:
 
     def resolve(p: str) -> str:
         expanded = Path(p).expanduser()
-        return str(expanded if expanded.is_absolute() else (base / expanded))
+        return os.path.normpath(expanded if expanded.is_absolute() else (base / expanded))
 
     config.trainer.source = resolve(config.trainer.source)
     config.host.known_hosts = resolve(config.host.known_hosts)
@@ -290,6 +290,9 @@ def _resolve_paths(config: Config, path: Path) -> None:
     # A local workdir (no container on this machine) is a local path too.
     if config.host.is_local and config.container.vmid is None:
         config.container.workdir = resolve(config.container.workdir)
+        # `python: ../.venv/bin/python` names a file next to this config, not a command.
+        if "/" in config.container.python:
+            config.container.python = resolve(config.container.python)
 
 
 _PROXY_JUMP = re.compile(r"^(?:[^@\s]+@)?[^@:\s]+(?::\d{1,5})?$")
