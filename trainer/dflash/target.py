@@ -1,0 +1,148 @@
+"""The target model: loading it, building the tiny test one, reading its hidden states.
+
+The target is any Hugging Face causal LM that can return hidden states; Qwen3
+first. `hidden_states[i + 1]` of a transformers model is the output of decoder
+layer i (index 0 is the embedding output).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def build_tiny_target(
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    hidden_size: int = 64,
+    num_layers: int = 6,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 4096,
+    initializer_range: float = 0.02,
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """A random-weight Qwen3ForCausalLM for tests and CPU runs (no download)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+        tie_word_embeddings=False,
+    )
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Qwen3ForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(state)
+    return freeze(model.to(dtype))
+
+
+def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """A local Hugging Face causal LM, frozen, in eval mode (never downloads)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    return freeze(model.to(device))
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def target_parts(target: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(embed_tokens, lm_head) for `DFlashDrafter.bind_target`."""
+    return target.get_input_embeddings(), target.get_output_embeddings()
+
+
+def num_layers(target: nn.Module) -> int:
+    return int(target.config.num_hidden_layers)
+
+
+def _decoder(target: nn.Module) -> nn.Module:
+    """The transformer body without the LM head (training never needs target logits)."""
+    body = getattr(target, "model", None)
+    return body if isinstance(body, nn.Module) else target.base_model
+
+
+@torch.no_grad()
+def target_context(
+    target: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    layer_ids: list[int],
+) -> torch.Tensor:
+    """Concatenated outputs of the selected target layers, [N, S, k*H]."""
+    out = _decoder(target)(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+    )
+    return select_layers(out.hidden_states, layer_ids)
+
+
+def select_layers(hidden_states, layer_ids: list[int]) -> torch.Tensor:
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+# -- cached forwards for decoding (transformers 4.x/5.x compatible) ---------------------------
+def new_cache(target: nn.Module):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=target.config)
+    except TypeError:  # older transformers: no config argument
+        return DynamicCache()
+
+
+def _cache_kwarg(target: nn.Module) -> str:
+    # transformers 5.2x renamed `past_key_values` to `cache`; older versions only know the former.
+    params = inspect.signature(target.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cached_forward(target: nn.Module, input_ids: torch.Tensor, start: int, cache, *, hidden: bool):
+    """Run `input_ids` at positions start.. on top of `cache`; returns the model output."""
+    positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+    kwargs = {_cache_kwarg(target): cache}
+    return target(input_ids=input_ids, position_ids=positions, use_cache=True, output_hidden_states=hidden, **kwargs)
+
+
+def crop_cache(cache, length: int) -> None:
+    """Keep the first `length` positions (a negative crop means 'remove' in every version)."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+@torch.no_grad()
+def greedy_generate(
+    target: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, stop_token_ids: list[int] | None = None
+) -> tuple[list[int], int]:
+    """The target's own greedy continuation of one prompt [1, P] -> (new token ids, target forwards)."""
+    cache = new_cache(target)
+    out = cached_forward(target, prompt_ids, 0, cache, hidden=False)
+    token = int(out.logits[0, -1].argmax())
+    generated, forwards = [token], 1
+    stops = set(stop_token_ids or [])
+    while len(generated) < max_new_tokens and token not in stops:
+        step = torch.tensor([[token]], device=prompt_ids.device)
+        out = cached_forward(target, step, prompt_ids.shape[1] + len(generated) - 1, cache, hidden=False)
+        token = int(out.logits[0, -1].argmax())
+        generated.append(token)
+        forwards += 1
+    return generated, forwards
