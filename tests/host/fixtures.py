@@ -1,0 +1,221 @@
+"""pytest fixtures for the test host. tests/conftest.py pulls them in with
+`pytest_plugins = ["tests.host.fixtures"]`.
+
+    pve_host        session: a real sshd on 127.0.0.1 (see sshd.SshServer), pct/pvesh on PATH
+    make_container  factory: make_container(vmid=200, running=True) -> Container
+    container       a running container 200
+    write_config    write_config(directory, vmid=200, trainer_source=None, **overrides) -> Path
+
+Where the host cannot be had (not root, no sshd/bwrap/nsenter) these tests skip and say
+why; with CI=true they fail instead, so CI never passes by skipping them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from . import state
+from .containers import Container
+from .sshd import SshServer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NODE = "pve"
+
+
+def _missing_tool(name: str) -> bool:
+    return shutil.which(name) is None and not Path("/usr/sbin", name).exists()
+
+
+@cache
+def host_problem() -> str | None:
+    """Why the test host cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the test host needs root (sshd, bubblewrap namespaces, nsenter)"
+    missing = [t for t in ("sshd", "ssh", "ssh-keygen", "bwrap", "nsenter") if _missing_tool(t)]
+    if missing:
+        return (
+            f"the test host needs {', '.join(missing)} "
+            f"(apt-get install openssh-server openssh-client bubblewrap util-linux)"
+        )
+    probe = subprocess.run(
+        [
+            "bwrap",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--as-pid-1",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return f"bubblewrap cannot create namespaces here: {probe.stderr.strip()}"
+    return None
+
+
+def require_test_host() -> None:
+    problem = host_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"test host unavailable under CI: {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
+def _read_only_binds() -> list[str]:
+    """Host folders under /root the containers still need: the container's private /root
+    would hide them (the Python interpreter under /root/.pyenv, a checkout or venv there)."""
+    candidates = [
+        Path("/root/.pyenv"),
+        REPO_ROOT,
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.executable).resolve().parent,
+    ]
+    under_root = set()
+    for path in candidates:
+        path = path.resolve()
+        if path.exists() and path != Path("/root") and path.is_relative_to("/root"):
+            under_root.add(path)
+    # A folder inside another one is bound with it.
+    kept = [p for p in under_root if not any(p != q and p.is_relative_to(q) for q in under_root)]
+    return sorted(str(p) for p in kept)
+
+
+@pytest.fixture(scope="session")
+def pve_host(tmp_path_factory):
+    """The test host: sshd on 127.0.0.1:<port>, root login with `identity_file`, host key
+    in `known_hosts`; sessions run the pct/pvesh stand-ins against `state_dir`."""
+    require_test_host()
+    base = tmp_path_factory.mktemp("pve-host")
+    state_dir = base / "state"
+    state_dir.mkdir()
+    (state_dir / "host.json").write_text(json.dumps({"node": NODE, "ro_binds": _read_only_binds()}))
+    server = SshServer(workdir=base / "ssh", state_dir=state_dir, node=NODE)
+    try:
+        server.start()
+        yield server
+    finally:
+        for ct in state.list_containers(state_dir):
+            state.destroy_container(ct)
+        server.stop()
+
+
+@pytest.fixture
+def make_container(pve_host):
+    """make_container(vmid=200, running=True, hostname=None) -> Container; every container
+    made is killed and removed after the test."""
+    made: list[Container] = []
+
+    def make(vmid: int = 200, running: bool = True, hostname: str | None = None) -> Container:
+        if state.Container(pve_host.state_dir, vmid).exists():
+            raise ValueError(f"container {vmid} already exists in this test")
+        state.create_container(pve_host.state_dir, vmid, hostname)
+        handle = Container(pve_host.state_dir, vmid)
+        made.append(handle)
+        if running:
+            handle.start()
+        return handle
+
+    yield make
+    for handle in made:
+        handle.destroy()
+
+
+@pytest.fixture
+def container(make_container) -> Container:
+    """A running container 200 with an empty /root and /tmp."""
+    return make_container(200)
+
+
+def build_config(host, *, vmid: int | None = 200, trainer_source: Path | None = None) -> dict:
+    """The dflash.yaml content (templates/dflash.yaml schema) for the test host."""
+    return {
+        "host": {
+            "address": host.address,
+            "port": host.port,
+            "user": host.user,
+            "identity_file": str(host.identity_file),
+            "known_hosts": str(host.known_hosts),
+            "accept_new_host_key": False,
+            "proxy_jump": None,
+            "connect_timeout_s": 10,
+            "keepalive_s": 15,
+        },
+        "proxmox": {
+            "node": NODE,
+            "api": "ssh",
+            "url": None,
+            "token_id": None,
+            "token_secret_env": "PVE_TOKEN_SECRET",
+            "verify_tls": True,
+        },
+        "container": {
+            "vmid": vmid,
+            "workdir": "/root/dflash",
+            # This interpreter (and its venv) is visible read-only inside the containers.
+            "python": sys.executable,
+            "start_if_stopped": False,
+        },
+        "trainer": {
+            "source": str(trainer_source or REPO_ROOT / "trainer"),
+            "entry": "train_dflash_pipeline.py",
+            "args": ["--config", "configs/tiny-cpu.yaml"],
+            "env": {},
+            "exclude": ["__pycache__/", "*.pyc", ".git/", "checkpoints/", "outputs/"],
+        },
+        "run": {"stop_grace_s": 5, "keep_releases": 5},
+        "crash_patterns": [],
+    }
+
+
+def apply_overrides(config: dict, overrides: dict) -> dict:
+    """Overrides as dotted keys ("run.stop_grace_s": 1) or nested dicts (run={...})."""
+    result = copy.deepcopy(config)
+    for key, value in overrides.items():
+        parts = key.split(".")
+        target = result
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        last = parts[-1]
+        if isinstance(value, dict) and isinstance(target.get(last), dict):
+            target[last] = apply_overrides(target[last], value)
+        else:
+            target[last] = value
+    return result
+
+
+@pytest.fixture
+def write_config(pve_host):
+    """write_config(directory, vmid=200, trainer_source=None, **overrides) -> Path of a
+    dflash.yaml for the test host. `directory` may also be the yaml path itself."""
+
+    def write(
+        directory: Path, vmid: int | None = 200, trainer_source: Path | None = None, **overrides
+    ) -> Path:
+        directory = Path(directory)
+        path = directory if directory.suffix in (".yaml", ".yml") else directory / "dflash.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        config = build_config(pve_host, vmid=vmid, trainer_source=trainer_source)
+        path.write_text(yaml.safe_dump(apply_overrides(config, overrides), sort_keys=False))
+        return path
+
+    return write

@@ -1,0 +1,249 @@
+"""`pct` stand-in: status, start, stop, exec, push, pull and list on the sandboxes in state.py.
+
+Messages and exit statuses follow Proxmox's pct (pve-container, src/PVE/CLI/pct.pm and
+src/PVE/API2/LXC/Status.pm) and lxc-attach; each one says where it comes from. Errors of
+the Perl tools are `die` messages: printed on stderr, exit status 255 unless errno was set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import sys
+
+import state
+from state import PveError
+
+CLONE_NEWNS = 0x00020000
+USAGE = """\
+USAGE: pct <COMMAND> [ARGS] [OPTIONS]
+       pct status <vmid>
+       pct start <vmid>
+       pct stop <vmid>
+       pct exec <vmid> [<extra-args>]
+       pct push <vmid> <file> <destination> [OPTIONS]
+       pct pull <vmid> <path> <destination> [OPTIONS]
+       pct list
+"""
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        sys.stderr.write(USAGE)
+        return 255
+    command, args = argv[0], argv[1:]
+    handler = COMMANDS.get(command)
+    if handler is None:
+        sys.stderr.write(f"unknown command 'pct {command}'\n{USAGE}")
+        return 255
+    try:
+        return handler(state.state_dir(), args)
+    except PveError as err:
+        sys.stderr.write(f"{err}\n")
+        return err.exit_code
+
+
+def _split_options(args: list[str], flags: set[str]) -> tuple[list[str], dict[str, str]]:
+    """Positional arguments and `--name value` / `-name value` options, like PVE's CLI."""
+    positional: list[str] = []
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.lstrip("-")
+        if arg.startswith("-") and name in flags:
+            if "=" in name:
+                name, value = name.split("=", 1)
+            elif i + 1 < len(args):
+                i += 1
+                value = args[i]
+            else:
+                raise PveError(f"400 missing value for option '{name}'")
+            options[name] = value
+        else:
+            positional.append(arg)
+        i += 1
+    return positional, options
+
+
+def _need_args(args: list[str], names: list[str], command: str) -> None:
+    """PVE::CLIHandler's answer to a wrong number of positional arguments."""
+    if len(args) != len(names):
+        problem = "not enough arguments" if len(args) < len(names) else "too many arguments"
+        usage = " ".join(f"<{name}>" for name in names)
+        raise PveError(f"400 {problem}\npct {command} {usage}")
+
+
+def cmd_status(root, args):
+    _need_args(args, ["vmid"], "status")
+    ct = state.load_container(root, args[0])
+    print(f"status: {'running' if ct.is_running() else 'stopped'}")
+    return 0
+
+
+def cmd_start(root, args):
+    _need_args(args, ["vmid"], "start")
+    state.start_container(state.load_container(root, args[0]))
+    state.record_task(root, "vzstart", int(args[0]))
+    return 0
+
+
+def cmd_stop(root, args):
+    _need_args(args, ["vmid"], "stop")
+    state.stop_container(state.load_container(root, args[0]))
+    state.record_task(root, "vzstop", int(args[0]))
+    return 0
+
+
+def cmd_list(root, args):
+    containers = state.list_containers(root)
+    if containers:  # pct.pm prints nothing at all for an empty list
+        row = "%-10s %-10s %-12s %-20s\n"
+        sys.stdout.write(row % ("VMID", "Status", "Lock", "Name"))
+        for ct in containers:
+            status = "running" if ct.is_running() else "stopped"
+            sys.stdout.write(row % (ct.vmid, status, "", ct.conf()["hostname"]))
+    return 0
+
+
+def cmd_exec(root, args):
+    if "--" in args:
+        split = args.index("--")
+        head, command = args[:split], args[split + 1 :]
+    else:
+        head, command = args[:1], args[1:]
+    positional, options = _split_options(head, {"keep-env"})
+    if len(positional) != 1:
+        raise PveError("400 not enough arguments\npct exec <vmid> [<extra-args>]")
+    ct = state.load_container(root, positional[0])
+    if not command:
+        raise PveError("missing command")  # pct.pm: die "missing command"
+    pid = ct.init_pid()
+    if pid is None:
+        # What lxc-attach (lxc 5.x, src/lxc/attach.c) prints for a stopped container.
+        raise PveError(
+            f"lxc-attach: {ct.vmid}: ../src/lxc/attach.c: get_attach_context: 405 "
+            f"Connection refused - Failed to get init pid\n"
+            f"lxc-attach: {ct.vmid}: ../src/lxc/attach.c: lxc_attach: 1470 "
+            f"Connection refused - Failed to get attach context",
+            1,
+        )
+    # lxc-attach keeps the caller's working directory when it exists in the container.
+    cwd = os.getcwd()
+    if not os.path.isdir(f"/proc/{pid}/root{cwd}"):
+        cwd = "/"
+    if options.get("keep-env", "0") in ("1", "true"):
+        env = dict(os.environ)
+    else:
+        # lxc-attach --clear-env: only container=lxc, its default PATH and TERM remain;
+        # HOME is root's home as lxc-attach sets it for the attached user.
+        env = {"container": "lxc", "PATH": state.CONTAINER_PATH, "HOME": "/root"}
+        if "TERM" in os.environ:
+            env["TERM"] = os.environ["TERM"]
+    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    sys.stdout.flush()
+    # exec, not a child: stdin, stdout, stderr and the exit status pass straight through.
+    os.execve(
+        nsenter,
+        [nsenter, "-t", str(pid), "-p", "-u", "-m", "-r", f"--wd={cwd}", "--", *command],
+        env,
+    )
+    return 127  # not reached
+
+
+def _setns_mount(pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    except OSError:
+        raise PveError("failed to open the container's mount namespace") from None
+    if libc.setns(fd, CLONE_NEWNS) != 0:
+        raise PveError("failed to enter the container's mount namespace")
+    os.close(fd)
+    os.chdir("/")
+
+
+def _create_file(path: str, perms: str | None) -> int:
+    """pct.pm create_file: O_EXCL first (mode 0666 & ~umask), else truncate in place."""
+    mode = None
+    if perms is not None:
+        text = perms if perms.startswith("0") else "0" + perms  # octal by default
+        try:
+            mode = int(text, 16) if text.lower().startswith("0x") else int(text, 8)
+        except ValueError:
+            raise PveError(f"invalid mode: '{perms}'") from None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0)
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+    except OSError:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except OSError as err:
+            raise PveError(f"failed to create file: {path}: {err.strerror}") from None
+    if mode is not None:
+        os.fchmod(fd, mode)
+    return fd
+
+
+def _copy(src_fd: int, dst_fd: int) -> None:
+    while chunk := os.read(src_fd, 1 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst_fd, view) :]
+
+
+def cmd_push(root, args):
+    positional, options = _split_options(args, {"perms", "user", "group"})
+    _need_args(positional, ["vmid", "file", "destination"], "push")
+    vmid, file, dest = positional
+    ct = state.load_container(root, vmid)
+    pid = ct.init_pid()
+    if pid is None:
+        raise PveError("can only push files to a running CT")  # pct.pm (push)
+    try:
+        src_fd = os.open(file, os.O_RDONLY)
+    except OSError:
+        raise PveError(f"failed to open {file} for reading") from None
+    # Like pct.pm: open the source here, then create the destination from inside the
+    # container's mount namespace, so the container's own mounts (read-only /) apply.
+    _setns_mount(pid)
+    dst_fd = _create_file(dest, options.get("perms"))
+    _copy(src_fd, dst_fd)
+    os.close(dst_fd)
+    os.close(src_fd)
+    return 0
+
+
+def cmd_pull(root, args):
+    positional, options = _split_options(args, {"perms", "user", "group"})
+    _need_args(positional, ["vmid", "path", "destination"], "pull")
+    vmid, path, dest = positional
+    ct = state.load_container(root, vmid)
+    pid = ct.init_pid()
+    if pid is None:
+        raise PveError("can only pull files from a running VM")  # pct.pm (pull), sic
+    dst_fd = _create_file(dest, options.get("perms"))
+    _setns_mount(pid)
+    try:
+        src_fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        raise PveError(f"failed to open {path}: {err.strerror}") from None
+    _copy(src_fd, dst_fd)
+    os.close(dst_fd)
+    os.close(src_fd)
+    return 0
+
+
+COMMANDS = {
+    "status": cmd_status,
+    "start": cmd_start,
+    "stop": cmd_stop,
+    "list": cmd_list,
+    "exec": cmd_exec,
+    "push": cmd_push,
+    "pull": cmd_pull,
+}

@@ -1,0 +1,170 @@
+"""`pvesh` stand-in: the LXC paths dflashctl uses, answered from state.py in the real JSON shape.
+
+    pvesh get /version
+    pvesh get /nodes
+    pvesh get /nodes/<node>/lxc
+    pvesh get /nodes/<node>/lxc/<vmid>/status/current
+    pvesh create /nodes/<node>/lxc/<vmid>/status/start|stop     -> a UPID
+    pvesh get /nodes/<node>/tasks/<upid>/status
+
+proxmoxer's command backends (proxmoxer/backends/command_base.py) call
+`pvesh <get|create|set|delete> <path> [-key value ...] --output-format json` and guess the
+HTTP status from stderr: a line starting with "NNN " gives that status, a UPID gives 200,
+anything else 500. Errors here keep pvesh's real text, so they map the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import state
+from state import PveError
+
+VERSION = {"release": "8.2", "repoid": "faa83925c9641325", "version": "8.2.4"}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        method, path, params, output = _parse(argv)
+        result = _dispatch(state.state_dir(), method, path, params)
+    except PveError as err:
+        sys.stderr.write(f"{err}\n")
+        return err.exit_code
+    if output == "json-pretty":
+        print(json.dumps(result, indent=4, sort_keys=True))
+    elif result is not None:
+        print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def _parse(argv: list[str]) -> tuple[str, str, dict[str, str], str]:
+    if len(argv) < 2 or argv[0] not in ("get", "create", "set", "delete", "ls", "usage"):
+        raise PveError("USAGE: pvesh <get|set|create|delete|ls|usage> <api_path> [OPTIONS]")
+    method, path = argv[0], argv[1]
+    params: dict[str, str] = {}
+    output = "text"
+    rest = argv[2:]
+    i = 0
+    while i < len(rest):
+        name = rest[i].lstrip("-")
+        value = rest[i + 1] if i + 1 < len(rest) else ""
+        if name == "output-format":
+            output = value
+        elif name in ("noproxy", "human-readable", "noborder", "noheader"):
+            i -= 1  # flags without a value
+        else:
+            params[name] = value
+        i += 2
+    return method, path, params, output
+
+
+def _dispatch(root, method: str, path: str, params: dict[str, str]):
+    parts = [p for p in path.strip("/").split("/") if p]
+    node = state.node_name(root)
+    if parts == ["version"] and method == "get":
+        return VERSION
+    if parts == ["nodes"] and method == "get":
+        return [
+            {
+                "node": node,
+                "status": "online",
+                "type": "node",
+                "id": f"node/{node}",
+                "maxcpu": os.cpu_count(),
+                "uptime": _uptime(),
+            }
+        ]
+    if len(parts) >= 2 and parts[0] == "nodes" and parts[1] != node:
+        # pvesh on a node resolves other node names through the cluster; a name it does not
+        # know fails like this (PVE::Cluster, remote_node_ip).
+        raise PveError(
+            f"hostname lookup '{parts[1]}' failed - failed to get address info "
+            f"for: {parts[1]}: Name or service not known",
+            255,
+        )
+    tail = parts[2:]
+    if tail == ["lxc"] and method == "get":
+        return [_summary(ct) for ct in state.list_containers(root)]
+    if len(tail) == 4 and tail[0] == "lxc" and tail[2] == "status":
+        ct = state.load_container(root, tail[1])
+        action = tail[3]
+        if action == "current" and method == "get":
+            return _current(ct)
+        if action == "start" and method == "create":
+            state.start_container(ct)
+            return state.record_task(root, "vzstart", ct.vmid)
+        if action == "stop" and method == "create":
+            state.stop_container(ct)
+            return state.record_task(root, "vzstop", ct.vmid)
+    if len(tail) == 3 and tail[0] == "tasks" and tail[2] == "status" and method == "get":
+        upid = tail[1]
+        if not upid.startswith("UPID:") or len(upid.split(":")) != 9:
+            # PVE::Tools::upid_decode, through the parameter check of the upid argument.
+            raise PveError(
+                f"400 Parameter verification failed.\nupid: unable to parse worker upid '{upid}'",
+                255,
+            )
+        task = state.find_task(root, upid)
+        if task is None:
+            raise PveError(f"500 no such task '{upid}'", 255)
+        return {
+            k: task[k]
+            for k in (
+                "upid",
+                "node",
+                "pid",
+                "pstart",
+                "starttime",
+                "type",
+                "id",
+                "user",
+                "status",
+                "exitstatus",
+            )
+        }
+    # PVE::CLI::pvesh, for a path without a handler for this method.
+    raise PveError(f"No '{method}' handler defined for '{'/'.join(parts)}'", 255)
+
+
+def _uptime() -> int:
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]))
+
+
+def _summary(ct: state.Container) -> dict:
+    """One entry of GET /nodes/<node>/lxc (PVE::LXC::vmstatus)."""
+    conf = ct.conf()
+    running = ct.is_running()
+    started = ct.started_at()
+    entry = {
+        "vmid": ct.vmid,
+        "name": conf["hostname"],
+        "status": "running" if running else "stopped",
+        "type": "lxc",
+        "uptime": int(time.time() - started) if running and started else 0,
+        "cpus": conf["cores"],
+        "cpu": 0,
+        "maxmem": conf["memory"] * 1024 * 1024,
+        "mem": 0,
+        "maxswap": 512 * 1024 * 1024,
+        "swap": 0,
+        "maxdisk": 8 * 1024**3,
+        "disk": 0,
+        "netin": 0,
+        "netout": 0,
+        "diskread": 0,
+        "diskwrite": 0,
+    }
+    if running:
+        entry["pid"] = ct.init_pid()
+    return entry
+
+
+def _current(ct: state.Container) -> dict:
+    """GET /nodes/<node>/lxc/<vmid>/status/current: the summary plus HA state."""
+    entry = _summary(ct)
+    entry["ha"] = {"managed": 0}
+    return entry

@@ -1,0 +1,331 @@
+"""State of the stand-in Proxmox node: its containers, their sandboxes and its tasks.
+
+Shared by the `pct` and `pvesh` stand-ins (run by sshd sessions, stdlib only) and by the
+test fixtures. Everything lives under one state folder ($FAKEPVE_STATE):
+
+    host.json                 node name, extra read-only binds for the sandboxes
+    lxc/<vmid>/conf.json      vmid, hostname, memory, cores
+    lxc/<vmid>/root/          the container's /root (writable, survives stop/start)
+    lxc/<vmid>/tmp/           the container's /tmp
+    lxc/<vmid>/init           "<host pid> <start time>" of the container's pid 1 while running
+    lxc/<vmid>/monitor        the same for the bwrap process that waits on it
+    lxc/<vmid>/console.log    bwrap's own output (sandbox setup errors)
+    tasks/<n>.json            finished tasks (UPIDs) for /nodes/<node>/tasks/<upid>/status
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_ENV = "FAKEPVE_STATE"
+DEFAULT_NODE = "pve"
+# lxc-attach's default PATH when the environment is cleared (lxc: src/lxc/attach.c).
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class PveError(Exception):
+    """An error the real tool would print on stderr, with its exit status."""
+
+    def __init__(self, message: str, exit_code: int = 255):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def state_dir() -> Path:
+    value = os.environ.get(STATE_ENV)
+    if not value:
+        raise PveError(f"{STATE_ENV} is not set: this stand-in only runs inside the test host")
+    return Path(value)
+
+
+def host_settings(root: Path) -> dict:
+    path = root / "host.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"node": DEFAULT_NODE, "ro_binds": []}
+
+
+def node_name(root: Path) -> str:
+    return host_settings(root).get("node", DEFAULT_NODE)
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of a live process; None if gone or a zombie.
+
+    Stored next to each pid so that a recycled pid is never mistaken for the container.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _read_pid_file(path: Path) -> int | None:
+    try:
+        pid_text, start_text = path.read_text().split()
+    except (FileNotFoundError, ValueError):
+        return None
+    pid = int(pid_text)
+    return pid if process_start_time(pid) == int(start_text) else None
+
+
+def _write_pid_file(path: Path, pid: int) -> None:
+    path.write_text(f"{pid} {process_start_time(pid)}\n")
+
+
+@dataclass
+class Container:
+    root_dir: Path  # the state folder of the whole node
+    vmid: int
+
+    @property
+    def dir(self) -> Path:
+        return self.root_dir / "lxc" / str(self.vmid)
+
+    @property
+    def conf_path(self) -> Path:
+        return self.dir / "conf.json"
+
+    @property
+    def rootfs_root(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def rootfs_tmp(self) -> Path:
+        return self.dir / "tmp"
+
+    def exists(self) -> bool:
+        return self.conf_path.exists()
+
+    def conf(self) -> dict:
+        return json.loads(self.conf_path.read_text())
+
+    def init_pid(self) -> int | None:
+        """Host pid of the container's pid 1, or None when the container is stopped."""
+        return _read_pid_file(self.dir / "init")
+
+    def monitor_pid(self) -> int | None:
+        return _read_pid_file(self.dir / "monitor")
+
+    def is_running(self) -> bool:
+        return self.init_pid() is not None
+
+    def started_at(self) -> float | None:
+        try:
+            return float((self.dir / "started_at").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+def create_container(
+    root: Path, vmid: int, hostname: str | None = None, *, memory_mb: int = 2048, cores: int = 2
+) -> Container:
+    ct = Container(root, vmid)
+    ct.rootfs_root.mkdir(parents=True, exist_ok=True)
+    ct.rootfs_tmp.mkdir(parents=True, exist_ok=True)
+    ct.rootfs_tmp.chmod(0o1777)
+    conf = {"vmid": vmid, "hostname": hostname or f"ct{vmid}", "memory": memory_mb, "cores": cores}
+    ct.conf_path.write_text(json.dumps(conf))
+    return ct
+
+
+def load_container(root: Path, vmid: int | str) -> Container:
+    """The container, or the error the real tools give for a vmid without a config.
+
+    PVE::LXC::Config->load_config dies with this text (pve-container,
+    src/PVE/AbstractConfig.pm); perl's die exits with errno, ENOENT (2) here.
+    """
+    try:
+        number = int(vmid)
+    except ValueError:
+        raise PveError(
+            f"400 Parameter verification failed.\nvmid: type check ('integer') "
+            f"failed - got '{vmid}'",
+            255,
+        ) from None
+    ct = Container(root, number)
+    if not ct.exists():
+        node = node_name(root)
+        raise PveError(f"Configuration file 'nodes/{node}/lxc/{number}.conf' does not exist", 2)
+    return ct
+
+
+def list_containers(root: Path) -> list[Container]:
+    base = root / "lxc"
+    if not base.exists():
+        return []
+    found = [Container(root, int(p.name)) for p in base.iterdir() if p.name.isdigit()]
+    return sorted((ct for ct in found if ct.exists()), key=lambda ct: ct.vmid)
+
+
+def _sandbox_argv(ct: Container, settings: dict, info_fd: int) -> list[str]:
+    argv = [
+        "bwrap",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--hostname",
+        ct.conf()["hostname"],
+        "--ro-bind",
+        "/",
+        "/",
+        "--bind",
+        str(ct.rootfs_root),
+        "/root",
+        "--bind",
+        str(ct.rootfs_tmp),
+        "/tmp",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+    ]
+    # The private /root hides whatever the host keeps there (the Python interpreter under
+    # /root/.pyenv, a checkout under /root): bind those back, read-only.
+    for path in settings.get("ro_binds", []):
+        argv += ["--ro-bind", path, path]
+    argv += ["--chdir", "/", "--info-fd", str(info_fd), "--"]
+    # pid 1 is bwrap's own init (it reaps orphans); this shell is pid 2. It tells the
+    # starter on stdout that the mounts are in place, then sleeps until the container is
+    # stopped.
+    init = "echo ready; exec >/dev/null; exec sleep infinity"
+    return argv + ["/bin/sh", "-c", init]
+
+
+def start_container(ct: Container, timeout: float = 10.0) -> int:
+    """Start the sandbox fully detached (own session, no stdio of ours) and wait until its
+    mounts are ready. Returns the host pid of its pid 1."""
+    if ct.is_running():
+        # pve-container, src/PVE/API2/LXC/Status.pm (vm_start)
+        raise PveError(f"CT {ct.vmid} already running")
+    settings = host_settings(ct.root_dir)
+    info_r, info_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    log = open(ct.dir / "console.log", "ab")
+    try:
+        proc = subprocess.Popen(
+            _sandbox_argv(ct, settings, info_w),
+            stdin=subprocess.DEVNULL,
+            stdout=ready_w,
+            stderr=log,
+            pass_fds=(info_w,),
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        log.close()
+        os.close(info_w)
+        os.close(ready_w)
+    try:
+        info = _read_until_eof_or(info_r, b"}", timeout)
+        ready = _read_until_eof_or(ready_r, b"ready", timeout)
+    finally:
+        os.close(ready_r)
+        os.close(info_r)
+    init_pid = json.loads(info)["child-pid"] if info else None
+    if not ready:
+        for pid in (init_pid, proc.pid):
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        proc.wait()
+        tail = (ct.dir / "console.log").read_text(errors="replace")[-2000:]
+        raise PveError(f"startup for container '{ct.vmid}' failed\n{tail}", 255)
+    _write_pid_file(ct.dir / "monitor", proc.pid)
+    _write_pid_file(ct.dir / "init", init_pid)
+    (ct.dir / "started_at").write_text(f"{time.time()}\n")
+    # Deliberately not waited for: the sandbox outlives this process, like lxc-start's
+    # monitor. Whoever inherits it (a subreaper) reaps it.
+    proc.returncode = 0  # keeps Popen.__del__ from warning about a running child
+    return init_pid
+
+
+def _read_until_eof_or(fd: int, marker: bytes, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while marker not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return b""
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data if marker in data else b""
+
+
+def stop_container(ct: Container, timeout: float = 10.0) -> None:
+    """Kill the container's pid 1; the kernel then kills everything in its pid namespace.
+
+    Returns once pid 1 is gone (it exits only after every process in the namespace has).
+    """
+    pid = ct.init_pid()
+    if pid is None:
+        # pve-container, src/PVE/API2/LXC/Status.pm (vm_stop)
+        raise PveError(f"CT {ct.vmid} not running")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while ct.init_pid() is not None:
+        if time.monotonic() > deadline:
+            raise PveError(f"CT {ct.vmid}: init {pid} did not exit after SIGKILL")
+        time.sleep(0.01)
+    (ct.dir / "init").unlink(missing_ok=True)
+    (ct.dir / "started_at").unlink(missing_ok=True)
+
+
+def destroy_container(ct: Container) -> None:
+    if ct.is_running():
+        stop_container(ct)
+    shutil.rmtree(ct.dir, ignore_errors=True)
+
+
+def record_task(root: Path, kind: str, vmid: int, exitstatus: str = "OK") -> str:
+    """A finished task; returns its UPID in the real format
+    UPID:<node>:<pid hex8>:<pstart hex8>:<starttime hex8>:<type>:<id>:<user>:"""
+    node = node_name(root)
+    pid = os.getpid()
+    started = int(time.time())
+    upid = (
+        f"UPID:{node}:{pid:08X}:{process_start_time(pid) or 0:08X}:{started:08X}:"
+        f"{kind}:{vmid}:root@pam:"
+    )
+    tasks = root / "tasks"
+    tasks.mkdir(exist_ok=True)
+    record = {
+        "upid": upid,
+        "node": node,
+        "pid": pid,
+        "pstart": process_start_time(pid) or 0,
+        "starttime": started,
+        "type": kind,
+        "id": str(vmid),
+        "user": "root@pam",
+        "status": "stopped",
+        "exitstatus": exitstatus,
+    }
+    (tasks / f"{pid}-{started}-{kind}-{vmid}.json").write_text(json.dumps(record))
+    return upid
+
+
+def find_task(root: Path, upid: str) -> dict | None:
+    tasks = root / "tasks"
+    if not tasks.exists():
+        return None
+    for path in tasks.iterdir():
+        record = json.loads(path.read_text())
+        if record["upid"] == upid:
+            return record
+    return None
