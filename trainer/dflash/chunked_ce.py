@@ -21,14 +21,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, row_weights, chunk_rows: int):
         num_rows = hidden.shape[0]
-        loss = hidden.new_zeros((), dtype=torch.float32)
+        compute = torch.promote_types(weight.dtype, torch.float32)  # at least fp32 for softmax
+        row_weights = row_weights.to(compute)
+        loss = hidden.new_zeros((), dtype=compute)
         correct = torch.empty(num_rows, dtype=torch.bool, device=hidden.device)
         want_grad = ctx.needs_input_grad[0]
         grad_hidden = torch.empty_like(hidden) if want_grad else None
         for start in range(0, num_rows, chunk_rows):
             end = min(start + chunk_rows, num_rows)
             h, y, w = hidden[start:end], labels[start:end], row_weights[start:end]
-            logits = (h.to(weight.dtype) @ weight.t()).float()
+            logits = (h.to(weight.dtype) @ weight.t()).to(compute)
             correct[start:end] = logits.argmax(dim=-1) == y
             lse = torch.logsumexp(logits, dim=-1)
             target_logit = logits.gather(1, y[:, None])[:, 0]
@@ -58,12 +60,12 @@ def chunked_linear_cross_entropy(
     """sum_r row_weights[r] * CE(hidden[r] @ weight.T, labels[r]) and argmax == label per row.
 
     hidden [R, H], weight [V, H] (frozen), labels [R] long, row_weights [R] float.
-    Returns (loss scalar fp32, correct [R] bool). Rows with weight 0 cost compute but
+    Returns (loss scalar, fp32 or wider; correct [R] bool). Rows with weight 0 cost compute but
     contribute nothing; labels must still be valid ids there.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, row_weights.float(), chunk_rows)
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, row_weights, chunk_rows)
 
 
 def peak_logits_bytes(chunk_rows: int, vocab_size: int, low_precision_bytes: int = 2) -> int:

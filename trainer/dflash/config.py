@@ -79,8 +79,16 @@ class DrafterConfig:
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         if self.gamma == 0.0:
             self.gamma = default_gamma(self.block_size)
-        positive = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers")
+        positive = (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "num_target_layers",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"DrafterConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -120,7 +128,7 @@ class DrafterConfig:
         *,
         target_layer_ids: list[int] | None = None,
         intermediate_size: int | None = None,
-    ) -> "DrafterConfig":
+    ) -> DrafterConfig:
         """A drafter shaped like the target (a transformers config or its dict)."""
         get = target_cfg.get if isinstance(target_cfg, dict) else lambda k, d=None: getattr(target_cfg, k, d)
         num_heads = get("num_attention_heads")
@@ -151,7 +159,7 @@ class DrafterConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DrafterConfig":
+    def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -200,7 +208,7 @@ class DrafterConfig:
         }
 
     @classmethod
-    def from_hf_dict(cls, data: dict[str, Any]) -> "DrafterConfig":
+    def from_hf_dict(cls, data: dict[str, Any]) -> DrafterConfig:
         """Read a published-layout `config.json` (ours or z-lab's)."""
         dflash = data.get("dflash_config") or {}
 
@@ -208,7 +216,9 @@ class DrafterConfig:
             return dflash.get(name, data.get(name, default))
 
         if pick("mask_token_id") is None or pick("target_layer_ids") is None:
-            raise ValueError("config.json lacks dflash_config.mask_token_id or dflash_config.target_layer_ids")
+            raise ValueError(
+                "config.json lacks dflash_config.mask_token_id or dflash_config.target_layer_ids"
+            )
         num_heads = data["num_attention_heads"]
         return cls(
             hidden_size=data["hidden_size"],
@@ -238,7 +248,9 @@ def _rope_theta(get) -> float:
     params = get("rope_parameters") or {}
     rope_type = params.get("rope_type", "default") if isinstance(params, dict) else "default"
     scaling = get("rope_scaling")
-    if rope_type != "default" or (isinstance(scaling, dict) and scaling.get("rope_type", "default") != "default"):
+    if rope_type != "default" or (
+        isinstance(scaling, dict) and scaling.get("rope_type", "default") != "default"
+    ):
         raise ValueError(f"only default RoPE is supported by the drafter, got rope_type {rope_type!r}")
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     return float(theta or get("rope_theta") or 10000.0)

@@ -94,10 +94,25 @@ def flex_block_mask(
     )
 
 
-def flex_attend(block_mask) -> Attend:
+_compiled_flex = None
+
+
+def _flex_kernel(on_cuda: bool):
+    """flex_attention compiled once for CUDA (eager flex is a slow reference path);
+    inside an enclosing torch.compile region the plain function is traced instead."""
+    global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
+    if not on_cuda or torch.compiler.is_compiling():
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def flex_attend(block_mask) -> Attend:
     def attend(q, k, v):
-        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+        kernel = _flex_kernel(q.is_cuda)
+        return kernel(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
     return attend

@@ -152,7 +152,7 @@ class DFlashDrafter(nn.Module):
                 module.weight.fill_(1.0)
 
     # -- the target's frozen parts ---------------------------------------------------------
-    def bind_target(self, embed_tokens: nn.Module, lm_head: nn.Module) -> "DFlashDrafter":
+    def bind_target(self, embed_tokens: nn.Module, lm_head: nn.Module) -> DFlashDrafter:
         vocab, hidden = embed_tokens.weight.shape
         if (vocab, hidden) != (self.cfg.vocab_size, self.cfg.hidden_size) or lm_head.weight.shape != (
             self.cfg.vocab_size,

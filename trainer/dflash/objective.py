@@ -77,10 +77,14 @@ def block_slots(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     return anchors[:, :, None] + torch.arange(block_size, device=anchors.device)
 
 
-def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int) -> torch.Tensor:
+def block_input_ids(
+    input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int
+) -> torch.Tensor:
     """[token[anchor], MASK, ..., MASK] per block, [N, A, B]."""
     n, num_anchors = anchors.shape
-    ids = torch.full((n, num_anchors, block_size), mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    ids = torch.full(
+        (n, num_anchors, block_size), mask_token_id, dtype=input_ids.dtype, device=input_ids.device
+    )
     ids[:, :, 0] = input_ids.gather(1, anchors)
     return ids
 
@@ -97,7 +101,9 @@ def block_labels(
     pos = block_slots(anchors, block_size)[:, :, 1:].clamp(max=seq_len - 1)
     flat = pos.flatten(1)
     labels = input_ids.gather(1, flat).view_as(pos)
-    counts = anchor_valid[:, :, None] & (anchors[:, :, None] + torch.arange(1, block_size, device=anchors.device) < seq_len)
+    counts = anchor_valid[:, :, None] & (
+        anchors[:, :, None] + torch.arange(1, block_size, device=anchors.device) < seq_len
+    )
     if loss_mask is not None:
         counts = counts & loss_mask.to(torch.bool).gather(1, flat).view_as(pos)
     return labels, counts

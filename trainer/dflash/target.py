@@ -52,7 +52,9 @@ def build_tiny_target(
     return freeze(model.to(dtype))
 
 
-def load_target(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+def load_target(
+    path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+) -> nn.Module:
     """A local Hugging Face causal LM, frozen, in eval mode (never downloads)."""
     from transformers import AutoModelForCausalLM
 
@@ -119,7 +121,9 @@ def cached_forward(target: nn.Module, input_ids: torch.Tensor, start: int, cache
     """Run `input_ids` at positions start.. on top of `cache`; returns the model output."""
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
     kwargs = {_cache_kwarg(target): cache}
-    return target(input_ids=input_ids, position_ids=positions, use_cache=True, output_hidden_states=hidden, **kwargs)
+    return target(
+        input_ids=input_ids, position_ids=positions, use_cache=True, output_hidden_states=hidden, **kwargs
+    )
 
 
 def crop_cache(cache, length: int) -> None:
