@@ -55,6 +55,18 @@ def paramiko_client(pve_host, known_hosts: Path | None = None) -> paramiko.SSHCl
     return client
 
 
+def wait_for(predicate, timeout: float = 10) -> None:
+    """Poll until predicate() is true (a detached process may take a moment to exec)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def running_commands(container) -> set[str]:
+    return {args for _, args in container.ps()}
+
+
 @pytest.fixture
 def client(pve_host):
     client = paramiko_client(pve_host)
@@ -200,7 +212,7 @@ def test_detached_child_outlives_exec(client, container):
     )
     assert status == 0, err
     assert time.monotonic() - started < 5
-    assert any(args == "sleep 300" for _, args in container.ps())
+    wait_for(lambda: "sleep 300" in running_commands(container))
 
 
 def test_exec_on_stopped_or_missing_container(client, make_container):
@@ -228,8 +240,9 @@ def test_stop_kills_everything_and_start_keeps_files(client, container):
             "echo kept > /root/file; setsid sleep 300 </dev/null >/dev/null 2>&1 &",
         ],
     )
+    wait_for(lambda: "sleep 300" in running_commands(container))
     inside = container.pids()
-    assert len(inside) >= 3  # bwrap's init, the container's sleep, our sleep
+    assert len(inside) == 3  # bwrap's init, the container's sleep, our sleep
     assert remote(client, ["pct", "stop", "200"])[0] == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in inside)
     assert remote(client, ["pct", "status", "200"])[1] == "status: stopped\n"
@@ -329,10 +342,7 @@ def test_drop_connections_cuts_an_inflight_command(pve_host, container):
     try:
         channel = client.get_transport().open_session()
         channel.exec_command("pct exec 200 -- sleep 61")
-        deadline = time.monotonic() + 10
-        while {"sleep 60", "sleep 61"} - {args for _, args in container.ps()}:
-            assert time.monotonic() < deadline, "the commands never started"
-            time.sleep(0.02)
+        wait_for(lambda: {"sleep 60", "sleep 61"} <= running_commands(container))
         assert pve_host.drop_connections() >= 2
         assert system_ssh.wait(timeout=10) == 255
         assert channel.recv_exit_status() == -1  # paramiko: closed without an exit status
@@ -342,7 +352,7 @@ def test_drop_connections_cuts_an_inflight_command(pve_host, container):
         system_ssh.wait()
         client.close()
     # As on a real network drop, the commands themselves go on running.
-    assert {"sleep 60", "sleep 61"} <= {args for _, args in container.ps()}
+    assert {"sleep 60", "sleep 61"} <= running_commands(container)
 
 
 def test_stopping_the_server_leaves_no_processes(tmp_path):

@@ -68,14 +68,17 @@ class Container:
 
     def start(self) -> None:
         # Started from this process, so the sandbox's monitor is our child and is reaped
-        # in stop()/destroy() (rather than becoming an orphan nobody reaps).
-        state.start_container(self._ct)
+        # in stop()/destroy() (rather than becoming an orphan nobody reaps), and the
+        # container dies with this process if the test run is killed.
+        with state.config_lock(self._ct):
+            state.start_container(self._ct, die_with_parent=True)
         monitor = self._ct.monitor_pid()
         if monitor is not None:
             self._own_monitors.append(monitor)
 
     def stop(self) -> None:
-        state.stop_container(self._ct)
+        with state.config_lock(self._ct):
+            state.stop_container(self._ct)
         self._reap_monitors()
 
     def destroy(self) -> None:

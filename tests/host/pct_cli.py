@@ -84,14 +84,18 @@ def cmd_status(root, args):
 
 def cmd_start(root, args):
     _need_args(args, ["vmid"], "start")
-    state.start_container(state.load_container(root, args[0]))
+    ct = state.load_container(root, args[0])
+    with state.config_lock(ct):
+        state.start_container(ct)
     state.record_task(root, "vzstart", int(args[0]))
     return 0
 
 
 def cmd_stop(root, args):
     _need_args(args, ["vmid"], "stop")
-    state.stop_container(state.load_container(root, args[0]))
+    ct = state.load_container(root, args[0])
+    with state.config_lock(ct):
+        state.stop_container(ct)
     state.record_task(root, "vzstop", int(args[0]))
     return 0
 

@@ -94,10 +94,12 @@ def _dispatch(root, method: str, path: str, params: dict[str, str]):
         if action == "current" and method == "get":
             return _current(ct)
         if action == "start" and method == "create":
-            state.start_container(ct)
+            with state.config_lock(ct):
+                state.start_container(ct)
             return state.record_task(root, "vzstart", ct.vmid)
         if action == "stop" and method == "create":
-            state.stop_container(ct)
+            with state.config_lock(ct):
+                state.stop_container(ct)
             return state.record_task(root, "vzstop", ct.vmid)
     if len(tail) == 3 and tail[0] == "tasks" and tail[2] == "status" and method == "get":
         upid = tail[1]

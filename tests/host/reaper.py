@@ -7,6 +7,8 @@ setsid) that outlive the session that started them. Orphans are adopted by the n
 subreaper; without one they go to pid 1, which on some machines never reaps them. As a
 subreaper this process reaps them all, and once the command exits (SIGTERM is passed on to
 it) it kills whatever is still left, so that nothing started by the tests survives them.
+If its own parent (the test process) dies without stopping it, it gets SIGTERM and does
+the same.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import signal
 import sys
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -37,9 +40,13 @@ def _children(pid: int) -> list[int]:
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
+    parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.stderr.write("reaper: prctl(PR_SET_CHILD_SUBREAPER) failed\n")
+        return 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above
         return 1
     main_pid = os.fork()
     if main_pid == 0:

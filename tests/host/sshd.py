@@ -20,6 +20,11 @@ from pathlib import Path
 HOST_DIR = Path(__file__).resolve().parent
 STANDIN_BIN = HOST_DIR / "bin"
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SSHD = "/usr/sbin/sshd"
+# Newer OpenSSH (9.8+) penalises a source address after failed or dropped connections and
+# would then refuse the tests' next connections from 127.0.0.1. Older sshd does not know
+# these options: they are kept only where `sshd -t` accepts them.
+OPTIONAL_SETTINGS = ["PerSourcePenalties no", "PerSourceMaxStartups none"]
 
 
 class SshdFailed(RuntimeError):
@@ -134,10 +139,20 @@ Subsystem sftp internal-sftp
 # sessions stay fast and see only this PATH.
 SetEnv PATH={STANDIN_BIN}:{SESSION_PATH} FAKEPVE_STATE={self.state_dir} SHLVL=1
 """
-        (self.workdir / "sshd_config").write_text(config)
+        path = self.workdir / "sshd_config"
+        optional = list(OPTIONAL_SETTINGS)
+        while True:
+            path.write_text(config + "".join(f"{line}\n" for line in optional))
+            check = subprocess.run([SSHD, "-t", "-f", str(path)], capture_output=True, text=True)
+            if check.returncode == 0:
+                return
+            rejected = [line for line in optional if line.split()[0] in check.stderr]
+            if not rejected:
+                raise SshdFailed(f"sshd rejects its configuration:\n{check.stderr}")
+            optional = [line for line in optional if line not in rejected]
 
     def _launch(self, timeout: float) -> None:
-        sshd = "/usr/sbin/sshd"
+        sshd = SSHD
         with open(self.sshd_log, "ab") as log:
             self._process = subprocess.Popen(
                 [

@@ -15,6 +15,8 @@ test fixtures. Everything lives under one state folder ($FAKEPVE_STATE):
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import select
@@ -129,6 +131,26 @@ class Container:
             return None
 
 
+@contextlib.contextmanager
+def config_lock(ct: Container, timeout: float = 10.0):
+    """Serialise start/stop/push of one container, as pct's lock_config does."""
+    ct.dir.mkdir(parents=True, exist_ok=True)
+    with open(ct.dir / "lock", "w") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    # PVE::Tools::lock_file_full, on timeout
+                    raise PveError(
+                        f"can't lock file '/run/lock/lxc/pve-config-{ct.vmid}.lock' - got timeout"
+                    ) from None
+                time.sleep(0.01)
+        yield
+
+
 def create_container(
     root: Path, vmid: int, hostname: str | None = None, *, memory_mb: int = 2048, cores: int = 2
 ) -> Container:
@@ -170,7 +192,7 @@ def list_containers(root: Path) -> list[Container]:
     return sorted((ct for ct in found if ct.exists()), key=lambda ct: ct.vmid)
 
 
-def _sandbox_argv(ct: Container, settings: dict, info_fd: int) -> list[str]:
+def _sandbox_argv(ct: Container, settings: dict, info_fd: int, die_with_parent: bool) -> list[str]:
     argv = [
         "bwrap",
         "--unshare-pid",
@@ -195,6 +217,8 @@ def _sandbox_argv(ct: Container, settings: dict, info_fd: int) -> list[str]:
     # /root/.pyenv, a checkout under /root): bind those back, read-only.
     for path in settings.get("ro_binds", []):
         argv += ["--ro-bind", path, path]
+    if die_with_parent:
+        argv.append("--die-with-parent")
     argv += ["--chdir", "/", "--info-fd", str(info_fd), "--"]
     # pid 1 is bwrap's own init (it reaps orphans); this shell is pid 2. It tells the
     # starter on stdout that the mounts are in place, then sleeps until the container is
@@ -203,9 +227,13 @@ def _sandbox_argv(ct: Container, settings: dict, info_fd: int) -> list[str]:
     return argv + ["/bin/sh", "-c", init]
 
 
-def start_container(ct: Container, timeout: float = 10.0) -> int:
+def start_container(ct: Container, timeout: float = 10.0, *, die_with_parent: bool = False) -> int:
     """Start the sandbox fully detached (own session, no stdio of ours) and wait until its
-    mounts are ready. Returns the host pid of its pid 1."""
+    mounts are ready. Returns the host pid of its pid 1.
+
+    die_with_parent: the container dies with the calling thread's process (for containers
+    a test process starts itself, so that a killed test run leaves none behind).
+    """
     if ct.is_running():
         # pve-container, src/PVE/API2/LXC/Status.pm (vm_start)
         raise PveError(f"CT {ct.vmid} already running")
@@ -215,7 +243,7 @@ def start_container(ct: Container, timeout: float = 10.0) -> int:
     log = open(ct.dir / "console.log", "ab")
     try:
         proc = subprocess.Popen(
-            _sandbox_argv(ct, settings, info_w),
+            _sandbox_argv(ct, settings, info_w, die_with_parent),
             stdin=subprocess.DEVNULL,
             stdout=ready_w,
             stderr=log,
