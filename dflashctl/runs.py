@@ -1,0 +1,209 @@
+"""Training runs in the workdir: ids, records and their real state.
+
+A run lives in `workdir/runs/<run-id>/` (train.log, pid, exit_code, meta.json);
+`workdir/active_run` names the one launched last. The state comes from the pid and
+exit_code files and the process table where the trainer runs, never from the log:
+one agent call (dflashctl/agent.py, op `runs`) reads them all.
+
+    running   the wrapper's pid is alive and no exit code yet
+    exited    exit_code N < 128 (the trainer returned N)
+    killed    exit_code 128+N: the trainer died from signal N
+    lost      no exit code and no process (the container restarted, or the wrapper
+              was killed from outside)
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from dflashctl.errors import HostError
+
+AGENT_PATH = Path(__file__).with_name("agent.py")
+DEFAULT_PYTHON = "python3"
+
+
+def new_id() -> str:
+    """`20261129-101502-a1b2`: sorts by UTC time, unique enough for one workdir."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+new_run_id = new_id
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class RunState:
+    status: str  # "running" | "exited" | "killed" | "lost"
+    exit_code: int | None = None
+    signal: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "running"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "exited" and self.exit_code == 0
+
+    def describe(self) -> str:
+        """`running`, `exited 0`, `killed by SIGTERM`, `lost`."""
+        if self.status == "exited":
+            return f"exited {self.exit_code}"
+        if self.status == "killed":
+            return f"killed by {signal_name(self.signal)}"
+        return self.status
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "exit_code": self.exit_code, "signal": self.signal}
+
+
+@dataclass
+class RunInfo:
+    id: str
+    state: RunState
+    pid: int | None = None
+    release: str | None = None
+    started: str | None = None
+    command: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.meta.get("_active"))
+
+    def to_json(self) -> dict[str, Any]:
+        meta = {k: v for k, v in self.meta.items() if not k.startswith("_")}
+        return {
+            "id": self.id,
+            "release": self.release,
+            "started": self.started,
+            "pid": self.pid,
+            "state": self.state.describe(),
+            **self.state.to_json(),
+            "command": self.command,
+            "meta": meta,
+        }
+
+
+def signal_name(number: int | None) -> str:
+    if number is None:
+        return "a signal"
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _run_from_agent(record: dict[str, Any], active_id: str | None) -> RunInfo:
+    meta = dict(record.get("meta") or {})
+    meta["_active"] = record["id"] == active_id
+    return RunInfo(
+        id=record["id"],
+        state=RunState(record["status"], record.get("exit_code"), record.get("signal")),
+        pid=record.get("pid") if record.get("pid") is not None else meta.get("pid"),
+        release=meta.get("release"),
+        started=meta.get("started"),
+        command=list(meta.get("command") or []),
+        meta=meta,
+    )
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def list_runs(target: Any, workdir: str, *, python: str = DEFAULT_PYTHON) -> list[RunInfo]:
+    """Every run in the workdir, oldest first, each with its real state."""
+    answer = call_agent(target, python, "runs", {"workdir": workdir})
+    return [_run_from_agent(r, answer.get("active_run")) for r in answer["runs"]]
+
+
+def active_run(target: Any, workdir: str, *, python: str = DEFAULT_PYTHON) -> RunInfo | None:
+    """The run launched last (whatever its state now), or None if none ever was."""
+    answer = call_agent(target, python, "runs", {"workdir": workdir, "run_id": _ACTIVE})
+    runs = answer["runs"]
+    return _run_from_agent(runs[0], answer.get("active_run")) if runs else None
+
+
+def get_run(target: Any, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON) -> RunInfo:
+    answer = call_agent(target, python, "runs", {"workdir": workdir, "run_id": run_id})
+    if not answer["runs"]:
+        raise HostError(
+            f"no run {run_id} in {workdir}/runs",
+            hint="list the runs with `dflashctl runs`",
+        )
+    return _run_from_agent(answer["runs"][0], answer.get("active_run"))
+
+
+def run_state(target: Any, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON) -> RunState:
+    """The run's state right now (one round trip)."""
+    return get_run(target, workdir, run_id, python=python).state
+
+
+# The agent resolves this placeholder to the id in workdir/active_run.
+_ACTIVE = "@active"
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+@cache
+def agent_source() -> str:
+    return AGENT_PATH.read_text(encoding="utf-8")
+
+
+def agent_input(op: str, params: dict[str, Any]) -> bytes:
+    """The script text fed to `python - <op>`: its parameters, then the agent itself."""
+    header = f"PARAMS_JSON = {json.dumps(json.dumps(params))}\n"
+    return (header + agent_source()).encode("utf-8")
+
+
+def agent_argv(python: str, op: str) -> list[str]:
+    return [python, "-", op]
+
+
+def parse_agent_answer(result: Any, python: str, op: str, where: str) -> dict[str, Any]:
+    """The agent's JSON answer, or a HostError saying what went wrong and where."""
+    if result.exit_status in (126, 127) and not result.stdout.strip():
+        raise HostError(
+            f"{python}: cannot run it on {where}: {result.last_error_line() or 'not found'}",
+            hint="set container.python to the interpreter there, e.g. /usr/bin/python3",
+        )
+    try:
+        answer = json.loads(result.stdout_text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        detail = result.last_error_line() or f"exit status {result.exit_status}, no output"
+        raise HostError(f"dflashctl's {op} step failed on {where}: {detail}") from None
+    if not answer.get("ok"):
+        raise HostError(f"{answer.get('error')} (on {where})", hint=answer.get("hint"))
+    return answer
+
+
+def call_agent(
+    target: Any,
+    python: str,
+    op: str,
+    params: dict[str, Any],
+    *,
+    timeout: float | None = 120,
+) -> dict[str, Any]:
+    """Run one agent operation where the trainer runs; one round trip."""
+    result = target.run(
+        agent_argv(python, op), stdin=agent_input(op, params), timeout=timeout, check=False
+    )
+    return parse_agent_answer(result, python, op, describe_target(target))
+
+
+def describe_target(target: Any) -> str:
+    vmid = getattr(target, "vmid", None)
+    transport = getattr(target, "transport", None)
+    host = getattr(transport, "description", None) or "the host"
+    return f"container {vmid} on {host}" if vmid is not None else host
