@@ -17,7 +17,7 @@ import pytest
 from proxmoxer.backends.command_base import CommandBaseSession, JsonSimpleSerializer
 from proxmoxer.core import ProxmoxResource, ResourceException
 
-from tests.host import state
+from tests.host import fixtures, state
 from tests.host.fixtures import apply_overrides, require_test_host
 from tests.host.sshd import SshServer
 
@@ -183,6 +183,8 @@ def test_exec_passes_stdin_and_exit_status(client, container):
         "through\n",
     )
     assert remote(client, ["pct", "exec", "200", "--", "sh", "-c", "exit 7"])[0] == 7
+    # Killed by SIGKILL: 128+9, as lxc-attach reports it.
+    assert remote(client, ["pct", "exec", "200", "--", "sh", "-c", "kill -9 $$"])[0] == 137
 
 
 def test_python_works_inside(client, container, write_config, tmp_path):
@@ -386,6 +388,16 @@ def test_stopping_the_server_leaves_no_processes(tmp_path):
 
 
 # -- fixtures ------------------------------------------------------------------------------
+
+
+def test_missing_host_skips_locally_and_fails_under_ci(monkeypatch):
+    monkeypatch.setattr(fixtures, "host_problem", lambda: "no bwrap here")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no bwrap here"):
+        fixtures.require_test_host()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="under CI: no bwrap here"):
+        fixtures.require_test_host()
 
 
 def test_write_config_overrides():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import signal
+import subprocess
 import sys
 
 import state
@@ -146,14 +148,16 @@ def cmd_exec(root, args):
         if "TERM" in os.environ:
             env["TERM"] = os.environ["TERM"]
     nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    argv = [nsenter, "-t", str(pid), "-p", "-u", "-m", "-r", f"--wd={cwd}", "--", *command]
+    # A child, not exec: lxc-attach reports a command killed by signal N as exit status
+    # 128+N (older lxc-attach returned 0 there, lxc issue 4203), while nsenter would die
+    # of the same signal. stdin, stdout and stderr are inherited and pass straight through.
     sys.stdout.flush()
-    # exec, not a child: stdin, stdout, stderr and the exit status pass straight through.
-    os.execve(
-        nsenter,
-        [nsenter, "-t", str(pid), "-p", "-u", "-m", "-r", f"--wd={cwd}", "--", *command],
-        env,
-    )
-    return 127  # not reached
+    child = subprocess.Popen(argv, env=env)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, lambda signum, _frame: child.send_signal(signum))
+    status = child.wait()
+    return 128 - status if status < 0 else status
 
 
 def _setns_mount(pid: int) -> None:
