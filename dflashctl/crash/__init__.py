@@ -1,0 +1,16 @@
+"""Crash-pattern detection for training logs.
+
+rules = load_rules(extra=config.crash_patterns)
+detector = CrashDetector(rules)
+for line in lines:
+    for event in detector.feed(line):
+        render_crash(console, event)
+detector.finish(exit_code)
+detector.crashes  # root cause first
+"""
+
+from dflashctl.crash.detector import CrashDetector, classify_text
+from dflashctl.crash.events import CrashEvent
+from dflashctl.crash.rules import Rule, load_rules
+
+__all__ = ["CrashDetector", "CrashEvent", "Rule", "classify_text", "load_rules"]

@@ -1,0 +1,60 @@
+"""A crash as a rich panel: what failed, where, the traceback excerpt and the hint.
+
+Log text is escaped (a traceback may hold "[...]" that rich would read as markup).
+Colour is the Console's business: it drops styles when not on a terminal or when
+NO_COLOR is set.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from dflashctl.crash.events import CrashEvent
+
+EXCERPT_LINES = 14  # the end of a traceback is what matters; the full log is one command away
+
+
+def crash_panel(event: CrashEvent) -> Panel:
+    role = "root cause" if event.is_root_cause else "consequence"
+    style = "red" if event.is_root_cause else "yellow"
+
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column()
+    facts.add_row("category", escape(event.category))
+    facts.add_row("thread", escape(event.thread or "-"))
+    facts.add_row("device", escape(event.device or "-"))
+    if event.stage:
+        facts.add_row("stage", escape(event.stage))
+    if event.exception:
+        facts.add_row("exception", escape(event.exception))
+    if event.message:
+        facts.add_row("message", escape(event.message))
+    if event.last_frame:
+        facts.add_row("last frame", escape(event.last_frame))
+    line_text = (
+        f"{event.line}" if event.end_line == event.line else f"{event.line}-{event.end_line}"
+    )
+    facts.add_row("log line", line_text)
+
+    parts: list = [facts]
+    if event.excerpt:
+        shown = event.excerpt[-EXCERPT_LINES:]
+        excerpt = Text()
+        if len(event.excerpt) > len(shown):
+            excerpt.append(f"... {len(event.excerpt) - len(shown)} lines above\n", style="dim")
+        excerpt.append("\n".join(shown), style="dim")
+        parts += [Text(""), excerpt]
+    parts += [Text(""), Text.assemble(("hint: ", "bold"), event.hint)]
+
+    title = f"[bold {style}]crash[/] {escape(event.category)} [dim]({role}, rule {escape(event.rule)})[/]"
+    return Panel(Group(*parts), title=title, title_align="left", border_style=style, expand=True)
+
+
+def render_crash(console: Console, event: CrashEvent) -> None:
+    """Print one crash as a panel on `console`."""
+    console.print(crash_panel(event))

@@ -1,0 +1,343 @@
+"""Crash rules: loading templates/crash_patterns.yaml plus the user's rules, validated.
+
+A rule names one kind of failure (its category) and says how to recognise it in a log.
+Every regex is compiled once here, and the literal text that any match of it must
+contain is worked out from the regex itself, so that the detector can skip the common
+log line with a few substring tests instead of running every regex on it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dflashctl.errors import ConfigError
+
+try:  # the regex parser moved in Python 3.11
+    from re import _parser as _sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+SEVERITIES = ("fatal", "error", "warning")
+SCOPES = ("any", "line", "traceback")
+_KEYS = {
+    "name",
+    "category",
+    "regex",
+    "scope",
+    "exception",
+    "last_frame",
+    "unless",
+    "severity",
+    "retryable",
+    "hint",
+    "excerpt_after",
+}
+_REQUIRED = ("name", "category", "hint")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+BUILTIN_RULES_FILE = "crash_patterns.yaml"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    category: str
+    hint: str
+    severity: str = "fatal"
+    retryable: bool = False
+    scope: str = "any"
+    patterns: tuple[re.Pattern[str], ...] = ()
+    exception: re.Pattern[str] | None = None
+    last_frame: re.Pattern[str] | None = None
+    unless: tuple[re.Pattern[str], ...] = ()
+    excerpt_after: int = 0
+    # Substrings one of which every line matched by `patterns` contains; None when the
+    # regexes are too loose to say (such a rule is tried on every line).
+    keywords: tuple[str, ...] | None = field(default=None, compare=False)
+
+    def matches_line(self, line: str) -> bool:
+        """A one-line match: some pattern is found and no `unless` pattern is."""
+        if not any(p.search(line) for p in self.patterns):
+            return False
+        return not any(u.search(line) for u in self.unless)
+
+
+def load_rules(
+    extra: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    builtin_path: Path | None = None,
+    source: str = "dflash.yaml",
+) -> list[Rule]:
+    """The built-in rules plus `extra` (dflash.yaml's crash_patterns), in match order.
+
+    User rules come first so that they win; one with a built-in rule's name replaces it.
+    `source` names the file the user rules came from, for error messages.
+    """
+    path = builtin_path or _builtin_rules_path()
+    builtin = _parse_rule_list(_read_rules_file(path), where=str(path), key="rules")
+    user = _parse_rule_list(list(extra or []), where=source, key="crash_patterns")
+    replaced = {rule.name for rule in user}
+    return user + [rule for rule in builtin if rule.name not in replaced]
+
+
+def _builtin_rules_path() -> Path:
+    # Checkout or editable install: templates/ sits next to the package. A wheel
+    # carries the same file as package data under dflashctl/_templates/.
+    package_dir = Path(__file__).resolve().parents[1]
+    for base in (package_dir.parent / "templates", package_dir / "_templates"):
+        candidate = base / BUILTIN_RULES_FILE
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        f"{BUILTIN_RULES_FILE} is missing from this dflashctl installation",
+        hint="reinstall dflashctl; the file ships in templates/ (dflashctl/_templates in a wheel)",
+    )
+
+
+def _read_rules_file(path: Path) -> list[Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read crash rules: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
+        raise ConfigError(f"{path}: expected a mapping with a 'rules' list")
+    return data["rules"]
+
+
+def _parse_rule_list(items: Sequence[Any], *, where: str, key: str) -> list[Rule]:
+    rules: list[Rule] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        rule = parse_rule(item, where=where, key=f"{key}[{i}]")
+        if rule.name in seen:
+            raise ConfigError(f"{where}: {key}[{i}].name: {rule.name!r} is used by an earlier rule")
+        seen.add(rule.name)
+        rules.append(rule)
+    return rules
+
+
+def parse_rule(data: Any, *, where: str = "dflash.yaml", key: str = "crash_patterns[0]") -> Rule:
+    """One rule from its YAML mapping; ConfigError names `where: key.field` and the problem."""
+
+    def fail(field_name: str | None, problem: str) -> ConfigError:
+        path = f"{key}.{field_name}" if field_name else key
+        return ConfigError(
+            f"{where}: {path}: {problem}",
+            hint="see templates/crash_patterns.yaml for the form of a rule",
+        )
+
+    if not isinstance(data, Mapping):
+        raise fail(None, f"expected a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise fail(unknown[0], f"unknown key; allowed: {', '.join(sorted(_KEYS))}")
+    for name in _REQUIRED:
+        if not isinstance(data.get(name), str) or not data[name].strip():
+            raise fail(name, "missing; a non-empty string is required")
+    if not _NAME.match(data["name"]):
+        raise fail("name", f"{data['name']!r} must be lower_snake_case")
+    if not _NAME.match(data["category"]):
+        raise fail("category", f"{data['category']!r} must be lower_snake_case")
+
+    scope = data.get("scope", "any")
+    if scope not in SCOPES:
+        raise fail("scope", f"{scope!r} is not one of {', '.join(SCOPES)}")
+    severity = data.get("severity", "fatal")
+    if severity not in SEVERITIES:
+        raise fail("severity", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
+    retryable = data.get("retryable", False)
+    if not isinstance(retryable, bool):
+        raise fail("retryable", f"expected true or false, got {retryable!r}")
+    excerpt_after = data.get("excerpt_after", 0)
+    if (
+        not isinstance(excerpt_after, int)
+        or isinstance(excerpt_after, bool)
+        or not 0 <= excerpt_after <= 200
+    ):
+        raise fail(
+            "excerpt_after", f"expected a number of lines from 0 to 200, got {excerpt_after!r}"
+        )
+
+    patterns = _compile_list(data.get("regex"), "regex", fail)
+    exception = _compile_one(data.get("exception"), "exception", fail)
+    last_frame = _compile_one(data.get("last_frame"), "last_frame", fail)
+    unless = _compile_list(data.get("unless"), "unless", fail)
+    if not patterns and exception is None and last_frame is None:
+        raise fail(
+            "regex", "missing; give a regex (or exception / last_frame for a traceback rule)"
+        )
+    if (exception is not None or last_frame is not None) and scope == "line":
+        raise fail(
+            "scope", "exception and last_frame only apply to tracebacks; use scope traceback or any"
+        )
+    if not patterns and scope != "traceback":
+        scope = "traceback"  # only exception / last_frame: it can only ever match a traceback
+
+    return Rule(
+        name=data["name"],
+        category=data["category"],
+        hint=" ".join(data["hint"].split()),
+        severity=severity,
+        retryable=retryable,
+        scope=scope,
+        patterns=patterns,
+        exception=exception,
+        last_frame=last_frame,
+        unless=unless,
+        excerpt_after=excerpt_after,
+        keywords=_keywords_for(patterns),
+    )
+
+
+def _compile_list(value: Any, field_name: str, fail) -> tuple[re.Pattern[str], ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (_compile_one(value, field_name, fail),)
+    if not isinstance(value, list) or not value:
+        raise fail(field_name, "expected a regex or a non-empty list of regexes")
+    return tuple(_compile_one(item, f"{field_name}[{i}]", fail) for i, item in enumerate(value))
+
+
+def _compile_one(value: Any, field_name: str, fail) -> re.Pattern[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise fail(field_name, f"expected a regular expression (a string), got {value!r}")
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise fail(field_name, f"invalid regular expression {value!r}: {exc}") from exc
+
+
+# --- required literals -----------------------------------------------------------------
+
+
+def _keywords_for(patterns: Sequence[re.Pattern[str]]) -> tuple[str, ...] | None:
+    """Substrings such that every line any of `patterns` matches contains one of them."""
+    if not patterns:
+        return None
+    keywords: set[str] = set()
+    for pattern in patterns:
+        literals = required_literals(pattern)
+        if not literals:
+            return None
+        keywords |= literals
+    return tuple(sorted(keywords))
+
+
+def required_literals(pattern: re.Pattern[str]) -> set[str] | None:
+    """A set of strings one of which every match of `pattern` contains, or None.
+
+    Walks the parsed regex: in a sequence the longest run of literal characters (or the
+    best set found inside a group) is required; an alternation requires one of its
+    branches' sets. Case-insensitive patterns and short literals give None, which means
+    "try this regex on every line".
+    """
+    if pattern.flags & re.IGNORECASE:
+        return None
+    try:
+        parsed = _sre_parse.parse(pattern.pattern, pattern.flags)
+    except Exception:  # noqa: BLE001 - any parser surprise just disables the shortcut
+        return None
+    found = _required_in_sequence(list(parsed))
+    if not found or min(len(s) for s in found) < 3:
+        return None
+    return found
+
+
+_MAX_EXPANSION = 128  # how many exact strings a small alternation may expand to
+
+
+def _required_in_sequence(items: list[tuple[Any, Any]]) -> set[str] | None:
+    candidates: list[set[str]] = []
+    current: set[str] = {""}  # the exact strings the items since the last break spell
+
+    def end_run() -> None:
+        nonlocal current
+        if any(current):
+            candidates.append(current)
+        current = {""}
+
+    for op, arg in items:
+        exact = _exact_strings(op, arg)
+        if exact is not None and len(current) * len(exact) <= _MAX_EXPANSION:
+            current = {a + b for a in current for b in exact}
+            continue
+        end_run()
+        name = str(op)
+        if name == "SUBPATTERN":
+            sub_flags = arg[1] if len(arg) > 1 else 0
+            if not sub_flags & re.IGNORECASE:
+                _add(candidates, _required_in_sequence(list(arg[-1])))
+        elif name == "BRANCH":
+            union: set[str] = set()
+            for branch in arg[1]:
+                inner = _required_in_sequence(list(branch))
+                if not inner:
+                    union = set()
+                    break
+                union |= inner
+            _add(candidates, union)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and arg[0] >= 1:
+            _add(candidates, _required_in_sequence(list(arg[2])))
+        elif name == "ATOMIC_GROUP":
+            _add(candidates, _required_in_sequence(list(arg)))
+        # anything else (classes, look-arounds, back-references) just breaks the run
+    end_run()
+    if not candidates:
+        return None
+    # The best set is the one whose weakest member is longest: fewest false hits.
+    return max(candidates, key=lambda s: (min(len(x) for x in s), -len(s)))
+
+
+def _add(candidates: list[set[str]], found: set[str] | None) -> None:
+    if found and all(found):
+        candidates.append(found)
+
+
+def _exact_strings(op: Any, arg: Any) -> set[str] | None:
+    """The finite set of strings one regex item matches, or None when it is open-ended."""
+    name = str(op)
+    if name == "LITERAL":
+        return {chr(arg)}
+    if name == "AT":  # anchors and \b match no text
+        return {""}
+    if name == "IN":
+        chars = set()
+        for kind, value in arg:
+            if str(kind) != "LITERAL":
+                return None
+            chars.add(chr(value))
+        return chars if len(chars) <= 8 else None
+    if name == "SUBPATTERN":
+        if len(arg) > 1 and arg[1] & re.IGNORECASE:
+            return None
+        return _exact_sequence(list(arg[-1]))
+    if name == "BRANCH":
+        union: set[str] = set()
+        for branch in arg[1]:
+            inner = _exact_sequence(list(branch))
+            if inner is None:
+                return None
+            union |= inner
+        return union if len(union) <= _MAX_EXPANSION else None
+    if name in ("MAX_REPEAT", "MIN_REPEAT") and arg[0] == 0 and arg[1] == 1:
+        inner = _exact_sequence(list(arg[2]))
+        return None if inner is None else inner | {""}
+    return None
+
+
+def _exact_sequence(items: list[tuple[Any, Any]]) -> set[str] | None:
+    result: set[str] = {""}
+    for op, arg in items:
+        exact = _exact_strings(op, arg)
+        if exact is None or len(result) * len(exact) > _MAX_EXPANSION:
+            return None
+        result = {a + b for a in result for b in exact}
+    return result
