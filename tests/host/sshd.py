@@ -120,9 +120,9 @@ class SshServer:
         config = f"""\
 ListenAddress {self.address}
 Port {self.port}
-HostKey {self.host_key}
-PidFile {self.workdir / "sshd.pid"}
-AuthorizedKeysFile {self.workdir / "authorized_keys"}
+HostKey "{self.host_key}"
+PidFile "{self.workdir / "sshd.pid"}"
+AuthorizedKeysFile "{self.workdir / "authorized_keys"}"
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
@@ -137,7 +137,7 @@ Subsystem sftp internal-sftp
 # SHLVL=1: bash then takes itself for a nested shell and skips ~/.bashrc, which it
 # would otherwise source for ssh commands (Debian builds bash with SSH_SOURCE_BASHRC):
 # sessions stay fast and see only this PATH.
-SetEnv PATH={STANDIN_BIN}:{SESSION_PATH} FAKEPVE_STATE={self.state_dir} SHLVL=1
+SetEnv "PATH={STANDIN_BIN}:{SESSION_PATH}" "FAKEPVE_STATE={self.state_dir}" SHLVL=1
 """
         path = self.workdir / "sshd_config"
         optional = list(OPTIONAL_SETTINGS)
@@ -244,6 +244,18 @@ SetEnv PATH={STANDIN_BIN}:{SESSION_PATH} FAKEPVE_STATE={self.state_dir} SHLVL=1
                 pass
         return len(pids)
 
+    def run(
+        self, *argv: str, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        """Run argv here with the system ssh client (strict host key); text output."""
+        return subprocess.run(
+            self.ssh_argv(*argv),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     def known_hosts_with_wrong_key(self, directory: Path) -> Path:
         """A known_hosts that names this host and port with some other ed25519 key."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -279,7 +291,7 @@ SetEnv PATH={STANDIN_BIN}:{SESSION_PATH} FAKEPVE_STATE={self.state_dir} SHLVL=1
             "-o",
             "StrictHostKeyChecking=yes",
             "-o",
-            f"UserKnownHostsFile={known_hosts or self.known_hosts}",
+            f'UserKnownHostsFile="{known_hosts or self.known_hosts}"',  # may contain spaces
             "-o",
             "GlobalKnownHostsFile=/dev/null",
             "-o",
