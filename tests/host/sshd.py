@@ -211,11 +211,14 @@ SetEnv "PATH={STANDIN_BIN}:{SESSION_PATH}" "FAKEPVE_STATE={self.state_dir}" SHLV
 
     @property
     def listener_pid(self) -> int | None:
-        """The sshd that accepts connections (the reaper's child)."""
+        """The sshd that accepts connections (it writes its PidFile once listening)."""
         if self._process is None:
             return None
-        children = [p for p in _children(self._process.pid) if _comm(p) == "sshd"]
-        return children[0] if children else None
+        try:
+            pid = int((self.workdir / "sshd.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if pid in _children(self._process.pid) else None
 
     def connection_pids(self) -> list[int]:
         """The sshd processes that serve open connections (not the listener)."""
