@@ -1,0 +1,55 @@
+"""Transports: how dflashctl runs commands and moves files on the host.
+
+`open_transport(config.host)` gives a LocalTransport for `address: local`, else an
+SSHTransport. paramiko is imported only when an SSH transport is actually used, so the
+CLI starts fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dflashctl.transport.base import (
+    CommandFailed,
+    CommandResult,
+    CommandTimeout,
+    ConnectFailed,
+    ConnectionLost,
+    Stream,
+    Transport,
+)
+from dflashctl.transport.local import LocalTransport
+
+if TYPE_CHECKING:
+    from dflashctl.config import HostConfig
+    from dflashctl.transport.ssh import SSHTransport
+
+__all__ = [
+    "CommandFailed",
+    "CommandResult",
+    "CommandTimeout",
+    "ConnectFailed",
+    "ConnectionLost",
+    "LocalTransport",
+    "SSHTransport",
+    "Stream",
+    "Transport",
+    "open_transport",
+]
+
+
+def open_transport(host: HostConfig) -> Transport:
+    """The transport for host.address; an SSH one connects lazily, on first use."""
+    if host.is_local:
+        return LocalTransport()
+    from dflashctl.transport.ssh import SSHTransport
+
+    return SSHTransport(host)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SSHTransport":
+        from dflashctl.transport.ssh import SSHTransport
+
+        return SSHTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,527 @@
+"""The SSH transport: one verified paramiko connection per command, reused for every
+exec, SFTP transfer and pvesh call.
+
+The connection is opened lazily on first use. Every way connecting can fail becomes one
+ConnectFailed with a plain sentence (exit code 3).
+"""
+
+from __future__ import annotations
+
+import errno
+import shlex
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import paramiko
+from paramiko.common import MSG_CHANNEL_REQUEST
+
+from dflashctl.config import HostConfig
+from dflashctl.errors import ConfigError, HostError
+from dflashctl.transport import host_keys
+from dflashctl.transport.base import (
+    DEFAULT_TIMEOUT_S,
+    CommandResult,
+    CommandTimeout,
+    ConnectFailed,
+    ConnectionLost,
+    Stream,
+    Transport,
+    command_text,
+    read_local,
+    temp_name_for,
+)
+from dflashctl.transport.ssh_config import SSHDestination, resolve, resolve_jumps
+
+CHUNK = 65536
+
+
+# --------------------------------------------------------------------------- exit signals
+
+
+def _handle_channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
+    """paramiko ignores "exit-signal" (RFC 4254 6.10), leaving a killed command without
+    a status. Record it as 128+N, like a shell does, then defer to paramiko."""
+    start = m.packet.tell()
+    if m.get_text() == "exit-signal":
+        m.get_boolean()  # want_reply: always false for exit-signal
+        name = m.get_text()
+        number = getattr(signal, f"SIG{name}", None)
+        chan.exit_status = 128 + int(number) if number is not None else 255
+        chan.status_event.set()
+        return
+    m.packet.seek(start)
+    paramiko.Channel._handle_request(chan, m)
+
+
+# The remote shell reports its pid on stderr's first line, then execs the command. sshd
+# makes every session its own process group (setsid), so `kill -- -PID` stops the command
+# and whatever it started. (The SSH "signal" request would be simpler, but OpenSSH
+# refuses it for root logins, which is how Proxmox hosts are used.)
+PID_PREFIX = "echo $$ >&2; exec "
+
+
+class _StderrReader(threading.Thread):
+    """Reads a channel's stderr while the caller reads stdout, so neither fills up; the
+    first line is the remote pid (see PID_PREFIX)."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        super().__init__(name="ssh-stderr", daemon=True)
+        self.chan = chan
+        self.data = bytearray()
+        self.pid: int | None = None
+        self.pid_known = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while True:
+                try:
+                    chunk = self.chan.recv_stderr(CHUNK)
+                except TimeoutError:  # the channel timeout is shared with stdout's reads
+                    continue
+                except (OSError, EOFError):
+                    return
+                if not chunk:
+                    return
+                self.data += chunk
+                if not self.pid_known.is_set() and b"\n" in self.data:
+                    line, _, rest = bytes(self.data).partition(b"\n")
+                    self.data = bytearray(rest)
+                    self.pid = int(line) if line.strip().isdigit() else None
+                    self.pid_known.set()
+        finally:
+            self.pid_known.set()
+
+
+class SSHStream(Stream):
+    def __init__(self, owner: SSHTransport, chan: paramiko.Channel) -> None:
+        self._owner = owner
+        self._chan = chan
+        self._stderr = _StderrReader(chan)
+        self._eof = False
+
+    def read(self, timeout: float) -> bytes | None:
+        if self._eof:
+            return b""
+        self._chan.settimeout(max(timeout, 0.0))
+        try:
+            data = self._chan.recv(CHUNK)
+        except TimeoutError:
+            return None
+        except (OSError, EOFError):
+            data = b""
+        if not data:
+            self._eof = True
+            self._chan.status_event.wait(5)
+        return data
+
+    @property
+    def exit_status(self) -> int | None:  # type: ignore[override]
+        if self._chan.status_event.is_set() and self._chan.exit_status != -1:
+            return self._chan.exit_status
+        return None
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self._stderr.data)
+
+    def close(self) -> None:
+        self._owner._kill(self._chan, self._stderr)
+        self._stderr.join(timeout=5)
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+def _open_socket(dest: SSHDestination, timeout: float) -> socket.socket:
+    try:
+        addresses = socket.getaddrinfo(dest.hostname, dest.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConnectFailed(
+            "resolve",
+            f"cannot resolve the host name {dest.hostname}",
+            hint="check host.address (and HostName in ~/.ssh/config), or the DNS of this machine",
+        ) from exc
+    failure: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            failure = exc
+    where = f"{dest.hostname} port {dest.port}"
+    if isinstance(failure, ConnectionRefusedError):
+        raise ConnectFailed(
+            "refused",
+            f"{where} refused the connection",
+            hint="check that sshd runs on the host and that host.port is right",
+        ) from failure
+    if isinstance(failure, socket.timeout):
+        raise ConnectFailed(
+            "timeout",
+            f"connecting to {where} timed out after {timeout:g} s",
+            hint="check that the host is up and that no firewall drops the port",
+        ) from failure
+    reason = failure.strerror if failure and failure.strerror else str(failure)
+    raise ConnectFailed(
+        "unreachable",
+        f"cannot connect to {where}: {reason}",
+        hint="check the address and the network route to the host",
+    ) from failure
+
+
+def _auth_error(dest: SSHDestination, key_files: list[str], exc: Exception) -> ConnectFailed:
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return ConnectFailed(
+            "auth",
+            f"SSH authentication to {dest} needs the passphrase of a private key ({exc})",
+            hint="load the key into ssh-agent with `ssh-add <key file>` and run again",
+        )
+    tried = "ssh-agent and " + (", ".join(key_files) if key_files else "the default keys in ~/.ssh")
+    return ConnectFailed(
+        "auth",
+        f"SSH authentication failed for {dest}: the server accepted none of the keys tried ({tried})",
+        hint=f"add your public key to ~{dest.user}/.ssh/authorized_keys on the host, "
+        "or set host.identity_file to the right key",
+    )
+
+
+def _connect_one(
+    dest: SSHDestination,
+    host: HostConfig,
+    policy: host_keys.VerifyingPolicy,
+    sock: socket.socket | paramiko.Channel,
+) -> paramiko.SSHClient:
+    """Handshake, verify the host key and authenticate on an already open socket."""
+    known_hosts = Path(host.known_hosts)
+    client = paramiko.SSHClient()
+    client.get_host_keys().update(host_keys.load_known_hosts(known_hosts))
+    policy.user = dest.user
+    client.set_missing_host_key_policy(policy)
+    key_files = [f for f in dest.identity_files if Path(f).is_file()]
+    timeout = host.connect_timeout_s
+    started = time.monotonic()
+    try:
+        client.connect(
+            dest.hostname,
+            port=dest.port,
+            username=dest.user,
+            sock=sock,
+            key_filename=key_files or None,
+            allow_agent=True,
+            look_for_keys=True,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+        )
+    except ConnectFailed:
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise host_keys.changed_key_error(known_hosts, dest.known_hosts_name, exc.key) from exc
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        raise _auth_error(dest, key_files, exc) from exc
+    except (TimeoutError, paramiko.SSHException, EOFError, OSError) as exc:
+        handshake = client.get_transport()
+        greeted = bool(handshake and handshake.remote_version)
+        client.close()
+        where = f"{dest.hostname} port {dest.port}"
+        if not greeted:
+            # paramiko reports a missing banner in several ways depending on timing
+            # ("Error reading SSH protocol banner", "No existing session"): no greeting
+            # within the timeout is what happened.
+            if time.monotonic() - started >= timeout * 0.9:
+                raise ConnectFailed(
+                    "timeout",
+                    f"{where} accepted the connection but sent no SSH greeting within {timeout:g} s",
+                    hint="check that host.port is the SSH port and that sshd is not overloaded",
+                ) from exc
+            raise ConnectFailed(
+                "ssh",
+                f"{where} closed the connection without an SSH greeting",
+                hint="check that host.port is the SSH port",
+            ) from exc
+        raise ConnectFailed(
+            "ssh",
+            f"the SSH handshake with {where} failed: {exc or type(exc).__name__}",
+            hint="try `ssh -v` by hand to see where it stops",
+        ) from exc
+    transport = client.get_transport()
+    assert transport is not None
+    transport._channel_handler_table = {
+        **transport._channel_handler_table,
+        MSG_CHANNEL_REQUEST: _handle_channel_request,
+    }
+    if host.keepalive_s:
+        transport.set_keepalive(host.keepalive_s)
+    return client
+
+
+def _tunnel(
+    via: paramiko.SSHClient, via_dest: SSHDestination, dest: SSHDestination, timeout: float
+) -> paramiko.Channel:
+    transport = via.get_transport()
+    assert transport is not None
+    try:
+        return transport.open_channel(
+            "direct-tcpip", (dest.hostname, dest.port), ("127.0.0.1", 0), timeout=timeout
+        )
+    except (paramiko.ChannelException, paramiko.SSHException, OSError, EOFError) as exc:
+        reason = getattr(exc, "text", None) or str(exc) or type(exc).__name__
+        raise ConnectFailed(
+            "jump",
+            f"the jump host {via_dest} could not connect to {dest.hostname} port {dest.port}: {reason}",
+            hint="check host.address and host.port as the jump host sees them, "
+            "and that the jump host allows TCP forwarding",
+        ) from exc
+
+
+# --------------------------------------------------------------------------- the transport
+
+
+class SSHTransport(Transport):
+    def __init__(self, host: HostConfig) -> None:
+        self.host = host
+        self.destination = resolve(
+            host.address,
+            port=host.port,
+            user=host.user,
+            identity_file=host.identity_file,
+            proxy_jump=host.proxy_jump,
+        )
+        self.description = str(self.destination)
+        self.saved_host_keys: list[str] = []  # filled when accept_new_host_key saved one
+        self._client: paramiko.SSHClient | None = None
+        self._jump_clients: list[paramiko.SSHClient] = []
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.RLock()
+
+    # ---------------------------------------------------------------- connection
+
+    def connect(self) -> None:
+        """Open and verify the connection now (it otherwise opens on first use)."""
+        self._transport()
+
+    def _transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._client is None:
+                self._client = self._open()
+            transport = self._client.get_transport()
+            if transport is None or not transport.is_active():
+                raise ConnectionLost(self.description, "talking to it")
+            return transport
+
+    def _open(self) -> paramiko.SSHClient:
+        host = self.host
+        if host.identity_file and not Path(host.identity_file).is_file():
+            raise ConfigError(
+                f"host.identity_file: {host.identity_file} does not exist",
+                hint="point it at your private key, or remove it to use ssh-agent and ~/.ssh",
+            )
+        policy = host_keys.VerifyingPolicy(
+            Path(host.known_hosts), self.destination.user, host.accept_new_host_key
+        )
+        hops = resolve_jumps(self.destination.proxy_jump) if self.destination.proxy_jump else []
+        timeout = host.connect_timeout_s
+        previous: tuple[paramiko.SSHClient, SSHDestination] | None = None
+        try:
+            for dest in [*hops, self.destination]:
+                if previous is None:
+                    sock = _open_socket(dest, timeout)
+                else:
+                    sock = _tunnel(previous[0], previous[1], dest, timeout)
+                client = _connect_one(dest, host, policy, sock)
+                if dest is not self.destination:
+                    self._jump_clients.append(client)
+                previous = (client, dest)
+        except BaseException:
+            self._close_jumps()
+            raise
+        self.saved_host_keys = policy.saved
+        assert previous is not None
+        return previous[0]
+
+    def _close_jumps(self) -> None:
+        for client in reversed(self._jump_clients):
+            client.close()
+        self._jump_clients.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sftp is not None:
+                try:
+                    self._sftp.close()
+                except (OSError, EOFError, paramiko.SSHException):
+                    pass
+                self._sftp = None
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+            self._close_jumps()
+
+    def _channel(self, argv: Sequence[str], command: str) -> paramiko.Channel:
+        transport = self._transport()
+        try:
+            chan = transport.open_session(timeout=self.host.connect_timeout_s)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectionLost(self.description, f"starting `{command_text(argv)}`") from exc
+        return chan
+
+    # ---------------------------------------------------------------- commands
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        argv = [str(a) for a in argv]
+        # sshd usually refuses "env" requests (AcceptEnv), so set variables with env(1).
+        prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+        chan = self._channel(argv, PID_PREFIX + shlex.join(prefix + argv))
+        stderr_reader = _StderrReader(chan)
+        try:
+            stdout, stderr, status = self._collect(chan, stderr_reader, argv, stdin, timeout)
+        except BaseException:
+            self._kill(chan, stderr_reader)
+            raise
+        chan.close()
+        return self._finish(CommandResult(argv, status, stdout, stderr), check)
+
+    def _kill(self, chan: paramiko.Channel, stderr_reader: _StderrReader) -> None:
+        """Stop a remote command that is still running, then close its channel."""
+        if not chan.closed and not chan.status_event.is_set():
+            stderr_reader.pid_known.wait(2)
+            if stderr_reader.pid:
+                try:
+                    self.run(
+                        ["kill", "-KILL", "--", f"-{stderr_reader.pid}"], check=False, timeout=10
+                    )
+                except HostError:
+                    pass  # the connection is gone: sshd then ends the session itself
+        chan.close()
+
+    def _collect(
+        self,
+        chan: paramiko.Channel,
+        stderr_reader: _StderrReader,
+        argv: list[str],
+        stdin: bytes | None,
+        timeout: float | None,
+    ) -> tuple[bytes, bytes, int]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            if deadline is None:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(argv, self.description, timeout or 0)
+            return remaining
+
+        if stdin:
+            # A writer thread: the command may print before it has read all its input.
+            def feed() -> None:
+                try:
+                    chan.sendall(stdin)
+                    chan.shutdown_write()
+                except (OSError, EOFError, paramiko.SSHException):
+                    pass  # the command exited without reading everything
+
+            threading.Thread(target=feed, name="ssh-stdin", daemon=True).start()
+        else:
+            chan.shutdown_write()  # like </dev/null: a command reading stdin sees EOF
+
+        stdout = bytearray()
+        while True:
+            chan.settimeout(left())
+            try:
+                chunk = chan.recv(CHUNK)
+            except TimeoutError:
+                left()  # raises when the deadline has passed
+                continue
+            except (OSError, EOFError):
+                chunk = b""
+            if not chunk:
+                break
+            stdout += chunk
+        while not chan.status_event.wait(min(left() or 1.0, 1.0)):
+            pass
+        stderr_reader.join(left())
+        if chan.exit_status == -1:  # closed without a status: the connection went away
+            raise ConnectionLost(self.description, f"running `{command_text(argv)}`")
+        return bytes(stdout), bytes(stderr_reader.data), chan.exit_status
+
+    def stream(self, argv: Sequence[str]) -> Stream:
+        argv = [str(a) for a in argv]
+        chan = self._channel(argv, PID_PREFIX + shlex.join(argv))
+        chan.shutdown_write()
+        return SSHStream(self, chan)
+
+    # ---------------------------------------------------------------- files
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        with self._lock:
+            if self._sftp is None:
+                transport = self._transport()
+                try:
+                    self._sftp = paramiko.SFTPClient.from_transport(transport)
+                except (paramiko.SSHException, OSError, EOFError) as exc:
+                    raise HostError(
+                        f"cannot start SFTP on {self.description}: {exc}",
+                        hint="enable the sftp subsystem in the host's sshd_config",
+                    ) from exc
+                assert self._sftp is not None
+            return self._sftp
+
+    def put_file(self, local: Path | bytes, remote_path: str, *, mode: int = 0o644) -> None:
+        data = read_local(local)
+        tmp = temp_name_for(remote_path)
+        with self._lock:
+            sftp = self._sftp_client()
+            try:
+                with sftp.open(tmp, "wb") as handle:
+                    handle.set_pipelined(True)
+                    handle.write(data)
+                    handle.chmod(mode)
+                sftp.posix_rename(tmp, remote_path)
+            except OSError as exc:
+                try:
+                    sftp.remove(tmp)
+                except (OSError, EOFError, paramiko.SSHException):
+                    pass
+                raise self._file_error("write", remote_path, exc) from exc
+            except (EOFError, paramiko.SSHException) as exc:
+                raise ConnectionLost(self.description, f"writing {remote_path}") from exc
+
+    def get_file(self, remote_path: str) -> bytes:
+        with self._lock:
+            sftp = self._sftp_client()
+            try:
+                with sftp.open(remote_path, "rb") as handle:
+                    handle.prefetch()
+                    return handle.read()
+            except OSError as exc:
+                raise self._file_error("read", remote_path, exc) from exc
+            except (EOFError, paramiko.SSHException) as exc:
+                raise ConnectionLost(self.description, f"reading {remote_path}") from exc
+
+    def _file_error(self, verb: str, path: str, exc: OSError) -> HostError:
+        if exc.errno == errno.ENOENT and verb == "write":
+            reason = "its folder does not exist"
+        else:
+            reason = exc.strerror or str(exc)
+        return HostError(f"cannot {verb} {path} on {self.description}: {reason}")

@@ -1,0 +1,108 @@
+"""Where to connect, after applying ~/.ssh/config like `ssh` would.
+
+paramiko parses ssh_config but its connect() ignores it, so the alias is resolved here:
+HostName, User, Port, IdentityFile and ProxyJump. Values set in dflash.yaml win; a
+port or user left null there is taken from ssh_config, then from the defaults.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflashctl.errors import ConfigError
+
+SSH_CONFIG_ENV = "DFLASHCTL_SSH_CONFIG"  # lets tests point at their own file
+DEFAULT_PORT = 22
+
+
+@dataclass
+class SSHDestination:
+    alias: str  # what the user wrote (host.address or a ProxyJump entry)
+    hostname: str  # what we actually connect to
+    port: int
+    user: str
+    identity_files: list[str] = field(default_factory=list)
+    proxy_jump: str | None = None
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name OpenSSH and paramiko look up in known_hosts."""
+        return self.hostname if self.port == DEFAULT_PORT else f"[{self.hostname}]:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+def ssh_config_path() -> Path:
+    return Path(os.environ.get(SSH_CONFIG_ENV) or "~/.ssh/config").expanduser()
+
+
+def _lookup(alias: str) -> dict:
+    path = ssh_config_path()
+    if not path.is_file():
+        return {}
+    import paramiko
+
+    try:
+        return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
+    except (OSError, ValueError, paramiko.SSHException) as exc:
+        raise ConfigError(f"{path}: cannot use this ssh config: {exc}") from exc
+
+
+def split_user_host_port(spec: str) -> tuple[str | None, str, int | None]:
+    """`user@host:port` (user and port optional) as OpenSSH's ProxyJump accepts it."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):  # [v6addr]:port
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":"):
+            port = int(tail[1:])
+    elif rest.count(":") == 1:
+        host, port_text = rest.split(":")
+        port = int(port_text)
+    return user or None, host, port
+
+
+def resolve(
+    address: str,
+    *,
+    port: int | None = None,
+    user: str | None = None,
+    identity_file: str | None = None,
+    proxy_jump: str | None = None,
+) -> SSHDestination:
+    """Apply ssh_config for `address`; explicit arguments win over it."""
+    found = _lookup(address)
+    identity_files = [identity_file] if identity_file else []
+    identity_files += [str(Path(p).expanduser()) for p in found.get("identityfile", [])]
+    jump = proxy_jump or found.get("proxyjump")
+    if jump and jump.lower() == "none":
+        jump = None
+    try:
+        config_port = int(found["port"]) if "port" in found else None
+    except ValueError as exc:
+        raise ConfigError(
+            f"{ssh_config_path()}: Port for {address} is not a number: {found['port']!r}"
+        ) from exc
+    return SSHDestination(
+        alias=address,
+        hostname=found.get("hostname", address),
+        port=port or config_port or DEFAULT_PORT,
+        user=user or found.get("user") or getpass.getuser(),
+        identity_files=list(dict.fromkeys(identity_files)),
+        proxy_jump=jump,
+    )
+
+
+def resolve_jumps(spec: str) -> list[SSHDestination]:
+    """ProxyJump's comma-separated hops, each itself resolved through ssh_config."""
+    hops = []
+    for part in spec.split(","):
+        user, host, port = split_user_host_port(part.strip())
+        hop = resolve(host, port=port, user=user)
+        hop.proxy_jump = None  # nested jumps are not followed: list every hop in one ProxyJump
+        hops.append(hop)
+    return hops

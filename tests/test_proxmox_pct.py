@@ -1,0 +1,174 @@
+"""pct argv and error parsing, and Target (container or host) against the test host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dflashctl import pct
+from dflashctl.config import HostConfig
+from dflashctl.errors import EXIT_HOST
+from dflashctl.target import Target
+from dflashctl.transport import CommandFailed, LocalTransport, open_transport
+from dflashctl.transport.base import CommandResult
+
+# -- argv and parsing (no host) ----------------------------------------------------------
+
+
+def test_argv_builders():
+    assert pct.exec_argv(200, ["python3", "-V"]) == ["pct", "exec", "200", "--", "python3", "-V"]
+    assert pct.push_argv(200, "/tmp/a", "/root/b") == ["pct", "push", "200", "/tmp/a", "/root/b"]
+    assert pct.push_argv(200, "/tmp/a", "/root/b", 0o755)[-2:] == ["--perms", "755"]
+    assert pct.pull_argv(201, "/root/x", "/tmp/x") == ["pct", "pull", "201", "/root/x", "/tmp/x"]
+    assert pct.status_argv(200) == ["pct", "status", "200"]
+    assert pct.parse_status("status: running\n") == "running"
+
+
+def failed(argv, stderr: str, status: int = 255) -> CommandResult:
+    return CommandResult(argv, status, b"", stderr.encode())
+
+
+def test_missing_config_means_no_such_container():
+    error = pct.container_error(
+        failed(
+            pct.status_argv(999), "Configuration file 'nodes/pve/lxc/999.conf' does not exist\n", 2
+        ),
+        999,
+        "status",
+    )
+    assert isinstance(error, pct.ContainerNotFound)
+    assert error.message == "container 999 does not exist on node pve"
+    assert "pct list" in error.hint
+
+
+def test_exec_separates_pct_failures_from_the_commands_own_status():
+    lxc = (
+        "lxc-attach: 200: ../src/lxc/attach.c: get_attach_context: 405 Connection refused - "
+        "Failed to get init pid\n"
+    )
+    error = pct.container_error(failed(pct.exec_argv(200, ["true"]), lxc, 1), 200, "exec")
+    assert isinstance(error, pct.ContainerNotRunning)
+    assert error.hint == "start it with `pct start 200` on the host, or pass --start-container"
+    own = failed(pct.exec_argv(200, ["grep", "x"]), "grep: not running anything\n", 1)
+    assert pct.container_error(own, 200, "exec") is None
+
+
+def test_push_and_pull_errors():
+    push = pct.push_argv(200, "/tmp/s", "/root/no/dir/f")
+    error = pct.container_error(
+        failed(push, "failed to create file: /root/no/dir/f: No such file or directory\n"),
+        200,
+        "push",
+    )
+    assert isinstance(error, pct.ContainerPathMissing)
+    assert (
+        error.message == "cannot write /root/no/dir/f in container 200: its folder does not exist"
+    )
+    stopped = pct.container_error(
+        failed(push, "can only push files to a running CT\n"), 200, "push"
+    )
+    assert isinstance(stopped, pct.ContainerNotRunning)
+    pull = pct.pull_argv(200, "/root/gone", "/tmp/d")
+    error = pct.container_error(
+        failed(pull, "failed to open /root/gone: No such file or directory\n"), 200, "pull"
+    )
+    assert error.message == "/root/gone does not exist in container 200"
+    assert error.exit_code == EXIT_HOST
+
+
+# -- Target on the test host --------------------------------------------------------------
+
+
+def host_config(pve_host) -> HostConfig:
+    return HostConfig(
+        address=pve_host.address,
+        port=pve_host.port,
+        user=pve_host.user,
+        identity_file=str(pve_host.identity_file),
+        known_hosts=str(pve_host.known_hosts),
+    )
+
+
+@pytest.fixture
+def transport(pve_host):
+    with open_transport(host_config(pve_host)) as transport:
+        yield transport
+
+
+def staged_leftovers() -> list[Path]:
+    return list(Path("/tmp").glob(".dflashctl-push-*"))
+
+
+def test_describe(transport, pve_host):
+    assert Target(transport, 200).describe() == f"CT 200 on root@127.0.0.1:{pve_host.port}"
+    assert Target(transport, None).describe() == f"root@127.0.0.1:{pve_host.port}"
+    assert Target(LocalTransport(), None).describe() == "this machine"
+
+
+def test_run_in_the_container_with_env_and_status(transport, container):
+    target = Target(transport, 200)
+    assert target.run(["hostname"]).stdout_text == "ct200\n"
+    assert target.run(["sh", "-c", 'echo "$A"'], env={"A": "1 2"}).stdout_text == "1 2\n"
+    result = target.run(["sh", "-c", "exit 7"], check=False)
+    assert (result.exit_status, result.argv) == (7, ["sh", "-c", "exit 7"])
+    with pytest.raises(CommandFailed, match=r"`false` failed on CT 200 on root@127\.0\.0\.1"):
+        target.run(["false"])
+
+
+def test_stopped_container_is_a_clear_error_everywhere(transport, make_container):
+    make_container(201, running=False)
+    target = Target(transport, 201)
+    with pytest.raises(pct.ContainerNotRunning, match="container 201 is not running") as caught:
+        target.run(["true"], check=False)
+    assert "pct start 201" in caught.value.hint
+    with pytest.raises(pct.ContainerNotRunning):
+        target.push(b"x", "/root/x")
+    assert staged_leftovers() == []
+    stream = target.stream(["echo", "hi"])
+    with pytest.raises(pct.ContainerNotRunning):
+        while stream.read(10) != b"":
+            pass
+    stream.close()
+
+
+def test_missing_vmid_is_a_clear_error(transport, pve_host):
+    with pytest.raises(pct.ContainerNotFound, match="container 4242 does not exist on node pve"):
+        Target(transport, 4242).run(["true"])
+
+
+def test_push_writes_one_file_with_its_mode_and_cleans_up(transport, container):
+    target = Target(transport, 200)
+    target.push(b"#!/bin/sh\necho pushed\n", "/root/run.sh", mode=0o755)
+    on_host = container.root / "run.sh"
+    assert on_host.read_bytes() == b"#!/bin/sh\necho pushed\n"
+    assert on_host.stat().st_mode & 0o777 == 0o755
+    assert target.run(["/root/run.sh"]).stdout_text == "pushed\n"
+    assert target.read_file("/root/run.sh") == b"#!/bin/sh\necho pushed\n"
+    assert staged_leftovers() == []
+
+
+def test_push_to_a_missing_folder_names_the_path(transport, container):
+    with pytest.raises(pct.ContainerPathMissing) as caught:
+        Target(transport, 200).push(b"x", "/root/missing/file")
+    assert caught.value.message == (
+        "cannot write /root/missing/file in container 200: its folder does not exist"
+    )
+    assert staged_leftovers() == []
+
+
+def test_stream_in_the_container(transport, container):
+    with Target(transport, 200).stream(["sh", "-c", "echo one; echo two; exit 3"]) as stream:
+        data = b""
+        while (chunk := stream.read(10)) != b"":
+            data += chunk or b""
+        assert data == b"one\ntwo\n"
+        assert stream.exit_status == 3
+
+
+def test_target_on_the_host_itself(transport, tmp_path):
+    target = Target(transport, None)
+    target.push(b"direct", str(tmp_path / "f"), mode=0o600)
+    assert (tmp_path / "f").read_bytes() == b"direct"
+    assert target.read_file(str(tmp_path / "f")) == b"direct"
+    assert target.run(["cat", str(tmp_path / "f")]).stdout == b"direct"

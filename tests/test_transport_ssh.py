@@ -1,0 +1,177 @@
+"""SSHTransport against the real sshd of the test host: commands, files, one connection."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl.config import HostConfig
+from dflashctl.errors import HostError
+from dflashctl.transport import (
+    CommandFailed,
+    CommandTimeout,
+    ConnectionLost,
+    SSHTransport,
+    open_transport,
+)
+
+
+def host_config(pve_host, **overrides) -> HostConfig:
+    values = dict(
+        address=pve_host.address,
+        port=pve_host.port,
+        user=pve_host.user,
+        identity_file=str(pve_host.identity_file),
+        known_hosts=str(pve_host.known_hosts),
+        connect_timeout_s=10,
+        keepalive_s=15,
+    )
+    values.update(overrides)
+    return HostConfig(**values)
+
+
+@pytest.fixture
+def ssh(pve_host):
+    transport = open_transport(host_config(pve_host))
+    assert isinstance(transport, SSHTransport)
+    yield transport
+    transport.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _alive(pid)
+
+
+def test_description_names_user_host_and_port(ssh, pve_host):
+    assert ssh.description == f"root@127.0.0.1:{pve_host.port}"
+
+
+def test_argv_is_quoted_and_streams_and_status_come_back(ssh):
+    result = ssh.run(
+        ["sh", "-c", 'echo "$1"; echo err >&2; exit 3', "sh", "a b; $HOME 'q'"], check=False
+    )
+    assert result.exit_status == 3
+    assert result.stdout_text == "a b; $HOME 'q'\n"
+    assert result.stderr_text == "err\n"
+
+
+def test_nonzero_exit_raises_with_the_result_and_the_host(ssh, pve_host):
+    with pytest.raises(CommandFailed) as caught:
+        ssh.run(["sh", "-c", "echo nope >&2; exit 9"])
+    assert caught.value.result.exit_status == 9
+    assert f"on root@127.0.0.1:{pve_host.port} with exit status 9: nope" in caught.value.message
+
+
+def test_a_command_killed_by_a_signal_reports_128_plus_n(ssh):
+    assert ssh.run(["sh", "-c", "kill -TERM $$"], check=False).exit_status == 128 + 15
+
+
+def test_big_stdout_and_stderr_are_read_concurrently(ssh):
+    script = "head -c 4000000 /dev/zero; head -c 4000000 /dev/zero >&2; echo done >&2"
+    result = ssh.run(["sh", "-c", script], timeout=60)
+    assert len(result.stdout) == 4_000_000
+    assert result.stderr.endswith(b"done\n") and len(result.stderr) == 4_000_005
+
+
+def test_stdin_and_env(ssh):
+    data = bytes(range(256)) * 20_000
+    assert ssh.run(["cat"], stdin=data).stdout == data
+    result = ssh.run(["sh", "-c", 'printf %s "$WHO"'], env={"WHO": "it's me"})
+    assert result.stdout_text == "it's me"
+
+
+def test_timeout_kills_the_remote_command(ssh, tmp_path):
+    pid_file = tmp_path / "pid"
+    with pytest.raises(CommandTimeout, match="within 0.5 s"):
+        ssh.run(["sh", "-c", f"echo $$ > {pid_file}; sleep 30"], timeout=0.5)
+    assert _wait_gone(int(pid_file.read_text()))
+    assert ssh.run(["echo", "still usable"]).stdout_text == "still usable\n"
+
+
+def test_stream_reads_as_data_arrives_and_close_kills(ssh, tmp_path):
+    with ssh.stream(["sh", "-c", "echo first; sleep 0.4; echo second; exit 6"]) as stream:
+        first = stream.read(5)
+        assert first == b"first\n"
+        assert stream.read(0.05) is None  # nothing yet: the command is sleeping
+        rest = b""
+        while (data := stream.read(5)) != b"":
+            rest += data or b""
+        assert rest == b"second\n"
+        assert stream.exit_status == 6
+    pid_file = tmp_path / "pid"
+    stream = ssh.stream(["sh", "-c", f"echo $$ > {pid_file}; echo go; exec sleep 30"])
+    assert stream.read(5) == b"go\n"
+    stream.close()
+    assert _wait_gone(int(pid_file.read_text()))
+
+
+def test_put_file_is_atomic_with_mode_and_get_file_reads_it(ssh, tmp_path):
+    dest = tmp_path / "config.json"
+    dest.write_text("old")
+    ssh.put_file(b'{"new": true}', str(dest), mode=0o640)
+    assert dest.read_bytes() == b'{"new": true}'
+    assert dest.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    assert ssh.get_file(str(dest)) == b'{"new": true}'
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"z" * 3_000_000)
+    ssh.put_file(big, str(tmp_path / "copy.bin"))
+    assert (tmp_path / "copy.bin").read_bytes() == big.read_bytes()
+
+
+def test_file_errors_are_host_errors(ssh, tmp_path):
+    with pytest.raises(HostError, match="its folder does not exist"):
+        ssh.put_file(b"x", str(tmp_path / "missing" / "f"))
+    with pytest.raises(HostError, match="No such file"):
+        ssh.get_file(str(tmp_path / "absent"))
+
+
+def _logins(pve_host) -> int:
+    return pve_host.log_tail(10_000_000).count("Accepted publickey for root")
+
+
+def test_one_connection_serves_exec_sftp_and_streams(pve_host, ssh, tmp_path):
+    before = _logins(pve_host)
+    ssh.run(["true"])
+    ssh.put_file(b"1", str(tmp_path / "a"))
+    ssh.get_file(str(tmp_path / "a"))
+    with ssh.stream(["echo", "x"]) as stream:
+        while stream.read(5):
+            pass
+    for _ in range(3):
+        ssh.run(["true"])
+    assert _logins(pve_host) == before + 1
+
+
+def test_a_dropped_connection_is_connection_lost(pve_host, tmp_path):
+    with open_transport(host_config(pve_host, keepalive_s=1)) as transport:
+        transport.run(["true"])
+        errors: list[BaseException] = []
+
+        def long_command() -> None:
+            try:
+                transport.run(["sleep", "5"], timeout=20)
+            except BaseException as exc:  # collected for the assertion below
+                errors.append(exc)
+
+        worker = threading.Thread(target=long_command, name="long-command")
+        worker.start()
+        time.sleep(0.5)
+        assert pve_host.drop_connections() >= 1
+        worker.join(15)
+        assert not worker.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], ConnectionLost), errors
+        assert "dropped while running `sleep 5`" in errors[0].message
