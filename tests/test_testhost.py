@@ -387,6 +387,26 @@ def test_stopping_the_server_leaves_no_processes(tmp_path):
     assert leftovers == []
 
 
+def test_server_moves_on_when_its_port_is_taken(tmp_path, monkeypatch):
+    require_test_host()
+    import socket
+
+    from tests.host import sshd as sshd_module
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [taken.getsockname()[1], sshd_module._free_port()]
+        monkeypatch.setattr(sshd_module, "_free_port", lambda: ports.pop(0))
+        server = SshServer(workdir=tmp_path / "ssh", state_dir=tmp_path)
+        server.start()
+        try:
+            assert server.port != taken.getsockname()[1]
+            assert server.run("true").returncode == 0
+        finally:
+            server.stop()
+
+
 # -- fixtures ------------------------------------------------------------------------------
 
 

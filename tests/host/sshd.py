@@ -152,14 +152,13 @@ SetEnv "PATH={STANDIN_BIN}:{SESSION_PATH}" "FAKEPVE_STATE={self.state_dir}" SHLV
             optional = [line for line in optional if line not in rejected]
 
     def _launch(self, timeout: float) -> None:
-        sshd = SSHD
         with open(self.sshd_log, "ab") as log:
             self._process = subprocess.Popen(
                 [
                     sys.executable,
                     str(HOST_DIR / "reaper.py"),
                     "--",
-                    sshd,
+                    SSHD,
                     "-D",
                     "-e",
                     "-f",
@@ -174,7 +173,9 @@ SetEnv "PATH={STANDIN_BIN}:{SESSION_PATH}" "FAKEPVE_STATE={self.state_dir}" SHLV
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise SshdFailed(f"sshd exited ({self._process.returncode}):\n{self.log_tail()}")
-            if self._banner_ok():
+            # Ours once it has written its PidFile (after binding the port) and answers;
+            # a banner alone could come from another server that took the port first.
+            if self.listener_pid is not None and self._banner_ok():
                 return
             time.sleep(0.02)
         raise SshdFailed(
