@@ -312,6 +312,7 @@ def test_pvesh_answers_proxmoxer(client, make_container):
     listed = {entry["vmid"]: entry for entry in api.nodes("pve").lxc.get()}
     assert (listed[200]["status"], listed[201]["status"]) == ("running", "stopped")
     assert listed[200]["name"] == "ct200" and listed[200]["maxmem"] > 0
+    assert api.nodes("pve").lxc(201).config.get()["hostname"] == "ct201"
     current = api.nodes("pve").lxc(201).status.current.get()
     assert current["status"] == "stopped" and current["vmid"] == 201
     upid = api.nodes("pve").lxc(201).status.start.post()

@@ -1,4 +1,5 @@
-"""`pct` stand-in: status, start, stop, exec, push, pull and list on the sandboxes in state.py.
+"""`pct` stand-in: status, start, stop, exec, push, pull, list and config on the sandboxes
+in state.py.
 
 Messages and exit statuses follow Proxmox's pct (pve-container, src/PVE/CLI/pct.pm and
 src/PVE/API2/LXC/Status.pm) and lxc-attach; each one says where it comes from. Errors of
@@ -27,6 +28,7 @@ USAGE: pct <COMMAND> [ARGS] [OPTIONS]
        pct push <vmid> <file> <destination> [OPTIONS]
        pct pull <vmid> <path> <destination> [OPTIONS]
        pct list
+       pct config <vmid>
 """
 
 
@@ -99,6 +101,15 @@ def cmd_stop(root, args):
     with state.config_lock(ct):
         state.stop_container(ct)
     state.record_task(root, "vzstop", int(args[0]))
+    return 0
+
+
+def cmd_config(root, args):
+    _need_args(args, ["vmid"], "config")
+    config = state.load_container(root, args[0]).pve_config()
+    for key in sorted(config):
+        if key != "digest":  # pct.pm leaves the digest out
+            print(f"{key}: {config[key]}")
     return 0
 
 
@@ -251,6 +262,7 @@ COMMANDS = {
     "start": cmd_start,
     "stop": cmd_stop,
     "list": cmd_list,
+    "config": cmd_config,
     "exec": cmd_exec,
     "push": cmd_push,
     "pull": cmd_pull,

@@ -4,6 +4,7 @@
     pvesh get /nodes
     pvesh get /nodes/<node>/lxc
     pvesh get /nodes/<node>/lxc/<vmid>/status/current
+    pvesh get /nodes/<node>/lxc/<vmid>/config
     pvesh create /nodes/<node>/lxc/<vmid>/status/start|stop     -> a UPID
     pvesh get /nodes/<node>/tasks/<upid>/status
 
@@ -88,6 +89,8 @@ def _dispatch(root, method: str, path: str, params: dict[str, str]):
     tail = parts[2:]
     if tail == ["lxc"] and method == "get":
         return [_summary(ct) for ct in state.list_containers(root)]
+    if len(tail) == 3 and tail[0] == "lxc" and tail[2] == "config" and method == "get":
+        return state.load_container(root, tail[1]).pve_config()
     if len(tail) == 4 and tail[0] == "lxc" and tail[2] == "status":
         ct = state.load_container(root, tail[1])
         action = tail[3]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import select
@@ -113,6 +114,20 @@ class Container:
 
     def conf(self) -> dict:
         return json.loads(self.conf_path.read_text())
+
+    def pve_config(self) -> dict:
+        """The container's configuration as `pct config` / GET .../lxc/<vmid>/config show it."""
+        conf = self.conf()
+        return {
+            "arch": "amd64",
+            "cores": conf["cores"],
+            "hostname": conf["hostname"],
+            "memory": conf["memory"],
+            "ostype": "debian",
+            "rootfs": f"local-lvm:vm-{self.vmid}-disk-0,size=8G",
+            "swap": 512,
+            "digest": hashlib.sha1(self.conf_path.read_bytes()).hexdigest(),
+        }
 
     def init_pid(self) -> int | None:
         """Host pid of the container's pid 1, or None when the container is stopped."""
