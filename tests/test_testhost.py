@@ -421,6 +421,16 @@ def test_missing_host_skips_locally_and_fails_under_ci(monkeypatch):
         fixtures.require_test_host()
 
 
+def test_pct_options_in_both_spellings():
+    from tests.host.pct_cli import _split_options
+
+    assert _split_options(["200", "a", "/root/b", "--perms=0750"], {"perms"}) == (
+        ["200", "a", "/root/b"],
+        {"perms": "0750"},
+    )
+    assert _split_options(["-perms", "644", "200"], {"perms"}) == (["200"], {"perms": "644"})
+
+
 def test_write_config_overrides():
     config = {"host": {"port": 22, "user": "root"}, "run": {"stop_grace_s": 20}}
     merged = apply_overrides(config, {"run.stop_grace_s": 1, "host": {"port": 2222}})

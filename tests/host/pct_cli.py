@@ -15,8 +15,11 @@ import signal
 import subprocess
 import sys
 
-import state
-from state import PveError
+try:  # imported by the tests as tests.host.<module>
+    from . import state
+except ImportError:  # run as bin/pct or bin/pvesh, with this folder on sys.path
+    import state
+PveError = state.PveError
 
 CLONE_NEWNS = 0x00020000
 USAGE = """\
@@ -55,15 +58,13 @@ def _split_options(args: list[str], flags: set[str]) -> tuple[list[str], dict[st
     i = 0
     while i < len(args):
         arg = args[i]
-        name = arg.lstrip("-")
+        name, has_value, value = arg.lstrip("-").partition("=")
         if arg.startswith("-") and name in flags:
-            if "=" in name:
-                name, value = name.split("=", 1)
-            elif i + 1 < len(args):
+            if not has_value:
+                if i + 1 >= len(args):
+                    raise PveError(f"400 missing value for option '{name}'")
                 i += 1
                 value = args[i]
-            else:
-                raise PveError(f"400 missing value for option '{name}'")
             options[name] = value
         else:
             positional.append(arg)

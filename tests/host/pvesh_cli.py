@@ -21,8 +21,11 @@ import os
 import sys
 import time
 
-import state
-from state import PveError
+try:  # imported by the tests as tests.host.<module>
+    from . import state
+except ImportError:  # run as bin/pct or bin/pvesh, with this folder on sys.path
+    import state
+PveError = state.PveError
 
 VERSION = {"release": "8.2", "repoid": "faa83925c9641325", "version": "8.2.4"}
 
