@@ -1,0 +1,240 @@
+"""Container state through the Proxmox API (proxmoxer): status, start, list.
+
+With `proxmox.api: ssh`, pvesh runs over dflashctl's own verified SSH connection: the
+session below offers proxmoxer's command-backend interface (`_exec`, `upload_file_obj`)
+on top of our Transport, so there is no second connection and no AutoAddPolicy. With
+`api: https`, the API token secret is read from the environment variable named in the
+config and is never printed or logged.
+
+Imported lazily (by connect.py and the commands): proxmoxer is not needed for --help.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from proxmoxer.backends.command_base import CommandBaseSession, JsonSimpleSerializer
+from proxmoxer.core import ProxmoxResource, ResourceException
+
+from dflashctl.config import ProxmoxConfig
+from dflashctl.errors import ConfigError, DflashError, HostError
+from dflashctl.pct import ContainerNotFound, not_running_hint
+from dflashctl.transport.base import Transport
+
+PVESH_TIMEOUT_S = 60.0
+_MISSING_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/\d+\.conf' does not exist")
+_UNKNOWN_NODE = re.compile(r"hostname lookup '([^']+)' failed")
+
+
+class TransportSession(CommandBaseSession):
+    """proxmoxer's command-backend session, running pvesh through our Transport."""
+
+    def __init__(self, transport: Transport, timeout: float = PVESH_TIMEOUT_S) -> None:
+        super().__init__(service="PVE", timeout=timeout)
+        self.transport = transport
+
+    def _exec(self, cmd: list[str]) -> tuple[str, str, int]:
+        result = self.transport.run(cmd, check=False, timeout=self.timeout)
+        if result.exit_status == 127:
+            raise HostError(
+                f"{cmd[0]} is not installed on {self.transport.description}: "
+                "it does not look like a Proxmox VE node",
+                hint="point host.address at the Proxmox node, or set container.vmid: null "
+                "to run directly on this host",
+            )
+        return result.stdout_text, result.stderr_text, result.exit_status
+
+    def request(self, method, url, data=None, params=None, headers=None):
+        response = super().request(method, url, data=data, params=params, headers=headers)
+        # proxmoxer guesses failure from any stderr output; pvesh's exit status is the
+        # better witness (it also prints harmless notices, e.g. lock waits, on stderr).
+        if response.exit_code == 0 and response.status_code >= 400:
+            response.status_code = 200
+        return response
+
+    def upload_file_obj(self, file_obj: Any, remote_path: str) -> None:
+        self.transport.put_file(file_obj.read(), remote_path, mode=0o600)
+
+
+def ssh_api(transport: Transport) -> ProxmoxResource:
+    """The API root (`api.nodes(node).lxc.get()` ...) over pvesh on `transport`."""
+    return ProxmoxResource(
+        base_url="", session=TransportSession(transport), serializer=JsonSimpleSerializer()
+    )
+
+
+def https_api(config: ProxmoxConfig) -> ProxmoxResource:
+    """The REST API with an API token; the secret comes from the environment only."""
+    secret = os.environ.get(config.token_secret_env)
+    if not secret:
+        raise ConfigError(
+            f"the environment variable {config.token_secret_env} (proxmox.token_secret_env) "
+            "is not set: it must hold the API token secret",
+            hint=f"export {config.token_secret_env}=<secret of {config.token_id}>",
+        )
+    try:
+        import requests  # noqa: F401  (proxmoxer's https backend needs it)
+    except ImportError:
+        raise ConfigError(
+            "proxmox.api: https needs the Python package requests, which is not installed",
+            hint="pip install requests, or use proxmox.api: ssh",
+        ) from None
+    from proxmoxer import ProxmoxAPI
+
+    url = urlsplit(config.url or "")
+    user, _, token_name = (config.token_id or "").partition("!")
+    return ProxmoxAPI(
+        url.hostname,
+        port=url.port or 8006,
+        backend="https",
+        user=user,
+        token_name=token_name,
+        token_value=secret,
+        verify_ssl=config.verify_tls,
+        timeout=PVESH_TIMEOUT_S,
+    )
+
+
+# --------------------------------------------------------------------------- calls
+
+
+@dataclass
+class ContainerStatus:
+    vmid: int
+    status: str  # "running" | "stopped" (what Proxmox says)
+    uptime_s: int
+    name: str
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "vmid": self.vmid,
+            "status": self.status,
+            "uptime_s": self.uptime_s,
+            "name": self.name,
+        }
+
+
+def _api_error(exc: Exception, node: str, vmid: int | None, doing: str) -> HostError:
+    """One plain sentence for whatever the API (or the way to it) answered."""
+    text = str(getattr(exc, "content", "") or exc)
+    if vmid is not None and _MISSING_CONFIG.search(text):
+        return ContainerNotFound(
+            f"container {vmid} does not exist on node {node}",
+            hint="check container.vmid in dflash.yaml; `pct list` on the host lists the "
+            "containers (or set container.vmid: null to run on the host itself)",
+        )
+    if isinstance(exc, ResourceException) and exc.status_code == 404 and vmid is not None:
+        return ContainerNotFound(f"container {vmid} does not exist on node {node}")
+    unknown = _UNKNOWN_NODE.search(text)
+    if unknown:
+        return HostError(
+            f"the Proxmox node {unknown.group(1)} is not known to this host",
+            hint="set proxmox.node to the node name that `pvesh get /nodes` shows",
+        )
+    detail = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+    return HostError(f"the Proxmox API failed while {doing}: {detail}")
+
+
+def _call(fn, node: str, vmid: int | None, doing: str) -> Any:
+    try:
+        return fn()
+    except DflashError:
+        raise
+    except Exception as exc:  # proxmoxer and requests raise many kinds; all mean "API failed"
+        raise _api_error(exc, node, vmid, doing) from exc
+
+
+def _status_from(entry: dict[str, Any], vmid: int | None = None) -> ContainerStatus:
+    return ContainerStatus(
+        vmid=int(entry.get("vmid", vmid or 0)),
+        status=str(entry.get("status", "unknown")),
+        uptime_s=int(entry.get("uptime") or 0),
+        name=str(entry.get("name") or ""),
+    )
+
+
+def api_version(api: ProxmoxResource) -> str:
+    """`8.2.4`: proves the API answers (pvesh runs, or the token works)."""
+    answer = _call(lambda: api.version.get(), "?", None, "reading the version")
+    return str(answer.get("version", "?")) if isinstance(answer, dict) else "?"
+
+
+def container_status(api: ProxmoxResource, node: str, vmid: int) -> ContainerStatus:
+    answer = _call(
+        lambda: api.nodes(node).lxc(vmid).status.current.get(),
+        node,
+        vmid,
+        f"reading the state of container {vmid}",
+    )
+    if not isinstance(answer, dict) or "status" not in answer:
+        raise HostError(f"the Proxmox API gave no state for container {vmid}: {answer!r}")
+    return _status_from(answer, vmid)
+
+
+def list_containers(api: ProxmoxResource, node: str) -> list[ContainerStatus]:
+    answer = _call(lambda: api.nodes(node).lxc.get(), node, None, f"listing containers on {node}")
+    return sorted((_status_from(entry) for entry in answer or []), key=lambda ct: ct.vmid)
+
+
+def start_container(
+    api: ProxmoxResource, node: str, vmid: int, timeout: float = 120.0
+) -> ContainerStatus:
+    """POST status/start, wait for its task to finish, and return the new state."""
+    upid = _call(
+        lambda: api.nodes(node).lxc(vmid).status.start.post(),
+        node,
+        vmid,
+        f"starting container {vmid}",
+    )
+    if not isinstance(upid, str) or not upid.startswith("UPID:"):
+        raise HostError(f"starting container {vmid} gave no task id: {upid!r}")
+    started = time.monotonic()
+    task = _call(
+        lambda: wait_for_task(api, upid, timeout),
+        node,
+        vmid,
+        f"waiting for container {vmid} to start",
+    )
+    if task is None:
+        raise HostError(
+            f"container {vmid} did not start within {timeout:g} s",
+            hint=f"look at the task log on the host, or {not_running_hint(vmid)}",
+        )
+    if task.get("exitstatus") != "OK":
+        raise HostError(
+            f"starting container {vmid} failed: {task.get('exitstatus')}",
+            hint=f"see `pct start {vmid}` on the host for details",
+        )
+    status = container_status(api, node, vmid)
+    if not status.running:
+        waited = time.monotonic() - started
+        raise HostError(f"container {vmid} is {status.status} {waited:.0f} s after starting it")
+    return status
+
+
+def wait_for_task(
+    api: ProxmoxResource, upid: str, timeout: float, poll_s: float = 0.2
+) -> dict[str, Any] | None:
+    """The finished task's status, or None after `timeout`.
+
+    What proxmoxer.tools.Tasks.blocking_status does, without its unconditional 1 s sleep;
+    and importing proxmoxer.tools exits the process when `requests` is not installed.
+    """
+    node = upid.split(":")[1]
+    deadline = time.monotonic() + timeout
+    while True:
+        task = api.nodes(node).tasks(upid).status.get()
+        if isinstance(task, dict) and task.get("status") == "stopped":
+            return task
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)
