@@ -61,7 +61,8 @@ _register_commands()
 def main() -> None:
     debug = os.environ.get("DFLASHCTL_DEBUG") == "1"
     try:
-        app(standalone_mode=False)
+        # Without standalone mode, click returns a `typer.Exit(code)` raised by a command.
+        code = app(standalone_mode=False)
     except DflashError as exc:
         terminal.error(exc.message, exc.hint)
         if debug:
@@ -76,9 +77,10 @@ def main() -> None:
         terminal.err.print("[yellow]aborted[/yellow]")
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
+        # typer vendors click (typer._click), so match click's exception by its interface.
+        if callable(getattr(exc, "show", None)) and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(2)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)
