@@ -57,6 +57,12 @@ _ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?):\s*$")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _GPU_IN_MESSAGE = re.compile(r"\bGPU (\d+)\b|\bcuda:(\d+)\b")
 _SITE_PACKAGES = re.compile(r"^.*[/\\](?:site|dist)-packages[/\\]")
+# The fixed lines PyTorch appends to a CUDA error's message.
+_CONTINUATION = re.compile(
+    r"^(CUDA kernel errors might be asynchronously reported|For debugging consider passing "
+    r"CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Device-side assertion tracking|"
+    r"Search for `cuda\w+' in https://docs\.nvidia\.com)"
+)
 _STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:")
 
 ANNOUNCE_REACH = 8  # a "X failed:" line names the thread of a traceback starting this close
@@ -229,18 +235,19 @@ class CrashDetector:
         for trace in list(self._traces):
             if trace.state == "frames":
                 continue
-            if trace.continuation_left and trace.state == "tail" and not _STAGE.match(line):
+            if trace.continuation_left and trace.state == "tail":
                 segment = trace.segments[-1]
-                if trace.continuation_left == MAX_CONTINUATION and (
-                    segment.exc_message or ""
-                ).endswith(":"):
+                first = trace.continuation_left == MAX_CONTINUATION
+                if first and (segment.exc_message or "").endswith(":"):
                     # "backend='inductor' raised:" -- the inner error is on the next line
                     segment.exc_message = f"{segment.exc_message} {line.strip()}"
-                trace.continuation_left -= 1
-                trace.lines.append(line)
-                trace.end_line = n
-                continue
-            trace.continuation_left = 0
+                    trace.lines.append(line)
+                    trace.continuation_left -= 1
+                elif _CONTINUATION.match(line):
+                    trace.lines.append(line)
+                    trace.continuation_left -= 1
+                else:
+                    trace.continuation_left = 0  # somebody else's line ends the message
             trace.tail_left -= 1
             if trace.tail_left <= 0:
                 self._close_trace(trace, out)
@@ -281,7 +288,7 @@ class CrashDetector:
         # "device-side assert triggered") are part of this failure, not another one.
         for pending in list(self._pending):
             same = pending.event.category == event.category
-            if same and pending.event.line >= trace.start_line - MERGE_WINDOW:
+            if same and pending.last_match >= trace.start_line - MERGE_WINDOW:
                 self._pending.remove(pending)
                 if pending.event.line < event.line:
                     event.excerpt = pending.event.excerpt + event.excerpt
@@ -374,6 +381,13 @@ class CrashDetector:
                 pending.repeats += 1
                 if len(pending.event.excerpt) < MAX_EXCERPT:
                     pending.event.excerpt.append(line)
+                return
+        for crash in reversed(self.crashes):
+            if crash.category == rule.category and crash.end_line >= n - MERGE_WINDOW:
+                # The same failure told again (C++ `what():` after the Python traceback).
+                crash.end_line = n
+                if len(crash.excerpt) < MAX_EXCERPT:
+                    crash.excerpt.append(line)
                 return
         thread = device = stage = None
         staged = _STAGE.match(line)
@@ -508,9 +522,12 @@ def keyword_gate(keywords: Iterable[str]):
 
     The keywords are merged into a trie-shaped regex: the engine then tests each
     position of a line against one character class instead of every keyword in turn.
+    Each keyword is first cut to start at its rarest character (a capital letter
+    rather than a space), because the engine only tries positions holding one of the
+    first characters: a gate of capital letters skips a step line at C speed.
     """
     trie: dict = {}
-    for word in {k.strip() for k in keywords if k.strip()}:
+    for word in {_rare_anchor(k.strip()) for k in keywords if k.strip()}:
         node = trie
         for char in word:
             node = node.setdefault(char, {})
@@ -525,6 +542,27 @@ def keyword_gate(keywords: Iterable[str]):
     if not trie:
         return lambda line: False
     return re.compile(to_regex(trie)).search
+
+
+_LETTERS_BY_FREQUENCY = "etaoinshrdlcumwfgypbvkjxqz"  # English text, most frequent first
+
+
+def _rare_anchor(keyword: str, min_length: int = 5) -> str:
+    """The suffix of `keyword` that starts at its rarest character (any suffix will do:
+    a line holding the keyword holds each of its suffixes)."""
+
+    def rarity(char: str) -> int:
+        if char.isupper() or char in "`_()[]{}<>=!@#$%^&*;'\"\\":
+            return 100
+        if char in _LETTERS_BY_FREQUENCY:
+            return _LETTERS_BY_FREQUENCY.index(char)
+        return -1  # spaces, digits, . : / | - are everywhere in a log
+
+    best, best_rarity = 0, -2
+    for index in range(max(1, len(keyword) - min_length + 1)):
+        if rarity(keyword[index]) > best_rarity:
+            best, best_rarity = index, rarity(keyword[index])
+    return keyword[best:]
 
 
 def _segment_for(trace: _Trace, rule: Rule, hit_index: int | None) -> _Segment | None:

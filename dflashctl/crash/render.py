@@ -42,11 +42,12 @@ def crash_panel(event: CrashEvent) -> Panel:
     facts.add_row("log line", line_text)
 
     parts: list = [facts]
-    if event.excerpt:
-        shown = event.excerpt[-EXCERPT_LINES:]
+    readable = [line for line in event.excerpt if not _is_caret_line(line)]
+    if readable:
+        shown = readable[-EXCERPT_LINES:]
         excerpt = Text()
-        if len(event.excerpt) > len(shown):
-            excerpt.append(f"... {len(event.excerpt) - len(shown)} lines above\n", style="dim")
+        if len(readable) > len(shown):
+            excerpt.append(f"... {len(readable) - len(shown)} lines above\n", style="dim")
         excerpt.append("\n".join(shown), style="dim")
         parts += [Text(""), excerpt]
     parts += [Text(""), Text.assemble(("hint: ", "bold"), event.hint)]
@@ -58,3 +59,9 @@ def crash_panel(event: CrashEvent) -> Panel:
 def render_crash(console: Console, event: CrashEvent) -> None:
     """Print one crash as a panel on `console`."""
     console.print(crash_panel(event))
+
+
+def _is_caret_line(line: str) -> bool:
+    """Python 3.11+ underlines the failing expression with ^ and ~; noise in a panel."""
+    text = line.strip()
+    return bool(text) and set(text) <= set("^~")

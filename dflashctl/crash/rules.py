@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from dflashctl.errors import ConfigError
+from dflashctl.resources import template_path
 
 try:  # the regex parser moved in Python 3.11
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
@@ -86,17 +87,14 @@ def load_rules(
 
 
 def _builtin_rules_path() -> Path:
-    # Checkout or editable install: templates/ sits next to the package. A wheel
-    # carries the same file as package data under dflashctl/_templates/.
-    package_dir = Path(__file__).resolve().parents[1]
-    for base in (package_dir.parent / "templates", package_dir / "_templates"):
-        candidate = base / BUILTIN_RULES_FILE
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(
-        f"{BUILTIN_RULES_FILE} is missing from this dflashctl installation",
-        hint="reinstall dflashctl; the file ships in templates/ (dflashctl/_templates in a wheel)",
-    )
+    # templates/ next to the package in a checkout; dflashctl/_templates in a wheel.
+    try:
+        return template_path(BUILTIN_RULES_FILE)
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"{BUILTIN_RULES_FILE} is missing from this dflashctl installation",
+            hint="reinstall dflashctl; the file ships in templates/ (dflashctl/_templates in a wheel)",
+        ) from exc
 
 
 def _read_rules_file(path: Path) -> list[Any]:
@@ -292,8 +290,12 @@ def _required_in_sequence(items: list[tuple[Any, Any]]) -> set[str] | None:
     end_run()
     if not candidates:
         return None
-    # The best set is the one whose weakest member is longest: fewest false hits.
-    return max(candidates, key=lambda s: (min(len(x) for x in s), -len(s)))
+    # The best set gives the fewest false hits: capital letters are rarer in logs than
+    # lower case (a step line has none), then longer literals, then fewer of them.
+    return max(
+        candidates,
+        key=lambda s: (all(not x.islower() for x in s), min(len(x) for x in s) >= 4, -len(s)),
+    )
 
 
 def _add(candidates: list[set[str]], found: set[str] | None) -> None:
