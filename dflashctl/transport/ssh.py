@@ -311,6 +311,13 @@ class SSHTransport(Transport):
         """Open and verify the connection now (it otherwise opens on first use)."""
         self._transport()
 
+    def server_summary(self) -> tuple[str, str]:
+        """(the server's SSH version, its verified host key as `type SHA256:...`)."""
+        transport = self._transport()
+        key = transport.get_remote_server_key()
+        version = transport.remote_version.removeprefix("SSH-2.0-")
+        return version, f"{key.get_name()} {host_keys.fingerprint(key)}"
+
     def _transport(self) -> paramiko.Transport:
         with self._lock:
             if self._client is None:

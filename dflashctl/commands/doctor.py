@@ -1,0 +1,372 @@
+"""dflashctl doctor: check every link from dflash.yaml to the container, one line each.
+
+Each check passes or fails with a fix; a check that depends on a failed one is shown
+as skipped. Exit code 0 when nothing failed, 2 for a config problem, 3 for a
+host/SSH/container problem.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from dflashctl import terminal
+from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.errors import EXIT_HOST, EXIT_OK, EXIT_USAGE, ConfigError, DflashError, HostError
+
+PYTHON_TIMEOUT_S = 15.0
+TORCH_TIMEOUT_S = 60.0  # importing torch reads a few hundred MB the first time
+MIN_FREE_BYTES = 2 * 1024**3
+PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
+_CONNECT_STEP = {  # ConnectFailed.reason -> the check that failed
+    "resolve": "SSH reachable",
+    "refused": "SSH reachable",
+    "timeout": "SSH reachable",
+    "unreachable": "SSH reachable",
+    "jump": "SSH reachable",
+    "ssh": "SSH reachable",
+    "host_key_unknown": "host key known",
+    "host_key_changed": "host key known",
+    "auth": "SSH login",
+}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass | fail | skip | warn
+    detail: str
+    fix: str | None = None
+    config_problem: bool = False  # failed because of dflash.yaml (exit 2), not the host
+    seconds: float = 0.0
+
+
+class Doctor:
+    """Runs the checks in order, remembering which ones failed."""
+
+    def __init__(self, on_check: Callable[[Check], None]) -> None:
+        self.checks: list[Check] = []
+        self._on_check = on_check
+
+    def add(self, check: Check) -> Check:
+        self.checks.append(check)
+        self._on_check(check)
+        return check
+
+    def skip(self, name: str, because: str) -> None:
+        self.add(Check(name, SKIP, f"skipped: {because}"))
+
+    def run(self, name: str, probe: Callable[[], tuple[str, str] | str]) -> bool:
+        """probe returns the detail (or (status, detail)); a DflashError is a failure."""
+        start = time.monotonic()
+        try:
+            answer = probe()
+        except DflashError as exc:
+            self.add(
+                Check(
+                    name,
+                    FAIL,
+                    exc.message,
+                    exc.hint,
+                    isinstance(exc, ConfigError),
+                    time.monotonic() - start,
+                )
+            )
+            return False
+        status, detail = answer if isinstance(answer, tuple) else (PASS, answer)
+        self.add(Check(name, status, detail, seconds=time.monotonic() - start))
+        return status != FAIL
+
+    @property
+    def exit_code(self) -> int:
+        failed = [c for c in self.checks if c.status == FAIL]
+        if not failed:
+            return EXIT_OK
+        return EXIT_USAGE if all(c.config_problem for c in failed) else EXIT_HOST
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def _connect_checks(doctor: Doctor, config: Any, transport: Any) -> bool:
+    """SSH reachable, host key known, SSH login: one connection attempt, three answers."""
+    from dflashctl.transport import ConnectFailed
+
+    if config.host.is_local:
+        doctor.add(Check("SSH reachable", PASS, "host.address is local: no SSH needed"))
+        return True
+    start = time.monotonic()
+    try:
+        transport.connect()
+        version, key = transport.server_summary()
+    except ConnectFailed as exc:
+        failed_step = _CONNECT_STEP.get(exc.reason, "SSH reachable")
+        for name in ("SSH reachable", "host key known", "SSH login"):
+            if name == failed_step:
+                doctor.add(
+                    Check(name, FAIL, exc.message, exc.hint, seconds=time.monotonic() - start)
+                )
+                break
+            doctor.add(
+                Check(
+                    name,
+                    PASS,
+                    f"{transport.destination.hostname} port "
+                    f"{transport.destination.port} answers SSH"
+                    if name == "SSH reachable"
+                    else "the host key matches known_hosts",
+                )
+            )
+        return False
+    except ConfigError as exc:  # e.g. host.identity_file names a missing file
+        doctor.add(Check("SSH login", FAIL, exc.message, exc.hint, True))
+        return False
+    seconds = time.monotonic() - start
+    dest = transport.destination
+    doctor.add(
+        Check(
+            "SSH reachable",
+            PASS,
+            f"{dest.hostname} port {dest.port} answers ({version})",
+            seconds=seconds,
+        )
+    )
+    saved = " (new: saved to known_hosts)" if transport.saved_host_keys else ""
+    doctor.add(Check("host key known", PASS, f"{key} matches {config.host.known_hosts}{saved}"))
+    doctor.add(Check("SSH login", PASS, f"logged in as {dest.user}"))
+    return True
+
+
+def _disk_probe(target: Any, workdir: str) -> Callable[[], tuple[str, str]]:
+    # df needs an existing path: the workdir's nearest existing parent.
+    script = 'p=$1; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pk "$p"'
+
+    def probe() -> tuple[str, str]:
+        result = target.run(["sh", "-c", script, "sh", workdir], timeout=PYTHON_TIMEOUT_S)
+        fields = result.stdout_text.strip().splitlines()[-1].split()
+        free = int(fields[3]) * 1024
+        mounted = fields[5]
+        detail = f"{terminal.human_bytes(free)} free for {workdir} (on {mounted})"
+        if free < MIN_FREE_BYTES:
+            raise HostError(
+                f"only {detail}", hint="free space there or point container.workdir elsewhere"
+            )
+        return PASS, detail
+
+    return probe
+
+
+def _python_probe(target: Any, python: str) -> Callable[[], str]:
+    def probe() -> str:
+        result = target.run([python, "--version"], timeout=PYTHON_TIMEOUT_S, check=False)
+        if result.exit_status != 0:
+            raise HostError(
+                f"{python} does not run in {target.describe()}: "
+                f"{result.last_error_line() or f'exit status {result.exit_status}'}",
+                hint="install python3 there, or set container.python to its interpreter",
+            )
+        return (result.stdout_text or result.stderr_text).strip()
+
+    return probe
+
+
+_TORCH_SCRIPT = (
+    "import torch; print(torch.__version__, torch.cuda.is_available(), "
+    "torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+)
+
+
+def _torch_probe(target: Any, python: str) -> Callable[[], str]:
+    def probe() -> str:
+        result = target.run([python, "-c", _TORCH_SCRIPT], timeout=TORCH_TIMEOUT_S, check=False)
+        if result.exit_status != 0:
+            raise HostError(
+                f"torch cannot be imported by {python} in {target.describe()}: "
+                f"{result.last_error_line()}",
+                hint=f"install it there: `{python} -m pip install torch`",
+            )
+        version, cuda, count = result.stdout_text.split()[-3:]
+        gpus = f"CUDA with {count} GPU(s)" if cuda == "True" else "no CUDA (CPU only)"
+        return f"torch {version}, {gpus}"
+
+    return probe
+
+
+def _gpu_probe(target: Any) -> Callable[[], tuple[str, str]]:
+    def probe() -> tuple[str, str]:
+        result = target.run(["nvidia-smi", "-L"], timeout=PYTHON_TIMEOUT_S, check=False)
+        if result.exit_status in (126, 127):
+            return WARN, "nvidia-smi is not installed there: no GPUs visible (CPU training only)"
+        gpus = [line for line in result.stdout_text.splitlines() if line.startswith("GPU ")]
+        if result.exit_status != 0 or not gpus:
+            raise HostError(
+                f"nvidia-smi finds no GPU: {result.last_error_line() or 'no output'}",
+                hint="pass the GPU devices into the container (lxc.cgroup2.devices.allow and "
+                "lxc.mount.entry for /dev/nvidia*) and match the host driver version",
+            )
+        names = sorted({line.split(":", 1)[1].split("(")[0].strip() for line in gpus})
+        return PASS, f"{len(gpus)} GPU(s): {', '.join(names)}"
+
+    return probe
+
+
+def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Doctor:
+    from dflashctl.config import load_config
+
+    doctor = Doctor(on_check)
+    remaining = [
+        "SSH reachable",
+        "host key known",
+        "SSH login",
+        "Proxmox API answers",
+        "container runs",
+        "python",
+        "torch",
+        "GPUs",
+        "free disk",
+    ]
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        doctor.add(Check("config valid", FAIL, exc.message, exc.hint, True))
+        for name in remaining:
+            doctor.skip(name, "needs a valid config")
+        return doctor
+    doctor.add(Check("config valid", PASS, str(config.path)))
+
+    from dflashctl.connect import open_proxmox
+    from dflashctl.target import Target
+    from dflashctl.transport import open_transport
+
+    try:
+        transport = open_transport(config.host)
+    except ConfigError as exc:  # ~/.ssh/config unreadable
+        doctor.add(Check("SSH reachable", FAIL, exc.message, exc.hint, True))
+        for name in remaining[1:]:
+            doctor.skip(name, "needs SSH")
+        return doctor
+    with transport:
+        if not _connect_checks(doctor, config, transport):
+            done = {c.name for c in doctor.checks}
+            for name in remaining:
+                if name not in done:
+                    doctor.skip(name, "needs a working SSH connection")
+            return doctor
+        vmid = config.container.vmid
+        target = Target(transport, vmid)
+        if vmid is None:
+            doctor.skip("Proxmox API answers", "no container configured (container.vmid: null)")
+            doctor.skip("container runs", "no container configured: the trainer runs on the host")
+        else:
+            from dflashctl import proxmox
+
+            api_holder: list[Any] = []
+
+            def api_probe() -> str:
+                api_holder.append(open_proxmox(config, transport))
+                via = "pvesh over SSH" if config.proxmox.api == "ssh" else config.proxmox.url
+                return f"Proxmox VE {proxmox.api_version(api_holder[0])} ({via})"
+
+            if not doctor.run("Proxmox API answers", api_probe):
+                for name in remaining[4:]:
+                    doctor.skip(name, "needs the Proxmox API")
+                return doctor
+
+            def container_probe() -> str:
+                from dflashctl.pct import ContainerNotRunning, not_running_hint
+
+                status = proxmox.container_status(api_holder[0], config.proxmox.node, vmid)
+                if not status.running:
+                    raise ContainerNotRunning(
+                        f"container {vmid} ({status.name}) is {status.status}",
+                        hint=not_running_hint(vmid).replace(
+                            "pass --start-container", "deploy with --start-container"
+                        ),
+                    )
+                return f"container {vmid} ({status.name}) is running, up {format_uptime(status.uptime_s)}"
+
+            if not doctor.run("container runs", container_probe):
+                for name in remaining[5:]:
+                    doctor.skip(name, "needs the container running")
+                return doctor
+
+        python = config.container.python
+        if doctor.run("python", _python_probe(target, python)):
+            doctor.run("torch", _torch_probe(target, python))
+        else:
+            doctor.skip("torch", "needs python")
+        doctor.run("GPUs", _gpu_probe(target))
+        doctor.run("free disk", _disk_probe(target, config.container.workdir))
+    return doctor
+
+
+def format_uptime(seconds: int) -> str:
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+# --------------------------------------------------------------------------- output
+
+_MARK = {
+    PASS: "[green]✓[/green]",
+    FAIL: "[bold red]✗[/bold red]",
+    SKIP: "[dim]-[/dim]",
+    WARN: "[yellow]![/yellow]",
+}
+
+
+def print_check(check: Check) -> None:
+    style = "dim" if check.status == SKIP else ""
+    detail = escape(check.detail)
+    line = f"{_MARK[check.status]} {check.name:<20} {f'[{style}]{detail}[/{style}]' if style else detail}"
+    terminal.out.print(line)
+    if check.status == FAIL and check.fix:
+        terminal.out.print(f"  [dim]fix:[/dim] {escape(check.fix)}")
+
+
+def doctor(config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Check the config, SSH, host key, Proxmox, the container, python/torch, GPUs and disk."""
+    result = run_checks(config, (lambda check: None) if as_json else print_check)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": result.exit_code == EXIT_OK,
+                    "exit_code": result.exit_code,
+                    "checks": [_check_json(c) for c in result.checks],
+                },
+                indent=2,
+            )
+        )
+    else:
+        failed = sum(c.status == FAIL for c in result.checks)
+        if failed:
+            terminal.error(f"{failed} check{'s' if failed > 1 else ''} failed")
+        else:
+            terminal.success("all checks passed")
+    raise typer.Exit(result.exit_code)
+
+
+def _check_json(check: Check) -> dict[str, Any]:
+    data = asdict(check)
+    data.pop("config_problem")
+    data["seconds"] = round(check.seconds, 3)
+    return data
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(doctor)

@@ -1,0 +1,89 @@
+"""dflashctl status: the container's state and uptime, and the active run if any."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from dflashctl import terminal
+from dflashctl.commands.common import ConfigOption, JsonOption
+
+
+def collect_status(config: Any) -> dict[str, Any]:
+    """What `status` reports, as one JSON-ready dict (one SSH connection)."""
+    from dflashctl import proxmox, runs
+    from dflashctl.connect import connect
+
+    with connect(config) as (_, api, target):
+        container = None
+        if api is not None:
+            container = proxmox.container_status(api, config.proxmox.node, target.vmid)
+        run = None
+        # A stopped container has no running process to ask about; its files stay, but
+        # reading them needs the container up (pct exec).
+        if container is None or container.running:
+            run = runs.active_run(target, config.container.workdir, python=config.container.python)
+        return {
+            "target": target.describe(),
+            "node": config.proxmox.node if api is not None else None,
+            "container": container.to_json() if container else None,
+            "workdir": config.container.workdir,
+            "active_run": run.to_json() if run else None,
+        }
+
+
+def print_status(status: dict[str, Any]) -> None:
+    from dflashctl.commands.doctor import format_uptime
+
+    out = terminal.out
+    container = status["container"]
+    if container is None:
+        out.print(f"[bold]host[/bold]       {escape(status['target'])} (no container)")
+    else:
+        state = container["status"]
+        colour = "green" if state == "running" else "yellow"
+        line = f"[{colour}]{state}[/{colour}]"
+        if state == "running":
+            line += f", up {format_uptime(container['uptime_s'])}"
+        name = f" ({escape(container['name'])})" if container["name"] else ""
+        out.print(
+            f"[bold]container[/bold]  {container['vmid']}{name} on node "
+            f"{escape(status['node'])}: {line}"
+        )
+    run = status["active_run"]
+    if run is None:
+        if container is not None and container["status"] != "running":
+            out.print("[bold]run[/bold]        unknown while the container is stopped")
+        else:
+            out.print(f"[bold]run[/bold]        none launched yet in {escape(status['workdir'])}")
+        return
+    colour = {"running": "green", "exited": "green" if run["exit_code"] == 0 else "red"}.get(
+        run["status"], "red"
+    )
+    details = [f"[{colour}]{escape(run['state'])}[/{colour}]"]
+    if run["status"] == "running" and run["pid"]:
+        details.append(f"pid {run['pid']}")
+    if run["started"]:
+        details.append(f"started {escape(run['started'])}")
+    if run["release"]:
+        details.append(f"release {escape(run['release'])}")
+    out.print(f"[bold]run[/bold]        {escape(run['id'])}: {', '.join(details)}")
+
+
+def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Show the container's state, its uptime and the active run."""
+    from dflashctl.config import load_config
+
+    loaded = load_config(config)
+    report = collect_status(loaded)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_status(report)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(status)

@@ -1,0 +1,134 @@
+"""dflashctl doctor against the test host: a line per check, a fix per failure, exit codes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+
+import pytest
+
+from dflashctl import cli
+
+
+def dflashctl(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    """Run the CLI in this process; returns (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["dflashctl", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def doctor_json(capsys, monkeypatch, config_path) -> tuple[int, dict[str, dict]]:
+    code, out, _ = dflashctl(capsys, monkeypatch, "doctor", "--json", "-c", str(config_path))
+    answer = json.loads(out)
+    assert answer["exit_code"] == code
+    return code, {check["name"]: check for check in answer["checks"]}
+
+
+def statuses(checks: dict[str, dict]) -> dict[str, str]:
+    return {name: check["status"] for name, check in checks.items()}
+
+
+def test_a_healthy_container_passes_everything(
+    capsys, monkeypatch, write_config, tmp_path, container, pve_host
+):
+    code, out, err = dflashctl(capsys, monkeypatch, "doctor", "-c", str(write_config(tmp_path)))
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].startswith("✓ config valid")
+    assert f"✓ SSH reachable        127.0.0.1 port {pve_host.port} answers (OpenSSH_" in out
+    assert "✓ host key known       ssh-ed25519 SHA256:" in out
+    assert "✓ container runs       container 200 (ct200) is running, up " in out
+    assert "✓ torch                torch " in out
+    assert "! GPUs                 nvidia-smi is not installed there" in out
+    assert "✓ free disk" in out and "free for /root/dflash (on /root)" in out
+    assert "all checks passed" in err
+
+
+def test_invalid_config_is_exit_2_and_everything_else_skipped(capsys, monkeypatch, tmp_path):
+    bad = tmp_path / "dflash.yaml"
+    bad.write_text("host:\n  address: pve.lan\n  prot: 22\n")
+    code, checks = doctor_json(capsys, monkeypatch, bad)
+    assert code == 2
+    assert checks["config valid"]["status"] == "fail"
+    assert "unknown key host.prot (did you mean host.port?)" in checks["config valid"]["detail"]
+    assert set(statuses(checks).values()) == {"fail", "skip"}
+    assert checks["SSH reachable"]["detail"] == "skipped: needs a valid config"
+
+
+def test_unknown_host_key_fails_its_own_check_with_the_fix(
+    capsys, monkeypatch, write_config, tmp_path, pve_host
+):
+    empty = pve_host.empty_known_hosts(tmp_path)
+    path = write_config(tmp_path, **{"host.known_hosts": str(empty)})
+    code, checks = doctor_json(capsys, monkeypatch, path)
+    assert code == 3
+    assert statuses(checks)["SSH reachable"] == "pass"
+    key = checks["host key known"]
+    assert key["status"] == "fail"
+    assert key["detail"].startswith(f"the host key of [127.0.0.1]:{pve_host.port} (ssh-ed25519 ")
+    assert "host.accept_new_host_key: true" in key["fix"]
+    assert statuses(checks)["SSH login"] == "skip"
+    assert statuses(checks)["free disk"] == "skip"
+
+
+def test_refused_port_fails_ssh_reachable(capsys, monkeypatch, write_config, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code, checks = doctor_json(capsys, monkeypatch, write_config(tmp_path, **{"host.port": port}))
+    assert code == 3
+    assert checks["SSH reachable"]["detail"] == f"127.0.0.1 port {port} refused the connection"
+    assert checks["SSH reachable"]["fix"]
+    assert statuses(checks)["host key known"] == "skip"
+
+
+@pytest.mark.parametrize(
+    "vmid, running, expected",
+    [
+        (200, False, "container 200 (ct200) is stopped"),
+        (4242, None, "container 4242 does not exist on node pve"),
+    ],
+)
+def test_container_problems_fail_and_skip_the_container_checks(
+    capsys, monkeypatch, write_config, tmp_path, make_container, vmid, running, expected
+):
+    if running is not None:
+        make_container(vmid, running=running)
+    code, checks = doctor_json(capsys, monkeypatch, write_config(tmp_path, vmid=vmid))
+    assert code == 3
+    assert statuses(checks)["Proxmox API answers"] == "pass"
+    assert checks["container runs"]["status"] == "fail"
+    assert checks["container runs"]["detail"] == expected
+    assert {statuses(checks)[n] for n in ("python", "torch", "GPUs", "free disk")} == {"skip"}
+
+
+def test_missing_python_fails_but_gpu_and_disk_are_still_checked(
+    capsys, monkeypatch, write_config, tmp_path, container
+):
+    path = write_config(tmp_path, **{"container.python": "/opt/nowhere/python3"})
+    code, checks = doctor_json(capsys, monkeypatch, path)
+    assert code == 3
+    assert checks["python"]["status"] == "fail"
+    assert checks["python"]["detail"].startswith("/opt/nowhere/python3 does not run in CT 200 on ")
+    assert "container.python" in checks["python"]["fix"]
+    assert statuses(checks)["torch"] == "skip"
+    assert statuses(checks)["GPUs"] == "warn"
+    assert statuses(checks)["free disk"] == "pass"
+
+
+def test_without_a_container_there_is_no_proxmox_and_the_host_is_checked(
+    capsys, monkeypatch, write_config, tmp_path, pve_host
+):
+    path = write_config(tmp_path, vmid=None, **{"container.workdir": str(tmp_path / "wd" / "x")})
+    code, checks = doctor_json(capsys, monkeypatch, path)
+    assert code == 0, checks
+    assert checks["Proxmox API answers"]["status"] == "skip"
+    assert checks["container runs"]["status"] == "skip"
+    assert checks["python"]["status"] == "pass"
+    assert f"free for {tmp_path}/wd/x" in checks["free disk"]["detail"]
