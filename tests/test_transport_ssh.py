@@ -175,3 +175,15 @@ def test_a_dropped_connection_is_connection_lost(pve_host, tmp_path):
         assert not worker.is_alive()
         assert len(errors) == 1 and isinstance(errors[0], ConnectionLost), errors
         assert "dropped while running `sleep 5`" in errors[0].message
+
+
+def test_a_stream_cut_by_a_dropped_connection_raises_connection_lost(pve_host):
+    with open_transport(host_config(pve_host, keepalive_s=1)) as transport:
+        stream = transport.stream(["sh", "-c", "echo started; exec sleep 10"])
+        assert stream.read(5) == b"started\n"
+        assert pve_host.drop_connections() >= 1
+        with pytest.raises(ConnectionLost, match="dropped while streaming `sh -c"):
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                stream.read(0.2)
+        stream.close()

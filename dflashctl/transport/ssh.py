@@ -98,9 +98,10 @@ class _StderrReader(threading.Thread):
 
 
 class SSHStream(Stream):
-    def __init__(self, owner: SSHTransport, chan: paramiko.Channel) -> None:
+    def __init__(self, owner: SSHTransport, chan: paramiko.Channel, argv: list[str]) -> None:
         self._owner = owner
         self._chan = chan
+        self._argv = argv
         self._stderr = _StderrReader(chan)
         self._eof = False
 
@@ -117,6 +118,12 @@ class SSHStream(Stream):
         if not data:
             self._eof = True
             self._chan.status_event.wait(5)
+            transport = self._chan.get_transport()
+            if self._chan.exit_status == -1 and not (transport and transport.is_active()):
+                # The end of the output only because the connection died: say so.
+                raise ConnectionLost(
+                    self._owner.description, f"streaming `{command_text(self._argv)}`"
+                )
         return data
 
     @property
@@ -476,7 +483,7 @@ class SSHTransport(Transport):
         argv = [str(a) for a in argv]
         chan = self._channel(argv, PID_PREFIX + shlex.join(argv))
         chan.shutdown_write()
-        return SSHStream(self, chan)
+        return SSHStream(self, chan, argv)
 
     # ---------------------------------------------------------------- files
 
