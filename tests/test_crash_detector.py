@@ -305,3 +305,44 @@ def test_non_finite_loss_is_a_crash_only_when_the_trainer_gives_up(rules):
 )
 def test_ordinary_training_lines_are_not_crashes(rules, line):
     assert classify(rules, line, 0) == []
+
+
+def test_exceptions_cpython_ignored_are_not_crashes(rules):
+    lines = [
+        "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f3a>",
+        "Traceback (most recent call last):",
+        *frames("__del__"),
+        "AttributeError: '_MultiProcessingDataLoaderIter' object has no attribute '_shutdown'",
+        "training complete",
+    ]
+    assert classify_text(lines, 0, rules) == []
+
+
+def test_an_exception_class_without_a_usual_suffix_still_ends_the_traceback(rules):
+    lines = ["drafter-0 failed:", "Traceback (most recent call last):", *frames()]
+    lines += ["StopTraining: budget of 10 hours reached", "drafter-1 on cuda:1: step 9"]
+    lines += ["    an indented line from another thread"]
+    [event] = classify_text(lines, 1, rules)
+    assert (event.exception, event.message) == ("StopTraining", "budget of 10 hours reached")
+
+
+def test_a_syntax_error_is_a_python_exception(rules):
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/root/dflash/current/train_dflash_pipeline.py", line 12, in <module>',
+        "    from dflash.pipeline import run",
+        '  File "/root/dflash/current/dflash/pipeline/run.py", line 40',
+        "    def step(self, batch:",
+        "                        ^",
+        "SyntaxError: '(' was never closed",
+    ]
+    [event] = classify_text(lines, 1, rules)
+    assert (event.category, event.exception) == ("python_exception", "SyntaxError")
+    assert event.last_frame == "/root/dflash/current/dflash/pipeline/run.py:40"
+
+
+def test_an_indented_stage_line_is_not_part_of_a_traceback(rules):
+    lines = ["drafter-2 failed:", "Traceback (most recent call last):", *frames()]
+    lines += ["  drafter-3 on cuda:3: warming compiled graphs", "ValueError: x"]
+    [event] = classify_text(lines, 1, rules)
+    assert "  drafter-3 on cuda:3: warming compiled graphs" not in event.excerpt

@@ -30,7 +30,8 @@ _CHAIN_MARKERS = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
 )
-_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<lineno>\d+), in (?P<func>.+?)\s*$')
+# "in <func>" is missing for a SyntaxError's frame.
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<lineno>\d+)(?:, in (?P<func>.+?))?\s*$')
 _EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?::(?: (?P<msg>.*))?)?$")
 _EXCEPTION_PREFIX = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*): (?P<msg>.*)$")
 _EXCEPTION_SUFFIXES = (
@@ -50,10 +51,12 @@ _EXCEPTION_SUFFIXES = (
     "Crashed",
 )
 _STAGE = re.compile(
-    r"^(?P<thread>[A-Za-z][\w.-]*) on (?P<device>(?:cuda|cpu|mps|xpu|hpu|npu)(?::\d+)?): (?P<stage>.*\S)"
+    r"^\s*(?P<thread>[A-Za-z][\w.-]*) on (?P<device>(?:cuda|cpu|mps|xpu|hpu|npu)(?::\d+)?): (?P<stage>.*\S)"
 )
 _ANNOUNCE_FAILED = re.compile(r"^(?P<thread>[A-Za-z][\w.-]*) failed:\s*$")
 _ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?):\s*$")
+# CPython reports exceptions it swallowed (in __del__, at exit) this way; the run goes on.
+_IGNORED = "Exception ignored"
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _GPU_IN_MESSAGE = re.compile(r"\bGPU (\d+)\b|\bcuda:(\d+)\b")
 _SITE_PACKAGES = re.compile(r"^.*[/\\](?:site|dist)-packages[/\\]")
@@ -63,7 +66,7 @@ _CONTINUATION = re.compile(
     r"CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Device-side assertion tracking|"
     r"Search for `cuda\w+' in https://docs\.nvidia\.com)"
 )
-_STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:")
+_STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:", _IGNORED)
 
 ANNOUNCE_REACH = 8  # a "X failed:" line names the thread of a traceback starting this close
 TAIL_REACH = 6  # lines after an exception line in which a chained traceback may continue
@@ -82,8 +85,7 @@ NONZERO_EXIT_HINT = (
 class _Segment:
     """One traceback of a chain: its frames and the exception that ended it."""
 
-    first_index: int
-    frames: list[list[str]] = field(default_factory=list)  # [path, lineno, func, code]
+    frames: list[list] = field(default_factory=list)  # [path, lineno, func or None, code]
     exc_type: str | None = None
     exc_message: str | None = None
     exc_index: int = -1  # index in _Trace.lines of the exception line
@@ -99,6 +101,7 @@ class _Trace:
     tail_left: int = TAIL_REACH
     continuation_left: int = 0
     end_line: int = 0
+    ignored: bool = False  # announced by "Exception ignored in ...": not a crash
 
 
 @dataclass
@@ -108,7 +111,6 @@ class _Pending:
     event: CrashEvent
     last_match: int
     after_left: int
-    repeats: int = 0
 
 
 class CrashDetector:
@@ -127,7 +129,7 @@ class CrashDetector:
         self.crashes: list[CrashEvent] = []
         self.line_no = 0
         self._threads: dict[str, tuple[str, str]] = {}  # thread -> (device, stage)
-        self._announced: tuple[str, str, int] | None = None  # thread, header line, line no
+        self._announced: tuple[str | None, str, int] | None = None  # thread, header, line no
         self._traces: list[_Trace] = []
         self._pending: list[_Pending] = []
         self._recent: deque[str] = deque(maxlen=12)
@@ -186,7 +188,7 @@ class CrashDetector:
         if line.startswith(TRACEBACK_HEADER):
             chained = self._latest("chain")
             if chained is not None:
-                chained.segments.append(_Segment(first_index=len(chained.lines)))
+                chained.segments.append(_Segment())
                 chained.lines.append(line)
                 chained.state = "frames"
                 chained.end_line = n
@@ -207,7 +209,7 @@ class CrashDetector:
         target = self._latest("frames")
         if target is not None:
             segment = target.segments[-1]
-            if line[0] in " \t":
+            if line[0] in " \t" and not (" on " in line and _STAGE.match(line)):
                 frame = _FRAME.match(line)
                 if frame:
                     segment.frames.append(
@@ -220,7 +222,12 @@ class CrashDetector:
                 return True
             if segment.frames:
                 exc = _EXCEPTION.match(line)
-                if exc and _looks_like_exception(exc["type"]):
+                # Right after the frames any class name will do; after another thread's
+                # line only one that looks like an exception (not "Epoch: 3").
+                adjacent = target.end_line == n - 1
+                if exc and (
+                    _looks_like_exception(exc["type"]) or (adjacent and _is_class_name(exc["type"]))
+                ):
                     segment.exc_type = exc["type"]
                     segment.exc_message = (exc["msg"] or "").strip() or None
                     segment.exc_index = len(target.lines)
@@ -264,23 +271,28 @@ class CrashDetector:
         thread = None
         lines = [line]
         start = n
+        ignored = False
         if self._announced is not None and n - self._announced[2] <= ANNOUNCE_REACH:
             thread, header, start = self._announced
             lines = [header, line]
             self._announced = None
+            ignored = header.startswith(_IGNORED)
         self._traces.append(
             _Trace(
                 thread=thread,
                 start_line=start,
                 lines=lines,
-                segments=[_Segment(first_index=len(lines) - 1)],
+                segments=[_Segment()],
                 end_line=n,
+                ignored=ignored,
             )
         )
 
     def _close_trace(self, trace: _Trace, out: list[CrashEvent]) -> None:
         if trace in self._traces:
             self._traces.remove(trace)
+        if trace.ignored:
+            return
         event = self._classify_trace(trace)
         if event is None:
             return
@@ -326,8 +338,8 @@ class CrashDetector:
         last_frame = None
         message = segment.exc_message
         if segment.frames:
-            path, lineno, func, code = segment.frames[-1]
-            last_frame = f"{path}:{lineno} in {func}"
+            code = segment.frames[-1][3]
+            last_frame = _frame_text(segment.frames[-1])
             if message is None and segment.exc_type == "AssertionError" and code:
                 message = code  # a bare assert: the asserted line says what failed
         device, stage = self._threads.get(trace.thread or "", (None, None))
@@ -363,6 +375,9 @@ class CrashDetector:
         if announce:
             self._announced = (announce["thread"], line, n)
             return
+        if line.startswith(_IGNORED):
+            self._announced = (None, line, n)
+            return
         for rule in self._keyed_line_rules:
             if any(k in line for k in rule.keywords or ()) and rule.matches_line(line):
                 self._one_line_match(rule, line, out)
@@ -378,7 +393,6 @@ class CrashDetector:
             if pending.event.rule == rule.name:
                 pending.last_match = n
                 pending.event.end_line = n
-                pending.repeats += 1
                 if len(pending.event.excerpt) < MAX_EXCERPT:
                     pending.event.excerpt.append(line)
                 return
@@ -575,8 +589,7 @@ def _segment_for(trace: _Trace, rule: Rule, hit_index: int | None) -> _Segment |
             if rule.last_frame is not None:
                 if not segment.frames:
                     continue
-                path, lineno, func, _ = segment.frames[-1]
-                if not rule.last_frame.search(f"{path}:{lineno} in {func}"):
+                if not rule.last_frame.search(_frame_text(segment.frames[-1])):
                     continue
             return segment
         return None
@@ -598,6 +611,16 @@ def _looks_like_exception(type_name: str) -> bool:
     if last.isupper() or not last[:1].isupper():  # WARNING:, INFO:, logger.names
         return False
     return last.endswith(_EXCEPTION_SUFFIXES) or "." in type_name
+
+
+def _frame_text(frame: list) -> str:
+    path, lineno, func, _ = frame
+    return f"{path}:{lineno} in {func}" if func else f"{path}:{lineno}"
+
+
+def _is_class_name(type_name: str) -> bool:
+    last = type_name.rsplit(".", 1)[-1]
+    return last[:1].isupper() and not last.isupper()
 
 
 def _is_code_line(line: str) -> bool:
