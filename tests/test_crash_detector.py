@@ -346,3 +346,25 @@ def test_an_indented_stage_line_is_not_part_of_a_traceback(rules):
     lines += ["  drafter-3 on cuda:3: warming compiled graphs", "ValueError: x"]
     [event] = classify_text(lines, 1, rules)
     assert "  drafter-3 on cuda:3: warming compiled graphs" not in event.excerpt
+
+
+def test_a_traceback_header_without_frames_does_not_swallow_the_log(rules):
+    lines = ['print("Traceback (most recent call last):")', "Traceback (most recent call last):"]
+    lines += ["step 1/10 | loss 2.0"] * 250
+    lines += ["drafter-1 failed:", "Traceback (most recent call last):", *frames(), "ValueError: x"]
+    [event] = classify_text(lines, 1, rules)
+    assert (event.thread, event.exception, event.line) == ("drafter-1", "ValueError", 253)
+
+
+def test_a_one_line_failure_inside_a_long_traceback_is_reported_after_it(rules):
+    lines = ["drafter-1 failed:", "Traceback (most recent call last):", *frames()]
+    lines += ["Fatal Python error: Segmentation fault"]
+    lines += [f"drafter-2 on cuda:2: step {i}" for i in range(60)]
+    lines += [*frames("inner"), "ValueError: x"]
+    detector = CrashDetector(rules)
+    emitted = []
+    for line in lines:
+        emitted += detector.feed(line)
+    emitted += detector.finish(-11)
+    assert [e.category for e in emitted] == ["thread_exception", "segfault"]
+    assert [e.is_root_cause for e in emitted] == [True, False]

@@ -70,6 +70,7 @@ _STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:", _I
 
 ANNOUNCE_REACH = 8  # a "X failed:" line names the thread of a traceback starting this close
 TAIL_REACH = 6  # lines after an exception line in which a chained traceback may continue
+STALE_REACH = 200  # lines without a frame after which an unfinished traceback is given up
 MERGE_WINDOW = 40  # one-line matches this close together with the same rule are one event
 MAX_EXCERPT = 60
 MAX_CONTINUATION = 4  # lines right after an exception line taken as its message's rest
@@ -241,6 +242,12 @@ class CrashDetector:
         # Somebody else's line. It may still continue a multi-line exception message.
         for trace in list(self._traces):
             if trace.state == "frames":
+                if n - trace.end_line > STALE_REACH:
+                    # Its exception line never came (a quoted header, a garbled print):
+                    # report what there is rather than swallow indented lines forever.
+                    self._traces.remove(trace)
+                    if trace.segments[0].frames:
+                        self._close_trace(trace, out)
                 continue
             if trace.continuation_left and trace.state == "tail":
                 segment = trace.segments[-1]
@@ -439,7 +446,13 @@ class CrashDetector:
                 pending.after_left -= 1
                 pending.event.excerpt.append(line)
                 pending.event.end_line = n
-        expired = [p for p in self._pending if n - p.last_match > MERGE_WINDOW]
+        # A failure seen earlier in an unfinished traceback must be reported first.
+        oldest_trace = min((t.start_line for t in self._traces), default=n)
+        expired = [
+            p
+            for p in self._pending
+            if n - p.last_match > MERGE_WINDOW and p.event.line < oldest_trace
+        ]
         for pending in expired:
             self._pending.remove(pending)
             self._emit(pending.event, out)
