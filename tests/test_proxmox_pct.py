@@ -172,3 +172,13 @@ def test_target_on_the_host_itself(transport, tmp_path):
     assert (tmp_path / "f").read_bytes() == b"direct"
     assert target.read_file(str(tmp_path / "f")) == b"direct"
     assert target.run(["cat", str(tmp_path / "f")]).stdout == b"direct"
+
+
+def test_a_large_push_goes_ahead_by_sftp_and_is_cleaned_up(transport, container, make_container):
+    big = bytes(range(256)) * 8192  # 2 MiB: above the stdin limit
+    Target(transport, 200).push(big, "/root/big.bin", mode=0o600)
+    assert (container.root / "big.bin").read_bytes() == big
+    make_container(202, running=False)
+    with pytest.raises(pct.ContainerNotRunning):
+        Target(transport, 202).push(big, "/root/big.bin")
+    assert staged_leftovers() == []
