@@ -35,6 +35,7 @@ import time
 MANIFEST_NAME = "MANIFEST.json"
 UPLOAD_PREFIX = "dflashctl-upload-"
 KILL_WAIT_S = 5.0
+STALE_UPLOAD_S = 600
 POLL_S = 0.05
 
 
@@ -159,13 +160,32 @@ def remove_leftovers(workdir, keep_archive):
         names = []
     for name in names:
         path = os.path.join(tmpdir, name)
-        if name.startswith(UPLOAD_PREFIX) and path != keep_archive:
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError:
-                pass
+        if not name.startswith(UPLOAD_PREFIX) or path == keep_archive:
+            continue
+        try:
+            # Another deploy (to another workdir) may be uploading right now: only
+            # archives nobody has touched for a while are leftovers.
+            if time.time() - os.stat(path).st_mtime < STALE_UPLOAD_S:
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
     return removed
+
+
+def oldest_first(base, names, stamp):
+    """Ids carry their UTC second; within one second, the age of `stamp` (a file written
+    once, when the release or run was made) decides."""
+
+    def age(name):
+        try:
+            mtime = os.stat(os.path.join(base, name, stamp)).st_mtime_ns
+        except OSError:
+            mtime = 0
+        return (name[:15], mtime, name)
+
+    return sorted(names, key=age)
 
 
 def gc_releases(workdir, keep, protect):
@@ -173,8 +193,10 @@ def gc_releases(workdir, keep, protect):
     base = releases_dir(workdir)
     if not os.path.isdir(base):
         return []
-    names = sorted(n for n in os.listdir(base) if not n.endswith(".partial"))
-    names = [n for n in names if os.path.isdir(os.path.join(base, n))]
+    names = [n for n in os.listdir(base) if not n.endswith(".partial")]
+    names = oldest_first(
+        base, [n for n in names if os.path.isdir(os.path.join(base, n))], MANIFEST_NAME
+    )
     kept = set(names[-keep:]) if keep > 0 else set()
     kept.update(p for p in protect if p)
     removed = []
@@ -352,7 +374,10 @@ def run_ids(workdir):
         names = os.listdir(runs_dir(workdir))
     except OSError:
         return []
-    return sorted(n for n in names if os.path.isdir(os.path.join(runs_dir(workdir), n)))
+    base = runs_dir(workdir)
+    return oldest_first(
+        base, [n for n in names if os.path.isdir(os.path.join(base, n))], "launch.sh"
+    )
 
 
 def active_run_id(workdir):

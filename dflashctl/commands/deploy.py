@@ -1,0 +1,63 @@
+"""dflashctl deploy: sync the trainer, stop stale runs, launch, follow the log."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from dflashctl import terminal
+from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.config import load_config
+
+
+def deploy(
+    trainer_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Extra trainer arguments, after `--`; appended to trainer.args.",
+            show_default=False,
+        ),
+    ] = None,
+    config: ConfigOption = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Launch and return; do not follow the log.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the plan (files to send, runs to stop, command); change nothing.",
+        ),
+    ] = False,
+    start_container: Annotated[
+        bool, typer.Option("--start-container", help="Start the container if it is stopped.")
+    ] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Send the changed trainer files, stop stale runs, launch and follow the new run."""
+    from dflashctl.deploy import DeployOptions
+    from dflashctl.deploy import deploy as run_deploy
+
+    if json_output:
+        terminal.set_quiet_stdout(True)
+    cfg = load_config(config)
+    options = DeployOptions(
+        detach=detach,
+        dry_run=dry_run,
+        start_container=start_container,
+        json_mode=json_output,
+        extra_args=list(trainer_args or []),
+    )
+    code, summary = run_deploy(cfg, options)
+    if json_output:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+    if code:
+        raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": False})(deploy)

@@ -1,0 +1,47 @@
+"""dflashctl restart: stop stale runs and launch the current release again (no sync)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from dflashctl import terminal
+from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.config import load_config
+
+
+def restart(
+    trainer_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Extra trainer arguments, after `--`; appended to trainer.args.",
+            show_default=False,
+        ),
+    ] = None,
+    config: ConfigOption = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Launch and return; do not follow the log.")
+    ] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Stop stale runs and relaunch the current release; follows unless --detach."""
+    from dflashctl.deploy import restart as run_restart
+
+    if json_output:
+        terminal.set_quiet_stdout(True)
+    cfg = load_config(config)
+    code, summary = run_restart(
+        cfg, detach=detach, json_mode=json_output, extra_args=list(trainer_args or [])
+    )
+    if json_output:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+    if code:
+        raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": False})(restart)

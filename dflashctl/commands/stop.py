@@ -1,0 +1,44 @@
+"""dflashctl stop: stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from dflashctl import terminal
+from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.config import load_config
+from dflashctl.errors import UsageError
+
+
+def stop(
+    config: ConfigOption = None,
+    grace: Annotated[
+        float | None,
+        typer.Option(
+            "--grace",
+            help="Seconds between SIGTERM and SIGKILL (default: run.stop_grace_s).",
+            show_default=False,
+        ),
+    ] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Stop the active run and any process running the entry script by hand."""
+    from dflashctl.deploy import stop as run_stop
+
+    if grace is not None and grace < 0:
+        raise UsageError(f"--grace must be 0 or more seconds, got {grace:g}")
+    if json_output:
+        terminal.set_quiet_stdout(True)
+    cfg = load_config(config)
+    summary = run_stop(cfg, grace_s=grace)
+    if json_output:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(stop)

@@ -1,0 +1,528 @@
+"""deploy, restart and stop: the orchestration, in as few round trips as possible.
+
+A deploy is three calls over one connection, each answered by the agent
+(dflashctl/agent.py) where the trainer runs:
+
+  1. inspect   the current release's manifest, the runs to stop        (read only)
+  2. build     upload the archive of changed files (SFTP), `pct push` it into the
+               container and unpack it into releases/<id>, unchanged files linked
+               from the current release; one `sh -c` on the host
+  3. launch    stop stale runs, swap `current`, start the run detached, record it
+
+Before anything is stopped the new release is complete and validated; `current`
+moves only after the old run is gone. An interruption before step 3 leaves the old
+release current and the old run running; the next deploy removes partial leftovers.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflashctl import pct, releases, runs, sync, terminal
+from dflashctl.config import Config
+from dflashctl.errors import HostError, UsageError
+from dflashctl.resources import template_path
+
+# Host temp files older than this belong to no deploy still running.
+STALE_UPLOAD_MIN = 10
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+def open_target(config: Config) -> Any:
+    from dflashctl.target import Target
+    from dflashctl.transport import open_transport
+
+    return Target(open_transport(config.host), config.container.vmid)
+
+
+def where(target: Any) -> str:
+    describe = getattr(target, "describe", None)
+    return describe() if callable(describe) else runs.describe_target(target)
+
+
+def start_container(target: Any) -> None:
+    """`pct start` on the host; returns once the container runs."""
+    result = target.transport.run(["pct", "start", str(target.vmid)], timeout=120, check=False)
+    if result.exit_status != 0 and "already running" not in result.stderr_text:
+        pct.raise_for_pct(result, target.vmid, "start")
+
+
+def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
+    """Round trip 1; starts a stopped container first when allowed (else exit 3)."""
+    params = {"workdir": config.container.workdir, "entry": config.trainer.entry}
+    try:
+        return runs.call_agent(target, config.container.python, "inspect", params)
+    except pct.ContainerNotRunning as exc:
+        if not may_start:
+            exc.hint = (
+                f"start it with `pct start {target.vmid}` on the host, pass --start-container, "
+                "or set container.start_if_stopped: true"
+            )
+            raise
+    with terminal.step(f"starting container {target.vmid}") as step:
+        start_container(target)
+        step["done"] = f"started container {target.vmid}"
+    return runs.call_agent(target, config.container.python, "inspect", params)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class Plan:
+    manifest: sync.Manifest
+    diff: sync.Diff
+    base_release: str | None  # the release now current, if any
+    new_release: str | None  # None: nothing changed, the current release is reused
+    to_stop: list[dict[str, Any]]
+    command: list[str]
+    checked_py: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bytes_to_send(self) -> int:
+        return sum(self.manifest[p][0] for p in self.diff.changed)
+
+    @property
+    def release(self) -> str | None:
+        return self.new_release or self.base_release
+
+
+def trainer_command(config: Config, extra_args: list[str]) -> list[str]:
+    return [config.container.python, config.trainer.entry, *config.trainer.args, *extra_args]
+
+
+def preflight(config: Config) -> tuple[sync.Manifest, int]:
+    """The local checks that need no host: the tree, the entry script, every .py compiles."""
+    source = Path(config.trainer.source)
+    manifest = sync.build_manifest(source, config.trainer.exclude)
+    entry = Path(config.trainer.entry).as_posix()
+    if entry not in manifest:
+        raise UsageError(
+            f"trainer.entry {entry} is not in {source} (or trainer.exclude leaves it out)",
+            hint="set trainer.entry to a .py file inside trainer.source",
+        )
+    checked = sync.check_syntax(source, manifest)
+    return manifest, checked
+
+
+def git_state(source: Path) -> dict[str, Any]:
+    """The source's git commit and whether it has uncommitted changes (if in git)."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if head.returncode != 0:
+            return {}
+        status = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {"git_commit": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+
+
+# --------------------------------------------------------------------------- uploading
+
+
+def upload_and_build(config: Config, target: Any, plan: Plan, archive: bytes) -> dict[str, Any]:
+    """Round trip 2: the archive travels once (SFTP to the host, then one `pct push`)
+    and the agent builds the release, in one command on the host."""
+    workdir, python = config.container.workdir, config.container.python
+    release = plan.new_release
+    assert release is not None
+    dest = releases.upload_path(release)
+    params = {"workdir": workdir, "release": release, "archive": dest, "base": plan.base_release}
+    stdin = runs.agent_input("build", params)
+    if target.vmid is None:
+        target.transport.put_file(archive, dest, mode=0o600)
+        return runs.call_agent(target, python, "build", params, timeout=600)
+    staged = releases.upload_path(release, "/tmp")
+    target.transport.put_file(archive, staged, mode=0o600)
+    script = (
+        f"find /tmp -maxdepth 1 -name '{releases.UPLOAD_PREFIX}*' -mmin +{STALE_UPLOAD_MIN} "
+        "-delete 2>/dev/null\n"
+        f"{shlex.join(pct.push_argv(target.vmid, staged, dest, 0o600))}\n"
+        "status=$?\n"
+        f"rm -f -- {shlex.quote(staged)}\n"
+        "if [ $status -ne 0 ]; then echo 'dflashctl: pct push failed' >&2; exit 199; fi\n"
+        f"exec {shlex.join(pct.exec_argv(target.vmid, runs.agent_argv(python, 'build')))}\n"
+    )
+    result = target.transport.run(["sh", "-c", script], stdin=stdin, timeout=600, check=False)
+    if result.exit_status == 199 and "dflashctl: pct push failed" in result.stderr_text:
+        failed = type(result)(
+            pct.push_argv(target.vmid, staged, dest), 1, result.stdout, result.stderr
+        )
+        pct.raise_for_pct(failed, target.vmid, "push")
+        raise HostError(f"pct push into container {target.vmid} failed: {failed.last_error_line()}")
+    pct.raise_for_pct(result, target.vmid, "exec")
+    return runs.parse_agent_answer(result, python, "build", where(target))
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def launch_params(
+    config: Config,
+    run_id: str,
+    release: str | None,
+    command: list[str],
+    meta: dict[str, Any],
+    grace_s: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "workdir": config.container.workdir,
+        "release": release,
+        "run_id": run_id,
+        "entry": config.trainer.entry,
+        "command": command,
+        "env": dict(config.trainer.env),
+        "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
+        "keep_releases": config.run.keep_releases,
+        "meta": meta,
+        "launch_script": template_path("launch.sh").read_text(encoding="utf-8"),
+    }
+
+
+def stop_and_launch(config: Config, target: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """Round trip 3. Waiting out a grace period shows a spinner on a terminal."""
+    grace = float(params["grace_s"])
+    timeout = grace + 120
+    try:
+        return runs.call_agent(target, config.container.python, "launch", params, timeout=timeout)
+    except HostError as exc:
+        if params.get("release"):
+            exc.hint = exc.hint or (
+                f"release {params['release']} is unpacked in {config.container.workdir}/releases; "
+                "`dflashctl restart` launches the current release again"
+            )
+        raise
+
+
+def describe_stopped(stopped: dict[str, Any]) -> str:
+    who = f"run {stopped['run_id']}" if stopped.get("run_id") else "hand-started process"
+    what = f"{who} (pid {stopped['pid']})"
+    if stopped["ended"] == "terminated":
+        how = f"exited after SIGTERM in {stopped.get('seconds', 0):.1f} s"
+    elif stopped["ended"] == "killed":
+        how = f"killed with SIGKILL after the {stopped.get('seconds', 0):.0f} s grace period"
+    else:
+        how = stopped["ended"]
+    code = stopped.get("exit_code")
+    if code is not None:
+        how += f", exit code {code}"
+    return f"stopped {what}: {how}"
+
+
+def print_stopped(stopped: list[dict[str, Any]], seconds: float) -> None:
+    if not stopped:
+        return
+    for index, item in enumerate(stopped):
+        terminal.step_done(describe_stopped(item), seconds if index == 0 else 0.0)
+
+
+def describe_target_to_stop(item: dict[str, Any]) -> str:
+    who = f"run {item['run_id']}" if item.get("run_id") else "hand-started"
+    scope = "its process group" if item.get("group") else "the process and its children"
+    return f"pid {item['pid']} ({who}, {scope}): {item.get('cmdline', '')}"
+
+
+# --------------------------------------------------------------------------- following
+
+
+def follow(
+    config: Config, target: Any, run_id: str, *, json_mode: bool
+) -> tuple[int, dict[str, Any] | None]:
+    """Follow the new run's log as `logs --follow` does; (exit code, result JSON)."""
+    try:
+        from dflashctl.crash import load_rules
+        from dflashctl.follow import follow_run, report_result
+    except ImportError:
+        terminal.info(f"follow the run with `dflashctl logs -f {run_id}`")
+        return 0, None
+
+    def reconnect() -> Any:
+        return open_target(config)
+
+    result = follow_run(
+        reconnect,
+        config.container.workdir,
+        run_id,
+        rules=load_rules(extra=config.crash_patterns),
+        target=target,
+        python=config.container.python,
+        from_offset=0,
+    )
+    return report_result(result, json_mode=False), result.to_json()
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+@dataclass
+class DeployOptions:
+    detach: bool = False
+    dry_run: bool = False
+    start_container: bool = False
+    json_mode: bool = False
+    extra_args: list[str] = field(default_factory=list)
+
+
+def deploy(
+    config: Config,
+    options: DeployOptions,
+    *,
+    connect: Callable[[Config], Any] = open_target,
+) -> tuple[int, dict[str, Any]]:
+    """Run a deploy; returns (exit code, the JSON summary)."""
+    started = time.monotonic()
+    with terminal.step("checking the trainer source") as step:
+        manifest, checked = preflight(config)
+        step["done"] = (
+            f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
+        )
+    meta = {
+        "config_digest": config.digest,
+        "config_path": str(config.path),
+        **git_state(Path(config.trainer.source)),
+    }
+    target = connect(config)
+    try:
+        return _deploy_on(config, target, options, manifest, checked, meta, started)
+    finally:
+        target.transport.close()
+
+
+def _deploy_on(config, target, options, manifest, checked, meta, started):
+    with terminal.step(f"inspecting {where(target)}") as step:
+        state = inspect(
+            config,
+            target,
+            may_start=options.start_container or config.container.start_if_stopped,
+        )
+        diff = sync.diff_manifests(manifest, state.get("manifest"))
+        base = state.get("release")
+        plan = Plan(
+            manifest=manifest,
+            diff=diff,
+            base_release=base,
+            new_release=None if (base and diff.empty) else releases.new_release_id(),
+            to_stop=state.get("to_stop") or [],
+            command=trainer_command(config, options.extra_args),
+            checked_py=checked,
+        )
+        running = [t for t in plan.to_stop if t.get("kind") == "active"]
+        step["done"] = (
+            f"inspected {where(target)}: "
+            + (f"release {base}" if base else "nothing deployed yet")
+            + (f", run {running[0]['run_id']} running" if running else "")
+            + f", python {state.get('python')}"
+        )
+    if options.dry_run:
+        return 0, print_plan(config, plan, options)
+
+    archive_bytes = 0
+    if plan.new_release:
+        with terminal.step(
+            f"sending {len(diff.changed)} files ({terminal.human_bytes(plan.bytes_to_send)})"
+        ) as step:
+            archive = sync.make_archive(Path(config.trainer.source), manifest, diff.changed)
+            archive_bytes = len(archive)
+            built = upload_and_build(config, target, plan, archive)
+            step["done"] = (
+                f"synced {len(diff.changed)} of {len(manifest)} files "
+                f"({terminal.human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
+                + (f", {len(diff.removed)} removed" if diff.removed else "")
+                + f") into release {plan.new_release}"
+            )
+    else:
+        terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
+
+    run_id = runs.new_run_id()
+    command = plan.command
+    params = launch_params(config, run_id, plan.release, command, meta)
+    t0 = time.monotonic()
+    waiting = (
+        f"stopping {len(plan.to_stop)} run(s), then launching" if plan.to_stop else "launching"
+    )
+    status = terminal.err.status(waiting) if terminal.interactive() else _null()
+    with status:
+        launched = stop_and_launch(config, target, params)
+    stop_s = float(launched.get("stop_seconds") or 0.0)
+    print_stopped(launched["stopped"], stop_s)
+    run = launched["run"]
+    terminal.step_done(
+        f"launched run {run_id} (pid {run['pid']}) from release {launched['release']}: "
+        f"{shlex.join(command)}",
+        time.monotonic() - t0 - (stop_s if launched["stopped"] else 0.0),
+    )
+    summary = {
+        "release": launched["release"],
+        "previous_release": plan.base_release,
+        "run_id": run_id,
+        "pid": run["pid"],
+        "files_sent": len(diff.changed) if plan.new_release else 0,
+        "bytes_sent": plan.bytes_to_send if plan.new_release else 0,
+        "archive_bytes": archive_bytes,
+        "files_total": len(manifest),
+        "files_removed": len(diff.removed) if plan.new_release else 0,
+        "runs_stopped": launched["stopped"],
+        "releases_removed": launched.get("releases_removed", []),
+        "command": command,
+        "target": where(target),
+        "seconds": round(time.monotonic() - started, 3),
+        "dry_run": False,
+    }
+    if options.detach:
+        terminal.info(f"follow it with `dflashctl logs -f {run_id}`")
+        return 0, summary
+    code, result = follow(config, target, run_id, json_mode=options.json_mode)
+    summary["result"] = result
+    return code, summary
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def print_plan(config: Config, plan: Plan, options: DeployOptions) -> dict[str, Any]:
+    """The dry run's answer: what would travel, stop and start. Nothing was changed."""
+    out = terminal.out
+    diff = plan.diff
+    out.print(f"[bold]plan[/bold] (dry run, nothing changed) for {config.container.workdir}")
+    if plan.new_release:
+        out.print(
+            f"  new release {plan.new_release}: send {len(diff.changed)} of "
+            f"{len(plan.manifest)} files ({terminal.human_bytes(plan.bytes_to_send)})"
+            + (f", drop {len(diff.removed)}" if diff.removed else "")
+        )
+        for rel in diff.changed:
+            out.print(f"    + {rel}  ({terminal.human_bytes(plan.manifest[rel][0])})")
+        for rel in diff.removed:
+            out.print(f"    - {rel}")
+    else:
+        out.print(f"  no changes: release {plan.base_release} stays (nothing sent)")
+    if plan.to_stop:
+        out.print(f"  stop (SIGTERM, {config.run.stop_grace_s:g} s grace, then SIGKILL):")
+        for item in plan.to_stop:
+            out.print(f"    {describe_target_to_stop(item)}")
+    else:
+        out.print("  nothing to stop")
+    out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
+    return {
+        "dry_run": True,
+        "release": plan.new_release,
+        "previous_release": plan.base_release,
+        "files_to_send": [{"path": p, "size": plan.manifest[p][0]} for p in diff.changed]
+        if plan.new_release
+        else [],
+        "files_removed": diff.removed if plan.new_release else [],
+        "bytes_to_send": plan.bytes_to_send if plan.new_release else 0,
+        "runs_to_stop": plan.to_stop,
+        "command": plan.command,
+    }
+
+
+# --------------------------------------------------------------------------- restart, stop
+
+
+def restart(
+    config: Config,
+    *,
+    detach: bool,
+    json_mode: bool,
+    extra_args: list[str] | None = None,
+    connect: Callable[[Config], Any] = open_target,
+) -> tuple[int, dict[str, Any]]:
+    """Stop stale runs and launch the current release again: one round trip, no sync."""
+    target = connect(config)
+    try:
+        run_id = runs.new_run_id()
+        command = trainer_command(config, extra_args or [])
+        meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
+        params = launch_params(config, run_id, None, command, meta)
+        t0 = time.monotonic()
+        status = (
+            terminal.err.status("stopping and launching") if terminal.interactive() else _null()
+        )
+        with status:
+            launched = stop_and_launch(config, target, params)
+        stop_s = float(launched.get("stop_seconds") or 0.0)
+        print_stopped(launched["stopped"], stop_s)
+        run = launched["run"]
+        terminal.step_done(
+            f"launched run {run_id} (pid {run['pid']}) from release {launched['release']}: "
+            f"{shlex.join(command)}",
+            time.monotonic() - t0 - (stop_s if launched["stopped"] else 0.0),
+        )
+        summary = {
+            "release": launched["release"],
+            "run_id": run_id,
+            "pid": run["pid"],
+            "runs_stopped": launched["stopped"],
+            "command": command,
+            "target": where(target),
+        }
+        if detach:
+            terminal.info(f"follow it with `dflashctl logs -f {run_id}`")
+            return 0, summary
+        code, result = follow(config, target, run_id, json_mode=json_mode)
+        summary["result"] = result
+        return code, summary
+    finally:
+        target.transport.close()
+
+
+def stop(
+    config: Config,
+    *,
+    grace_s: float | None = None,
+    connect: Callable[[Config], Any] = open_target,
+) -> dict[str, Any]:
+    """Stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
+    grace = config.run.stop_grace_s if grace_s is None else grace_s
+    target = connect(config)
+    try:
+        params = {
+            "workdir": config.container.workdir,
+            "entry": config.trainer.entry,
+            "grace_s": grace,
+        }
+        with terminal.step("stopping runs") as step:
+            answer = runs.call_agent(
+                target, config.container.python, "stop", params, timeout=grace + 60
+            )
+            stopped = answer["stopped"]
+            step["done"] = (
+                f"stopped {len(stopped)} run(s)"
+                if stopped
+                else f"nothing to stop on {where(target)}"
+            )
+        for item in stopped:
+            terminal.info(f"  {describe_stopped(item)}")
+        if not answer.get("all_stopped", True):
+            raise HostError(
+                "a run did not exit even after SIGKILL",
+                hint="check the container with `ps -ef`; the process may be stuck in I/O",
+            )
+        return {"stopped": stopped, "target": where(target)}
+    finally:
+        target.transport.close()

@@ -1,0 +1,243 @@
+"""deploy on the local target (host.address: local, no container): the same code path
+as on a Proxmox host, with the workdir in a temporary folder."""
+
+# ruff: noqa: F811  (the `project` fixture is imported, and then asked for by name)
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflashctl import deploy as deploy_mod
+from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.errors import UsageError
+from dflashctl.runs import list_runs, run_state
+from tests.test_deploy_support import pid_alive, project, wait_for  # noqa: F401
+
+DFLASHCTL = [sys.executable, "-m", "dflashctl"]
+
+
+def detached(config, **options):
+    return deploy(config, DeployOptions(detach=True, **options))
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    """Every path under root with its bytes (files) or link target (symlinks)."""
+    found: dict[str, object] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rel] = ("link", os.readlink(path))
+            elif path.is_file():
+                found[rel] = ("file", path.read_bytes())
+            else:
+                found[rel] = ("dir",)
+    return found
+
+
+def target(project):
+    return deploy_mod.open_target(project.config())
+
+
+def test_first_deploy_lands_files_swaps_current_and_launches(project):
+    code, summary = detached(project.config())
+    assert code == 0
+    release = summary["release"]
+    assert summary["previous_release"] is None
+    assert summary["files_sent"] == summary["files_total"] == 3  # no __pycache__
+    assert summary["bytes_sent"] > 0
+    assert os.readlink(project.workdir / "current") == f"releases/{release}"
+    for rel in ("train.py", "helpers.py", "configs/tiny.yaml"):
+        assert (project.current() / rel).read_bytes() == (project.source / rel).read_bytes()
+    assert not (project.current() / "__pycache__").exists()
+    manifest = json.loads((project.current() / "MANIFEST.json").read_text())
+    assert sorted(manifest) == ["configs/tiny.yaml", "helpers.py", "train.py"]
+
+    run_dir = project.run_dir(summary["run_id"])
+    assert (project.workdir / "active_run").read_text().strip() == summary["run_id"]
+    pid = int((run_dir / "pid").read_text())
+    assert pid == summary["pid"] and pid_alive(pid)
+    # The wrapper leads its own session and process group.
+    assert os.getpgid(pid) == pid and os.getsid(pid) == pid
+    wait_for(lambda: "hello from the trainer" in (run_dir / "train.log").read_text(), what="log")
+    log = (run_dir / "train.log").read_text()
+    assert summary["run_id"] in log and str(project.workdir / "releases" / release) in log
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["release"] == release
+    assert meta["pid"] == pid
+    assert meta["config_digest"] == project.config().digest
+    assert meta["command"] == [
+        sys.executable,
+        "train.py",
+        "--sleep",
+        "60",
+        "--on-term",
+        "checkpoint",
+    ]
+    assert meta["started"].endswith("Z")
+    assert (
+        run_state(
+            target(project), str(project.workdir), summary["run_id"], python=sys.executable
+        ).status
+        == "running"
+    )
+
+
+def test_redeploy_sends_only_the_changed_file_and_replaces_the_run(project):
+    _, first = detached(project.config())
+    first_pid = first["pid"]
+    (project.source / "helpers.py").write_text("def greeting():\n    return 'hello again'\n")
+    _, second = detached(project.config())
+
+    assert second["files_sent"] == 1 and second["previous_release"] == first["release"]
+    assert second["release"] != first["release"]
+    new, old = (
+        project.workdir / "releases" / second["release"],
+        project.workdir / "releases" / first["release"],
+    )
+    # The unchanged file was not sent: it is the previous release's file, linked.
+    assert (new / "train.py").stat().st_ino == (old / "train.py").stat().st_ino
+    assert (new / "helpers.py").read_text().endswith("'hello again'\n")
+    assert (old / "helpers.py").read_text().endswith("'hello from the trainer'\n")
+
+    # The first run got SIGTERM and its grace period (it wrote its checkpoint), and is gone.
+    assert not pid_alive(first_pid)
+    [stopped] = second["runs_stopped"]
+    assert stopped["run_id"] == first["run_id"] and stopped["ended"] == "terminated"
+    assert (project.run_dir(first["run_id"]) / "checkpointed").read_text() == "yes\n"
+    assert (project.run_dir(first["run_id"]) / "exit_code").read_text().strip() == "0"
+    assert pid_alive(second["pid"])
+
+
+def test_no_change_redeploy_sends_no_file_content(project):
+    _, first = detached(project.config())
+    _, second = detached(project.config())
+    assert second["files_sent"] == 0 and second["bytes_sent"] == 0 and second["archive_bytes"] == 0
+    assert second["release"] == first["release"]
+    assert second["run_id"] != first["run_id"]
+
+
+def test_a_file_edited_in_place_in_the_release_is_sent_again(project):
+    _, first = detached(project.config())
+    (project.current() / "helpers.py").write_text("# edited by hand in the container\n")
+    _, second = detached(project.config())
+    assert second["files_sent"] == 1
+    assert (project.current() / "helpers.py").read_bytes() == (
+        project.source / "helpers.py"
+    ).read_bytes()
+
+
+def test_a_removed_file_is_left_out_of_the_new_release(project):
+    detached(project.config())
+    (project.source / "configs" / "tiny.yaml").unlink()
+    _, second = detached(project.config())
+    assert second["files_removed"] == 1 and second["files_sent"] == 0
+    assert not (project.current() / "configs" / "tiny.yaml").exists()
+
+
+def test_old_releases_beyond_keep_releases_are_removed(project):
+    seen = []
+    for i in range(4):
+        (project.source / "helpers.py").write_text(f"def greeting():\n    return 'v{i}'\n")
+        _, summary = detached(project.config())
+        seen.append(summary["release"])
+    kept = {p.name for p in (project.workdir / "releases").iterdir()}
+    assert kept == set(seen[-2:])  # keep_releases: 2, the current one included
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(project, capsys):
+    _, first = detached(project.config())
+    (project.source / "helpers.py").write_text("def greeting():\n    return 'planned'\n")
+    log = project.run_dir(first["run_id"]) / "train.log"
+    wait_for(lambda: "hello" in log.read_text(), what="the run's first line")  # then it is quiet
+    before = snapshot(project.workdir)
+    capsys.readouterr()
+    code, plan = deploy(project.config(), DeployOptions(dry_run=True))
+    out = capsys.readouterr().out
+    assert code == 0 and plan["dry_run"] is True
+    assert snapshot(project.workdir) == before
+    assert pid_alive(first["pid"])
+    assert [f["path"] for f in plan["files_to_send"]] == ["helpers.py"]
+    assert "+ helpers.py" in out
+    assert f"pid {first['pid']} (run {first['run_id']}" in out
+    assert "train.py --sleep 60 --on-term checkpoint" in out
+
+
+def test_syntax_error_refuses_without_contacting_the_host(project):
+    (project.source / "broken.py").write_text("def f(:\n    pass\n")
+
+    def no_host(config):
+        raise AssertionError("the host was contacted")
+
+    with pytest.raises(UsageError, match=r"broken\.py:1: "):
+        deploy(project.config(), DeployOptions(detach=True), connect=no_host)
+    assert not project.workdir.exists()
+
+
+def test_interrupted_upload_leaves_previous_release_and_run(project, monkeypatch):
+    _, first = detached(project.config())
+    (project.source / "helpers.py").write_text("def greeting():\n    return 'never arrives'\n")
+
+    def interrupted(config, target, plan, archive):
+        # What an interrupted build leaves behind: a half-filled partial release.
+        partial = project.workdir / "releases" / f"{plan.new_release}.partial"
+        partial.mkdir()
+        (partial / "helpers.py").write_text("half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deploy_mod, "upload_and_build", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        detached(project.config())
+    assert os.readlink(project.workdir / "current") == f"releases/{first['release']}"
+    assert pid_alive(first["pid"])
+    monkeypatch.undo()
+
+    _, second = detached(project.config())
+    assert not list((project.workdir / "releases").glob("*.partial"))
+    assert (project.current() / "helpers.py").read_text().endswith("'never arrives'\n")
+    assert not pid_alive(first["pid"])
+
+
+def test_cli_deploy_json_with_extra_trainer_args(project):
+    result = subprocess.run(
+        [
+            *DFLASHCTL,
+            "deploy",
+            "-c",
+            str(project.config_path),
+            "--detach",
+            "--json",
+            "--",
+            "--steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["command"][-2:] == ["--steps", "2"]
+    assert "launched run" in result.stderr
+    [run] = list_runs(target(project), str(project.workdir), python=sys.executable)
+    assert run.id == summary["run_id"] and run.command[-2:] == ["--steps", "2"]
+
+
+def test_cli_syntax_error_exits_2(project):
+    (project.source / "broken.py").write_text("x = (\n")
+    result = subprocess.run(
+        [*DFLASHCTL, "deploy", "-c", str(project.config_path), "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "broken.py:1:" in result.stderr
+    assert not project.workdir.exists()

@@ -1,0 +1,172 @@
+"""Stopping runs on the local target: SIGTERM to the process group, the grace period,
+SIGKILL, hand-started trainers found by their command line, unrelated processes left
+alone."""
+
+# ruff: noqa: F811  (the `project` fixture is imported, and then asked for by name)
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dflashctl import agent
+from dflashctl.deploy import DeployOptions, deploy, stop
+from dflashctl.runs import RunState
+from tests.test_deploy_support import (  # noqa: F401
+    pid_alive,
+    project,
+    wait_for,
+    write_local_config,
+)
+from tests.test_runs import state_of
+
+
+@pytest.fixture
+def spawned():
+    """Processes a test starts itself; killed (whole group) and reaped afterwards."""
+    procs: list[subprocess.Popen] = []
+
+    def spawn(argv, **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            **kwargs,
+        )
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        try:
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own group: children too
+            else:
+                proc.kill()
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def launch(project) -> dict:
+    code, summary = deploy(project.config(), DeployOptions(detach=True))
+    assert code == 0
+    return summary
+
+
+def test_stop_gives_a_sigterm_handler_its_grace_period(project):
+    summary = launch(project)
+    result = stop(project.config())
+    [stopped] = result["stopped"]
+    assert (stopped["run_id"], stopped["pid"], stopped["ended"]) == (
+        summary["run_id"],
+        summary["pid"],
+        "terminated",
+    )
+    assert stopped["exit_code"] == 0
+    run_dir = project.run_dir(summary["run_id"])
+    assert (run_dir / "checkpointed").read_text() == "yes\n"
+    assert "SIGTERM: writing a checkpoint" in (run_dir / "train.log").read_text()
+    assert state_of(project, summary["run_id"]) == RunState("exited", 0, None)
+
+
+def test_a_run_that_ignores_sigterm_is_killed_after_the_grace_period(project):
+    write_local_config(project.root, args=["--sleep", "60", "--on-term", "ignore"])
+    summary = launch(project)
+    wait_for(
+        lambda: "hello" in (project.run_dir(summary["run_id"]) / "train.log").read_text(),
+        what="the trainer to install its handler",
+    )
+    result = stop(project.config(), grace_s=0.5)
+    [stopped] = result["stopped"]
+    assert stopped["ended"] == "killed" and stopped["seconds"] >= 0.5
+    assert not pid_alive(summary["pid"])
+    # SIGKILL took the wrapper too; stop wrote the exit code it could not.
+    assert state_of(project, summary["run_id"]) == RunState("killed", 137, signal.SIGKILL)
+
+
+def test_stop_with_nothing_running(project):
+    assert stop(project.config())["stopped"] == []
+
+
+def test_hand_started_trainer_is_stopped_and_unrelated_processes_survive(
+    project, spawned, tmp_path
+):
+    summary = launch(project)
+    by_hand = tmp_path / "by-hand"
+    shutil.copytree(project.source, by_hand)
+    (by_hand / "other.py").write_text("import time\ntime.sleep(60)\n")
+    # Someone ran the trainer by hand, in its own session (as `setsid` or a login shell)...
+    stale = spawned(
+        [sys.executable, "-u", "train.py", "--sleep", "60"], cwd=by_hand, start_new_session=True
+    )
+    # ...and, from a shell, next to unrelated work in the same process group.
+    shell = spawned(
+        ["sh", "-c", f"{sys.executable} {by_hand}/train.py --sleep 60 & sleep 60 & wait"],
+        start_new_session=True,
+    )
+    unrelated_sleep = spawned(["sleep", "60"])
+    unrelated_python = spawned([sys.executable, "other.py"], cwd=by_hand)
+    wait_for(lambda: len(children_of(shell.pid)) == 2, what="the shell's two children")
+    shell_trainer, shell_sleep = sorted(
+        children_of(shell.pid),
+        key=lambda pid: "train.py" not in open(f"/proc/{pid}/cmdline").read(),
+    )
+
+    result = stop(project.config(), grace_s=2)
+    stopped = {s["pid"]: s for s in result["stopped"]}
+    assert set(stopped) == {summary["pid"], stale.pid, shell_trainer}
+    assert stopped[summary["pid"]]["run_id"] == summary["run_id"]
+    assert stopped[stale.pid]["run_id"] is None and stopped[stale.pid]["group"] is True
+    assert stopped[shell_trainer]["group"] is False  # its group holds a shell and a sleep
+    wait_for(lambda: stale.poll() is not None, what="the hand-started trainer to be reaped")
+    assert not pid_alive(shell_trainer) and not pid_alive(summary["pid"])
+    for survivor in (shell.pid, shell_sleep, unrelated_sleep.pid, unrelated_python.pid):
+        assert pid_alive(survivor), f"pid {survivor} should not have been touched"
+
+
+def test_a_second_deploy_stops_the_first_run_and_a_hand_started_one(project, spawned, tmp_path):
+    first = launch(project)
+    by_hand = tmp_path / "by-hand"
+    shutil.copytree(project.source, by_hand)
+    stale = spawned(
+        [sys.executable, "train.py", "--sleep", "60"], cwd=by_hand, start_new_session=True
+    )
+    unrelated = spawned(["sleep", "60"])
+    wait_for(lambda: "train.py" in open(f"/proc/{stale.pid}/cmdline").read(), what="exec")
+    _, second = deploy(project.config(), DeployOptions(detach=True))
+    assert {s["pid"] for s in second["runs_stopped"]} == {first["pid"], stale.pid}
+    wait_for(lambda: stale.poll() is not None, what="the hand-started trainer to end")
+    assert not pid_alive(first["pid"]) and pid_alive(second["pid"])
+    assert pid_alive(unrelated.pid)
+
+
+@pytest.mark.parametrize(
+    ("argv", "matches"),
+    [
+        (["python3", "train.py", "--config", "x"], True),
+        (["/usr/bin/python3.11", "-u", "/root/dflash/current/train.py"], True),
+        (["python", "-W", "ignore", "-X", "dev", "./train.py"], True),
+        (["python3", "other/train.py"], True),  # the same script started elsewhere
+        (["python3", "-c", "import train.py"], False),
+        (["python3", "-m", "train"], False),
+        (["python3", "-", "inspect"], False),  # the agent itself
+        (["python3", "not_train.py"], False),
+        (["python3", "other.py", "train.py"], False),  # train.py only as an argument
+        (["/bin/sh", "launch.sh", "/run", "python3", "train.py"], False),  # the wrapper
+        (["sleep", "train.py"], False),
+        ([], False),
+    ],
+)
+def test_which_command_lines_run_the_entry_script(argv, matches):
+    assert agent.runs_entry(argv, "train.py") is matches
