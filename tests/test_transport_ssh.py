@@ -187,3 +187,27 @@ def test_a_stream_cut_by_a_dropped_connection_raises_connection_lost(pve_host):
             while time.monotonic() < deadline:
                 stream.read(0.2)
         stream.close()
+
+
+class _ScriptedStderr:
+    """Just enough of a paramiko channel: recv_stderr hands out these chunks, then EOF."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def recv_stderr(self, size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def test_the_pid_line_is_found_after_shell_noise_and_removed():
+    from dflashctl.transport.ssh import _StderrReader
+
+    reader = _StderrReader(
+        _ScriptedStderr([b"bashrc says hi\ndflashctl-p", b"id=4321\n", b"real\n"])
+    )
+    reader.join(5)
+    assert reader.pid == 4321
+    assert bytes(reader.data) == b"bashrc says hi\nreal\n"
+    quiet = _StderrReader(_ScriptedStderr([b"12\n"]))  # digits alone are not the pid line
+    quiet.join(5)
+    assert (quiet.pid, bytes(quiet.data)) == (None, b"12\n")

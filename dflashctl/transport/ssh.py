@@ -8,6 +8,7 @@ ConnectFailed with a plain sentence (exit code 3).
 from __future__ import annotations
 
 import errno
+import re
 import shlex
 import signal
 import socket
@@ -61,12 +62,14 @@ def _handle_channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None
 # makes every session its own process group (setsid), so `kill -- -PID` stops the command
 # and whatever it started. (The SSH "signal" request would be simpler, but OpenSSH
 # refuses it for root logins, which is how Proxmox hosts are used.)
-PID_PREFIX = "echo $$ >&2; exec "
+PID_PREFIX = "echo dflashctl-pid=$$ >&2; exec "
+_PID_LINE = re.compile(rb"(?m)^dflashctl-pid=(\d+)\n")
+_PID_SEARCH_LIMIT = 65536  # shell start-up noise (a chatty .bashrc) may come first
 
 
 class _StderrReader(threading.Thread):
     """Reads a channel's stderr while the caller reads stdout, so neither fills up; the
-    first line is the remote pid (see PID_PREFIX)."""
+    remote pid line (see PID_PREFIX) is taken out of it."""
 
     def __init__(self, chan: paramiko.Channel) -> None:
         super().__init__(name="ssh-stderr", daemon=True)
@@ -88,13 +91,19 @@ class _StderrReader(threading.Thread):
                 if not chunk:
                     return
                 self.data += chunk
-                if not self.pid_known.is_set() and b"\n" in self.data:
-                    line, _, rest = bytes(self.data).partition(b"\n")
-                    self.data = bytearray(rest)
-                    self.pid = int(line) if line.strip().isdigit() else None
-                    self.pid_known.set()
+                if not self.pid_known.is_set():
+                    self._take_pid()
         finally:
             self.pid_known.set()
+
+    def _take_pid(self) -> None:
+        found = _PID_LINE.search(self.data)
+        if found:
+            self.pid = int(found.group(1))
+            del self.data[found.start() : found.end()]
+            self.pid_known.set()
+        elif len(self.data) > _PID_SEARCH_LIMIT:
+            self.pid_known.set()  # not coming: the command cannot be killed by pid
 
 
 class SSHStream(Stream):
