@@ -23,7 +23,7 @@ sys.modules.setdefault("make_real_logs", make_real_logs)  # dataclasses look the
 _spec.loader.exec_module(make_real_logs)
 
 QUICK = [s for s in make_real_logs.SCENARIOS if not s.needs_torch]
-WITH_TORCH = [s for s in make_real_logs.SCENARIOS if s.needs_torch]
+WITH_TORCH = [s for s in make_real_logs.SCENARIOS if s.needs_torch and s.run_in_tests]
 
 
 def check(scenario) -> None:

@@ -31,6 +31,7 @@ class Scenario:
     expected: list[dict]  # what the detector must report, root cause first
     via_shell: bool = False  # run under `bash -c` like launch.sh, so bash reports a kill
     needs_torch: bool = False
+    run_in_tests: bool = True  # False: too slow to run on every test run; the log is committed
     python_flags: tuple[str, ...] = ()
 
 
@@ -163,6 +164,44 @@ DYNAMO_BACKEND_FAILURE = Scenario(
     ],
 )
 
+INDUCTOR_COMPILE_ERROR = Scenario(
+    name="inductor-compile-error",
+    needs_torch=True,
+    run_in_tests=False,  # a real g++ run: about 10 s
+    program="""
+        import sys, threading, traceback
+        import torch
+        import torch._inductor.config as inductor_config
+
+        def worker():
+            # Inductor's own test switch: generate C++ that does not compile.
+            inductor_config.cpp.inject_relu_bug_TESTING_ONLY = "compile_error"
+            try:
+                print("drafter-0 on cpu: compiling drafter (inductor)", flush=True)
+                step = torch.compile(lambda x: torch.relu(x) * 2)
+                step(torch.randn(8))
+            except Exception:
+                print("drafter-0 failed:", flush=True)
+                traceback.print_exc()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                raise SystemExit(1)
+
+        thread = threading.Thread(target=worker, name="drafter-0")
+        thread.start()
+        thread.join()
+        sys.exit(1)
+    """,
+    expected=[
+        {
+            "category": "compile_error",
+            "thread": "drafter-0",
+            "device": "cpu",
+            "exception": "torch._inductor.exc.InductorError",
+        }
+    ],
+)
+
 SCENARIOS = [
     THREAD_EXCEPTION,
     SEGFAULT,
@@ -170,6 +209,7 @@ SCENARIOS = [
     SIGKILL_UNDER_BASH,
     TORCH_SHAPE_ERROR,
     DYNAMO_BACKEND_FAILURE,
+    INDUCTOR_COMPILE_ERROR,
 ]
 
 
