@@ -53,3 +53,23 @@ def test_sigkill_is_weighed_by_the_exit_status():
     assert exit_code == -9 and "Killed" not in text  # nothing in the log says so
     [event] = classify_text(text.splitlines(), exit_code, load_rules())
     assert event.category == "killed" and "SIGKILL" in event.message
+
+
+def test_threads_failing_at_once_are_each_found_with_their_own_thread():
+    for _ in range(3):  # the interleaving differs from run to run
+        text, exit_code = make_real_logs.run_scenario(make_real_logs.CONCURRENT_THREAD_FAILURES)
+        crashes = classify_text(text.splitlines(), exit_code, load_rules())
+        assert sorted(e.thread for e in crashes) == [f"drafter-{i}" for i in range(4)], text
+        for event in crashes:
+            assert event.device == f"cuda:{event.thread[-1]}"
+            assert event.stage == "warming compiled graphs"
+            assert event.message == f"('graph', {event.thread[-1]})", text
+
+
+def test_a_log_garbled_by_threads_failing_at_once_still_reports_a_crash():
+    """CPython's excepthook wrote four headers in pieces into one another (a real log)."""
+    garbled = (Path(__file__).parent / "data" / "logs" / "real-garbled-excepthook.txt").read_text()
+    crashes = classify_text(garbled.splitlines(), 0, load_rules())
+    assert crashes and crashes[0].is_root_cause
+    assert {e.category for e in crashes} <= {"thread_exception", "python_exception"}
+    assert sum(e.exception == "KeyError" for e in crashes) >= 2

@@ -68,7 +68,7 @@ _CONTINUATION = re.compile(
 )
 _STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:", _IGNORED)
 
-ANNOUNCE_REACH = 8  # a "X failed:" line names the thread of a traceback starting this close
+ANNOUNCE_REACH = 8  # "X failed:" names a traceback starting within this many other lines
 TAIL_REACH = 6  # lines after an exception line in which a chained traceback may continue
 STALE_REACH = 200  # lines without a frame after which an unfinished traceback is given up
 MERGE_WINDOW = 40  # one-line matches this close together with the same rule are one event
@@ -103,6 +103,8 @@ class _Trace:
     continuation_left: int = 0
     end_line: int = 0
     ignored: bool = False  # announced by "Exception ignored in ...": not a crash
+    device: str | None = None  # the thread's, when its traceback started
+    stage: str | None = None
 
 
 @dataclass
@@ -130,7 +132,11 @@ class CrashDetector:
         self.crashes: list[CrashEvent] = []
         self.line_no = 0
         self._threads: dict[str, tuple[str, str]] = {}  # thread -> (device, stage)
-        self._announced: tuple[str | None, str, int] | None = None  # thread, header, line no
+        # Headers ("drafter-2 failed:") waiting for their traceback, oldest first: two
+        # threads failing at once print both headers before either traceback.
+        # Each is (thread, header line, line number, self._ordinary_lines then).
+        self._announced: deque[tuple[str | None, str, int, int]] = deque()
+        self._ordinary_lines = 0  # lines that were not part of a traceback
         self._traces: list[_Trace] = []
         self._pending: list[_Pending] = []
         self._recent: deque[str] = deque(maxlen=12)
@@ -150,6 +156,7 @@ class CrashDetector:
         out: list[CrashEvent] = []
         if self._traces and self._feed_traceback(line, out):
             return out
+        self._ordinary_lines += 1
         if self._pending:
             self._feed_pending(line, out)
         if " on " in line:
@@ -279,11 +286,15 @@ class CrashDetector:
         lines = [line]
         start = n
         ignored = False
-        if self._announced is not None and n - self._announced[2] <= ANNOUNCE_REACH:
-            thread, header, start = self._announced
+        announced = self._announced
+        while announced and self._ordinary_lines - announced[0][3] > ANNOUNCE_REACH:
+            announced.popleft()
+        if announced:
+            thread, header, start, _ = announced.popleft()
             lines = [header, line]
-            self._announced = None
             ignored = header.startswith(_IGNORED)
+        # What the thread was doing when it failed, before it prints anything else.
+        device, stage = self._threads.get(thread or "", (None, None))
         self._traces.append(
             _Trace(
                 thread=thread,
@@ -292,6 +303,8 @@ class CrashDetector:
                 segments=[_Segment()],
                 end_line=n,
                 ignored=ignored,
+                device=device,
+                stage=stage,
             )
         )
 
@@ -349,7 +362,7 @@ class CrashDetector:
             last_frame = _frame_text(segment.frames[-1])
             if message is None and segment.exc_type == "AssertionError" and code:
                 message = code  # a bare assert: the asserted line says what failed
-        device, stage = self._threads.get(trace.thread or "", (None, None))
+        device, stage = trace.device, trace.stage
         if device is None and message:
             gpu = _GPU_IN_MESSAGE.search(message)
             if gpu:
@@ -380,10 +393,10 @@ class CrashDetector:
             return
         announce = _ANNOUNCE_FAILED.match(line) or _ANNOUNCE_THREAD.match(line)
         if announce:
-            self._announced = (announce["thread"], line, n)
+            self._announced.append((announce["thread"], line, n, self._ordinary_lines))
             return
         if line.startswith(_IGNORED):
-            self._announced = (None, line, n)
+            self._announced.append((None, line, n, self._ordinary_lines))
             return
         for rule in self._keyed_line_rules:
             if any(k in line for k in rule.keywords or ()) and rule.matches_line(line):

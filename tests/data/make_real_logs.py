@@ -69,6 +69,54 @@ THREAD_EXCEPTION = Scenario(
     ],
 )
 
+CONCURRENT_THREAD_FAILURES = Scenario(
+    name="concurrent-thread-failures",
+    program="""
+        import sys, threading, traceback
+
+        start = threading.Barrier(4)
+        output = threading.Lock()
+
+        def say(text):
+            # The trainer's way: one write per message under a lock. CPython's own
+            # threading.excepthook writes a header in pieces, and threads failing at
+            # once garble it (see real-garbled-excepthook.txt).
+            with output:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+
+        def warm_up(index):
+            name = f"drafter-{index}"
+            say(f"{name} on cuda:{index}: warming compiled graphs\\n")
+            start.wait()
+            try:
+                compiled = {}
+                compiled[("graph", index)]  # every worker fails at the same moment
+            except KeyError:
+                say(f"{name} failed:\\n" + traceback.format_exc())
+                for step in range(3):
+                    say(f"{name} on cuda:{index}: shutting down ({step})\\n")
+
+        workers = [
+            threading.Thread(target=warm_up, args=(i,), name=f"drafter-{i}") for i in range(4)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        sys.exit(1)
+    """,
+    # Which thread prints first varies from run to run: the test checks the set.
+    expected=[
+        {
+            "category": "thread_exception",
+            "exception": "KeyError",
+            "stage": "warming compiled graphs",
+        }
+    ]
+    * 4,
+)
+
 SEGFAULT = Scenario(
     name="segfault",
     program="""
@@ -204,6 +252,7 @@ INDUCTOR_COMPILE_ERROR = Scenario(
 
 SCENARIOS = [
     THREAD_EXCEPTION,
+    CONCURRENT_THREAD_FAILURES,
     SEGFAULT,
     SIGKILL,
     SIGKILL_UNDER_BASH,
