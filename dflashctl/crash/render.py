@@ -58,7 +58,9 @@ def crash_panel(event: CrashEvent) -> Panel:
 
 def render_crash(console: Console, event: CrashEvent) -> None:
     """Print one crash as a panel on `console`."""
-    console.print(crash_panel(event))
+    # soft_wrap=False: the terminal facade's consoles soft-wrap by default, which would
+    # crop the panel's long lines (the hint) instead of wrapping them inside the border.
+    console.print(crash_panel(event), soft_wrap=False)
 
 
 def _is_caret_line(line: str) -> bool:
