@@ -368,3 +368,18 @@ def test_a_one_line_failure_inside_a_long_traceback_is_reported_after_it(rules):
     emitted += detector.finish(-11)
     assert [e.category for e in emitted] == ["thread_exception", "segfault"]
     assert [e.is_root_cause for e in emitted] == [True, False]
+
+
+def test_a_crash_line_of_a_thread_keeps_the_stage_before_it(rules):
+    lines = [
+        "drafter-6 on cuda:6: recording new shape",
+        "drafter-6 on cuda:6: RuntimeError: CUDA error: an illegal memory access was encountered",
+    ]
+    [event] = classify_text(lines, 1, rules)
+    assert (event.category, event.thread, event.device, event.stage) == (
+        "illegal_memory_access",
+        "drafter-6",
+        "cuda:6",
+        "recording new shape",
+    )
+    assert event.exception == "RuntimeError"

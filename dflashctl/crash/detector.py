@@ -159,12 +159,12 @@ class CrashDetector:
         self._ordinary_lines += 1
         if self._pending:
             self._feed_pending(line, out)
-        if " on " in line:
+        if self._gate(line) or self._unkeyed_line_rules:
+            self._feed_candidate(line, out)
+        if " on " in line:  # after the rules: a crash line is not the stage it failed in
             stage = _STAGE.match(line)
             if stage:
                 self._threads[stage["thread"]] = (stage["device"], stage["stage"])
-        if self._gate(line) or self._unkeyed_line_rules:
-            self._feed_candidate(line, out)
         return out
 
     def flush(self) -> list[CrashEvent]:
@@ -410,7 +410,7 @@ class CrashDetector:
     def _one_line_match(self, rule: Rule, line: str, out: list[CrashEvent]) -> None:
         n = self.line_no
         for pending in self._pending:
-            if pending.event.rule == rule.name:
+            if pending.event.category == rule.category:  # repeats, other ranks, echoes
                 pending.last_match = n
                 pending.event.end_line = n
                 if len(pending.event.excerpt) < MAX_EXCERPT:
