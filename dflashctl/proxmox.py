@@ -86,6 +86,11 @@ def https_api(config: ProxmoxConfig) -> ProxmoxResource:
         ) from None
     from proxmoxer import ProxmoxAPI
 
+    if not config.verify_tls:  # the user turned verification off: no warning per request
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+
     url = urlsplit(config.url or "")
     user, _, token_name = (config.token_id or "").partition("!")
     return ProxmoxAPI(
@@ -134,6 +139,17 @@ def _api_error(exc: Exception, node: str, vmid: int | None, doing: str) -> HostE
         )
     if isinstance(exc, ResourceException) and exc.status_code == 404 and vmid is not None:
         return ContainerNotFound(f"container {vmid} does not exist on node {node}")
+    if isinstance(exc, ResourceException) and exc.status_code == 401:
+        return HostError(
+            "the Proxmox API refused the API token (401)",
+            hint="check proxmox.token_id and the secret in the variable named by "
+            "proxmox.token_secret_env, and the token's privileges",
+        )
+    if type(exc).__module__.startswith("requests"):  # the https API could not be reached
+        return HostError(
+            f"cannot reach the Proxmox API: {_network_reason(text)}",
+            hint="check proxmox.url, the network, and proxmox.verify_tls",
+        )
     unknown = _UNKNOWN_NODE.search(text)
     if unknown:
         return HostError(
@@ -142,6 +158,20 @@ def _api_error(exc: Exception, node: str, vmid: int | None, doing: str) -> HostE
         )
     detail = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
     return HostError(f"the Proxmox API failed while {doing}: {detail}")
+
+
+def _network_reason(text: str) -> str:
+    """requests' long chained message, cut down to what went wrong."""
+    for needle, reason in (
+        ("Failed to resolve", "the host name does not resolve"),
+        ("Name or service not known", "the host name does not resolve"),
+        ("Connection refused", "the connection was refused"),
+        ("timed out", "the connection timed out"),
+        ("CERTIFICATE_VERIFY_FAILED", "its TLS certificate is not trusted"),
+    ):
+        if needle in text:
+            return reason
+    return text.splitlines()[-1] if text else "unknown network error"
 
 
 def _call(fn, node: str, vmid: int | None, doing: str) -> Any:

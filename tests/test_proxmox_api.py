@@ -117,3 +117,85 @@ def test_https_token_secret_comes_from_the_environment_only(config, monkeypatch)
     with pytest.raises(HostError) as caught:  # pve.invalid never resolves
         proxmox.container_status(api, "pve", 200)
     assert "s3cr3t" not in caught.value.message
+
+
+@pytest.fixture
+def https_pve(tmp_path):
+    """A tiny HTTPS Proxmox API on 127.0.0.1 (self-signed): one container, token auth."""
+    import http.server
+    import json
+    import ssl
+    import subprocess
+    import threading
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            seen.append(self.headers.get("Authorization", ""))
+            if seen[-1] != "PVEAPIToken=root@pam!dflash=s3cr3t-token-value":
+                self.send_response(401)
+                self.end_headers()
+                return
+            body = json.dumps(
+                {"data": {"vmid": 200, "status": "running", "uptime": 42, "name": "gpu-box"}}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, name="https-pve", daemon=True)
+    thread.start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_https_api_with_a_token_from_the_environment(config, https_pve, monkeypatch, caplog):
+    url, seen = https_pve
+    config.proxmox.api, config.proxmox.url = "https", url
+    config.proxmox.token_id, config.proxmox.verify_tls = "root@pam!dflash", False
+    monkeypatch.setenv("PVE_TOKEN_SECRET", "s3cr3t-token-value")
+    caplog.set_level("DEBUG")
+    status = proxmox.container_status(proxmox.https_api(config.proxmox), "pve", 200)
+    assert (status.status, status.uptime_s, status.name) == ("running", 42, "gpu-box")
+    assert seen == ["PVEAPIToken=root@pam!dflash=s3cr3t-token-value"]
+    monkeypatch.setenv("PVE_TOKEN_SECRET", "wrong")
+    with pytest.raises(HostError, match=r"refused the API token \(401\)"):
+        proxmox.container_status(proxmox.https_api(config.proxmox), "pve", 200)
+    config.proxmox.verify_tls = True
+    with pytest.raises(HostError, match="its TLS certificate is not trusted") as caught:
+        proxmox.container_status(proxmox.https_api(config.proxmox), "pve", 200)
+    assert "s3cr3t" not in caught.value.message
+    assert not any("s3cr3t" in record.getMessage() for record in caplog.records)
