@@ -132,3 +132,17 @@ def test_without_a_container_there_is_no_proxmox_and_the_host_is_checked(
     assert checks["container runs"]["status"] == "skip"
     assert checks["python"]["status"] == "pass"
     assert f"free for {tmp_path}/wd/x" in checks["free disk"]["detail"]
+
+
+def test_a_local_host_without_ssh(capsys, monkeypatch, tmp_path):
+    config = tmp_path / "dflash.yaml"
+    config.write_text(
+        f"host: {{address: local}}\n"
+        f"container: {{vmid: null, workdir: {tmp_path}/work, python: {sys.executable}}}\n"
+    )
+    code, checks = doctor_json(capsys, monkeypatch, config)
+    assert code == 0, checks
+    assert checks["SSH reachable"]["detail"] == "host.address is local: no SSH needed"
+    assert statuses(checks)["host key known"] == "skip"
+    assert statuses(checks)["python"] == "pass"
+    assert statuses(checks)["torch"] == "pass"

@@ -100,6 +100,8 @@ def _connect_checks(doctor: Doctor, config: Any, transport: Any) -> bool:
 
     if config.host.is_local:
         doctor.add(Check("SSH reachable", PASS, "host.address is local: no SSH needed"))
+        doctor.skip("host key known", "no SSH (host.address: local)")
+        doctor.skip("SSH login", "no SSH (host.address: local)")
         return True
     start = time.monotonic()
     try:
