@@ -415,7 +415,18 @@ class _Dropped(Exception):
     """The stream went silent or broke: reconnect."""
 
 
+# A stopped or missing container, or a host that refuses us, will not come back by
+# retrying: those end the following at once.
+_FINAL_CONNECT_REASONS = ("auth", "host_key_unknown", "host_key_changed")
+
+
 def _is_connection_trouble(exc: BaseException) -> bool:
+    from dflashctl.pct import ContainerNotFound, ContainerNotRunning
+
+    if isinstance(exc, (ContainerNotFound, ContainerNotRunning)):
+        return False
+    if getattr(exc, "reason", None) in _FINAL_CONNECT_REASONS:
+        return False
     return isinstance(exc, (HostError, OSError, EOFError, _Dropped, ReaderBroken))
 
 

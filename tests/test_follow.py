@@ -15,12 +15,14 @@ from rich.console import Console
 from dflashctl.crash import load_rules
 from dflashctl.errors import HostError, UsageError
 from dflashctl.follow import FrameParser, LineSplitter, ReaderBroken, follow_run
+from dflashctl.target import Target
 from dflashctl.transport.base import ConnectionLost
+from dflashctl.transport.local import LocalTransport
 from tests.test_follow_support import (
-    LocalTarget,
     expected_lines,
     kill_run,
     launch_argv,
+    local_target,
     trainer_argv,
     wait_for,
 )
@@ -58,7 +60,7 @@ def runs(tmp_path):
 
 def follow(runs, run_id, **kwargs):
     out = io.StringIO()
-    kwargs.setdefault("target", LocalTarget())
+    kwargs.setdefault("target", local_target())
     kwargs.setdefault("rules", RULES)
     kwargs.setdefault("python", sys.executable)
     result = follow_run(
@@ -198,7 +200,7 @@ def test_a_truncated_log_is_read_again_from_the_start(runs):
             sleeper.kill()
 
         threading.Thread(target=rotate).start()
-        result, out = follow(runs, "r7", reconnect=LocalTarget)
+        result, out = follow(runs, "r7", reconnect=local_target)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -233,13 +235,13 @@ class BreakingStream:
         return self.inner.stderr
 
 
-class BreakingTarget(LocalTarget):
+class BreakingTarget(Target):
     """Each stream breaks after a few hundred bytes, mid-line and mid-frame."""
 
     made = 0
 
     def __init__(self, cut: int | None = None):
-        super().__init__()
+        super().__init__(LocalTransport(), None)
         BreakingTarget.made += 1
         self.cut = cut or 150 + 37 * BreakingTarget.made
 

@@ -87,21 +87,9 @@ def file_lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
 
 
-class LocalTarget:
-    """Where the trainer runs for `host.address: local` with no container: commands run
-    directly on this machine."""
+def local_target():
+    """Where the trainer runs for `host.address: local` with no container."""
+    from dflashctl.target import Target
+    from dflashctl.transport.local import LocalTransport
 
-    def __init__(self) -> None:
-        from dflashctl.transport.local import LocalTransport
-
-        self.transport = LocalTransport()
-        self.vmid = None
-
-    def run(self, argv, *, stdin=None, timeout=120, check=True):
-        return self.transport.run(argv, stdin=stdin, timeout=timeout, check=check)
-
-    def stream(self, argv):
-        return self.transport.stream(argv)
-
-    def close(self) -> None:
-        self.transport.close()
+    return Target(LocalTransport(), None)

@@ -1,0 +1,167 @@
+"""dflashctl logs: a run's log, live with --follow, with its crashes named.
+
+Exit codes: 0 the run is running or finished cleanly, 1 it crashed (a detected crash, a
+non-zero exit or a signal), 2 usage, 3 host/connection trouble, 130 Ctrl-C (following
+stops; the run keeps going).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, BinaryIO
+
+import typer
+
+from dflashctl import terminal
+from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.errors import UsageError
+
+DEFAULT_LINES = 50
+
+
+def logs(
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            help="The run (default: the active run, i.e. the one launched last).",
+            show_default=False,
+        ),
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Keep printing until the run ends; exit 0 clean, 1 crash."
+        ),
+    ] = False,
+    lines: Annotated[
+        int, typer.Option("--lines", "-n", help="How many of the last lines to show first.", min=0)
+    ] = DEFAULT_LINES,
+    json_output: JsonOption = False,
+    file: Annotated[
+        str | None,
+        typer.Option(
+            "--file", help="Classify a local log instead (`-` reads stdin).", show_default=False
+        ),
+    ] = None,
+    exit_code: Annotated[
+        int | None,
+        typer.Option(
+            "--exit-code",
+            help="With --file: the run's exit status, weighed too.",
+            show_default=False,
+        ),
+    ] = None,
+    reconnect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--reconnect-timeout",
+            help="Seconds to keep reconnecting after a drop before giving up (exit 3).",
+            min=0,
+        ),
+    ] = 120.0,
+    config: ConfigOption = None,
+) -> None:
+    """Show a run's log and the crashes in it; --follow streams it until the run ends."""
+    from dflashctl.follow import report_result
+
+    if json_output:
+        terminal.set_quiet_stdout(True)
+    if file is not None:
+        if run_id is not None or follow:
+            raise UsageError("--file classifies a local log: it takes no RUN_ID and no --follow")
+        result = _classify_file(file, exit_code, lines, config, show_lines=not json_output)
+    else:
+        if exit_code is not None:
+            raise UsageError(
+                "--exit-code goes with --file",
+                hint="for a run, the exit code is read from the run itself",
+            )
+        result = _follow(run_id, follow, lines, reconnect_timeout, config, json_output)
+    raise typer.Exit(report_result(result, json_mode=json_output))
+
+
+def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
+    from dflashctl import runs
+    from dflashctl.config import load_config
+    from dflashctl.crash import load_rules
+    from dflashctl.deploy import open_target, where
+    from dflashctl.follow import follow_run
+
+    config = load_config(config_path)
+    rules = load_rules(extra=config.crash_patterns)
+    workdir, python = config.container.workdir, config.container.python
+    target = open_target(config)
+    try:
+        if run_id is None:
+            active = runs.active_run(target, workdir, python=python)
+            if active is None:
+                raise UsageError(
+                    f"no runs in {workdir} on {where(target)} yet",
+                    hint="start one with `dflashctl deploy`",
+                )
+            run_id = active.id
+        return follow_run(
+            lambda: open_target(config),
+            workdir,
+            run_id,
+            rules=rules,
+            target=target,
+            python=python,
+            follow=follow,
+            lines=lines,
+            # Scripts reading --json still see a followed run's progress, on stderr.
+            show_lines=follow or not json_output,
+            reconnect_timeout_s=reconnect_timeout,
+        )
+    finally:
+        target.transport.close()
+
+
+def _classify_file(path, exit_code, lines, config_path, *, show_lines):
+    from dflashctl.crash import load_rules
+    from dflashctl.follow import classify_log
+
+    rules = load_rules(extra=_user_rules(config_path))
+    if path == "-":
+        return classify_log(
+            _chunks(sys.stdin.buffer),
+            rules=rules,
+            exit_code=exit_code,
+            lines=lines,
+            name="-",
+            show_lines=show_lines,
+        )
+    try:
+        handle = Path(path).expanduser().open("rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    with handle:
+        return classify_log(
+            _chunks(handle),
+            rules=rules,
+            exit_code=exit_code,
+            lines=lines,
+            name=path,
+            show_lines=show_lines,
+        )
+
+
+def _user_rules(config_path: str | None) -> list:
+    """crash_patterns of dflash.yaml when there is one: a copied log needs no host."""
+    from dflashctl.config import find_config_path, load_config
+
+    if config_path is None and not find_config_path(None).is_file():
+        return []
+    return load_config(config_path).crash_patterns
+
+
+def _chunks(handle: BinaryIO) -> Iterator[bytes]:
+    read = getattr(handle, "read1", handle.read)  # read1: what has arrived, for pipes
+    while chunk := read(1 << 16):
+        yield chunk
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(logs)

@@ -1,0 +1,202 @@
+"""`dflashctl logs` as a user runs it, on this machine (host.address local, no
+container): exit codes, --follow, -n, --json, Ctrl-C, and --file for copied logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_follow_support import (
+    expected_lines,
+    kill_run,
+    launch_argv,
+    trainer_argv,
+    wait_for,
+)
+
+CRASH_LOG = """\
+step 1/100 | loss 2.31 | acc 0.52
+drafter-2 on cuda:7: warming compiled graphs
+step 2/100 | loss 2.29 | acc 0.52
+drafter-2 failed:
+Traceback (most recent call last):
+  File "/root/dflash/current/dflash/pipeline/workers.py", line 88, in _run
+    self._warm_up(device)
+  File "/usr/lib/python3/site-packages/torch/_inductor/cudagraph_trees.py", line 322, in get_obj
+    assert torch._C._is_key_in_tls(attr_name)
+AssertionError
+step 3/100 | loss 2.27 | acc 0.53
+"""
+CLEAN_LOG = "step 1/2 | loss 2.0\nstep 2/2 | loss 1.9\ntraining complete\n"
+
+
+def dflashctl(*args, cwd: Path, stdin: str | None = None, timeout: float = 60):
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    env.pop("DFLASHCTL_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "dflashctl", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def step_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(("step ", "training complete"))]
+
+
+class Project:
+    """A dflash.yaml for this machine and runs launched in its workdir."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.workdir = root / "workdir"
+        config = {
+            "host": {"address": "local"},
+            "container": {"vmid": None, "workdir": str(self.workdir), "python": sys.executable},
+        }
+        (root / "dflash.yaml").write_text(yaml.safe_dump(config))
+        self.rundirs: list[Path] = []
+
+    def launch(self, run_id: str, lines: int, delay: float, mode: str = "finish") -> Path:
+        rundir = self.workdir / "runs" / run_id
+        self.rundirs.append(rundir)
+        argv = trainer_argv(sys.executable, lines, delay, mode)
+        subprocess.run(launch_argv(str(rundir), argv), check=True)
+        wait_for(lambda: (rundir / "pid").exists(), what="the pid file")
+        return rundir
+
+
+@pytest.fixture
+def project(tmp_path):
+    made = Project(tmp_path)
+    yield made
+    for rundir in made.rundirs:
+        kill_run(rundir)
+
+
+# --------------------------------------------------------------------------- --file
+
+
+def test_file_names_the_crash_and_exits_1(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(CRASH_LOG)
+    done = dflashctl("logs", "--file", str(log), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "cudagraph_tls" in done.stdout and "drafter-2" in done.stdout
+    assert "step 3/100" in done.stdout  # the log's lines come first
+    assert "crashed" in done.stderr
+
+
+def test_file_json_from_stdin(tmp_path):
+    done = dflashctl("logs", "--file", "-", "--json", cwd=tmp_path, stdin=CRASH_LOG)
+    assert done.returncode == 1, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["status"] == "crashed" and answer["exit_code"] is None
+    root = answer["crashes"][0]
+    assert (root["category"], root["thread"], root["device"]) == (
+        "cudagraph_tls",
+        "drafter-2",
+        "cuda:7",
+    )
+    assert root["exception"] == "AssertionError" and root["line"] == 4
+    for key in ("rule", "stage", "message", "hint", "excerpt"):
+        assert key in root
+
+
+def test_file_weighs_the_exit_code(tmp_path):
+    log = tmp_path / "clean.log"
+    log.write_text(CLEAN_LOG)
+    assert dflashctl("logs", "--file", str(log), cwd=tmp_path).returncode == 0
+    done = dflashctl("logs", "--file", str(log), "--exit-code", "137", "--json", cwd=tmp_path)
+    assert done.returncode == 1
+    answer = json.loads(done.stdout)
+    assert answer["exit_code"] == 137 and answer["crashes"][0]["category"] == "killed"
+
+
+def test_file_with_only_the_last_lines(tmp_path):
+    done = dflashctl("logs", "--file", "-", "-n", "1", cwd=tmp_path, stdin=CLEAN_LOG)
+    assert done.returncode == 0
+    assert step_lines(done.stdout) == ["training complete"]
+
+
+def test_usage_errors_exit_2(tmp_path):
+    missing = dflashctl("logs", "--file", str(tmp_path / "nope.log"), cwd=tmp_path)
+    assert missing.returncode == 2 and "nope.log" in missing.stderr
+    stray = dflashctl("logs", "--exit-code", "1", cwd=tmp_path)
+    assert stray.returncode == 2 and "--file" in stray.stderr
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_no_runs_yet(project):
+    done = dflashctl("logs", cwd=project.root)
+    assert done.returncode == 2
+    assert "no runs" in done.stderr and "dflashctl deploy" in done.stderr
+
+
+def test_plain_logs_of_a_running_run_show_the_last_lines_and_exit_0(project):
+    rundir = project.launch("20261129-100000-aaaa", lines=5, delay=0.01, mode="hang")
+    wait_for(lambda: "step 5/5" in (rundir / "train.log").read_text(), what="the log")
+    done = dflashctl("logs", "-n", "2", cwd=project.root)  # the active run
+    assert done.returncode == 0, done.stderr
+    assert step_lines(done.stdout) == expected_lines(5, "hang")[-2:]
+    assert "still running" in done.stderr
+
+
+def test_follow_to_a_clean_finish_exits_0(project):
+    project.launch("20261129-100001-bbbb", lines=15, delay=0.03)
+    done = dflashctl("logs", "-f", "20261129-100001-bbbb", cwd=project.root)
+    assert done.returncode == 0, done.stderr
+    assert step_lines(done.stdout) == expected_lines(15)
+    assert "finished" in done.stderr
+
+
+def test_follow_a_crash_exits_1_with_json(project):
+    project.launch("20261129-100002-cccc", lines=4, delay=0.03, mode="thread-crash")
+    done = dflashctl("logs", "-f", "--json", cwd=project.root)
+    assert done.returncode == 1, done.stderr
+    answer = json.loads(done.stdout)  # stdout holds the JSON object only
+    assert answer["run"] == "20261129-100002-cccc"
+    assert (answer["status"], answer["exit_code"]) == ("crashed", 1)
+    assert answer["crashes"][0]["thread"] == "drafter-2"
+    assert step_lines(done.stderr) == expected_lines(4, "thread-crash")
+
+
+def test_ctrl_c_stops_following_and_leaves_the_run_running(project):
+    rundir = project.launch("20261129-100003-dddd", lines=400, delay=0.02)
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflashctl", "logs", "-f"],
+        cwd=project.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        wait_for(lambda: "step 20/" in (rundir / "train.log").read_text(), what="the log")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "dflashctl logs -f 20261129-100003-dddd" in err
+    assert step_lines(out)[:3] == expected_lines(400)[:3]
+    assert not (rundir / "exit_code").exists()
+    pid = int((rundir / "pid").read_text())
+    os.kill(pid, 0)  # the run is still alive
