@@ -239,3 +239,28 @@ def test_proxy_jump_to_a_closed_port_names_the_jump_host(pve_host, tmp_path, mon
     assert error.message.startswith(
         f"the jump host root@127.0.0.1:{pve_host.port} could not connect to 127.0.0.1 port {closed}"
     )
+
+
+def test_resolve_defaults_and_precedence(tmp_path, monkeypatch):
+    from dflashctl.transport.ssh_config import resolve, resolve_jumps
+
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host gpu\n  HostName 10.0.0.5\n  Port 2200\n  User admin\n  ProxyJump bastion\n"
+        "Host bastion\n  HostName 10.0.0.1\n  User jump\n"
+    )
+    monkeypatch.setenv(SSH_CONFIG_ENV, str(ssh_config))
+    from_config = resolve("gpu")
+    assert (from_config.hostname, from_config.port, from_config.user) == ("10.0.0.5", 2200, "admin")
+    assert from_config.proxy_jump == "bastion"
+    assert from_config.known_hosts_name == "[10.0.0.5]:2200"
+    explicit = resolve("gpu", port=22, user="root", proxy_jump="other:2022")
+    assert (explicit.port, explicit.user, explicit.proxy_jump) == (22, "root", "other:2022")
+    assert explicit.known_hosts_name == "10.0.0.5"
+    plain = resolve("pve.lan")
+    assert (plain.hostname, plain.port, plain.user) == ("pve.lan", 22, "root")
+    hops = resolve_jumps("bastion,me@[::1]:2022")
+    assert [(h.hostname, h.port, h.user) for h in hops] == [
+        ("10.0.0.1", 22, "jump"),
+        ("::1", 2022, "me"),
+    ]

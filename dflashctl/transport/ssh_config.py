@@ -2,12 +2,11 @@
 
 paramiko parses ssh_config but its connect() ignores it, so the alias is resolved here:
 HostName, User, Port, IdentityFile and ProxyJump. Values set in dflash.yaml win; a
-port or user left null there is taken from ssh_config, then from the defaults.
+port or user left null there is taken from ssh_config, then from the defaults (22, root).
 """
 
 from __future__ import annotations
 
-import getpass
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,9 @@ from dflashctl.errors import ConfigError
 
 SSH_CONFIG_ENV = "DFLASHCTL_SSH_CONFIG"  # lets tests point at their own file
 DEFAULT_PORT = 22
+# pct and pvesh need root on the node, so root (not the local user, as ssh would) is
+# the default when neither dflash.yaml nor ssh_config names a user.
+DEFAULT_USER = "root"
 
 
 @dataclass
@@ -91,7 +93,7 @@ def resolve(
         alias=address,
         hostname=found.get("hostname", address),
         port=port or config_port or DEFAULT_PORT,
-        user=user or found.get("user") or getpass.getuser(),
+        user=user or found.get("user") or DEFAULT_USER,
         identity_files=list(dict.fromkeys(identity_files)),
         proxy_jump=jump,
     )
