@@ -264,3 +264,24 @@ def test_resolve_defaults_and_precedence(tmp_path, monkeypatch):
         ("10.0.0.1", 22, "jump"),
         ("::1", 2022, "me"),
     ]
+
+
+def test_ssh_agent_keys_are_used(pve_host, tmp_path, monkeypatch):
+    import os
+    import re
+    import signal
+
+    sock = tmp_path / "agent.sock"
+    started = subprocess.run(
+        ["ssh-agent", "-s", "-a", str(sock)], capture_output=True, text=True, check=True
+    )
+    agent_pid = int(re.search(r"SSH_AGENT_PID=(\d+)", started.stdout).group(1))
+    try:
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        subprocess.run(
+            ["ssh-add", "-q", str(pve_host.identity_file)], check=True, capture_output=True
+        )
+        with open_transport(host_config(pve_host, identity_file=None)) as transport:
+            assert transport.run(["echo", "agent"]).stdout == b"agent\n"
+    finally:
+        os.kill(agent_pid, signal.SIGTERM)
