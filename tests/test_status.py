@@ -126,3 +126,16 @@ def test_without_a_container_status_shows_the_host(
     assert report["active_run"] is None
     code, out, _ = dflashctl(capsys, monkeypatch, "status", "-c", str(path))
     assert out.splitlines()[0] == f"host       root@127.0.0.1:{pve_host.port} (no container)"
+
+
+def test_a_broken_python_still_shows_the_container_then_exits_3(
+    capsys, monkeypatch, write_config, tmp_path, container
+):
+    path = write_config(tmp_path, **{"container.python": "/opt/nowhere/python3"})
+    code, out, err = dflashctl(capsys, monkeypatch, "status", "-c", str(path))
+    assert code == 3
+    assert out.startswith("container  200 (ct200) on node pve: running")
+    assert "error: /opt/nowhere/python3: cannot run it on container 200" in err
+    code, out, _ = dflashctl(capsys, monkeypatch, "status", "--json", "-c", str(path))
+    assert code == 3
+    assert json.loads(out)["active_run_error"]["message"].startswith("/opt/nowhere/python3")

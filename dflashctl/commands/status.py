@@ -10,28 +10,38 @@ from rich.markup import escape
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.errors import EXIT_HOST, HostError
 
 
 def collect_status(config: Any) -> dict[str, Any]:
     """What `status` reports, as one JSON-ready dict (one SSH connection)."""
     from dflashctl import proxmox, runs
     from dflashctl.connect import connect
+    from dflashctl.transport import ConnectionLost
 
     with connect(config) as (_, api, target):
         container = None
         if api is not None:
             container = proxmox.container_status(api, config.proxmox.node, target.vmid)
-        run = None
+        run, run_error = None, None
         # A stopped container has no running process to ask about; its files stay, but
         # reading them needs the container up (pct exec).
         if container is None or container.running:
-            run = runs.active_run(target, config.container.workdir, python=config.container.python)
+            try:
+                run = runs.active_run(
+                    target, config.container.workdir, python=config.container.python
+                )
+            except ConnectionLost:
+                raise
+            except HostError as exc:  # still worth showing the container's state
+                run_error = {"message": exc.message, "hint": exc.hint}
         return {
             "target": target.describe(),
             "node": config.proxmox.node if api is not None else None,
             "container": container.to_json() if container else None,
             "workdir": config.container.workdir,
             "active_run": run.to_json() if run else None,
+            "active_run_error": run_error,
         }
 
 
@@ -54,6 +64,9 @@ def print_status(status: dict[str, Any]) -> None:
             f"{escape(status['node'])}: {line}"
         )
     run = status["active_run"]
+    if status["active_run_error"]:
+        terminal.error(status["active_run_error"]["message"], status["active_run_error"]["hint"])
+        return
     if run is None:
         if container is not None and container["status"] != "running":
             out.print("[bold]run[/bold]        unknown while the container is stopped")
@@ -83,6 +96,8 @@ def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
         print(json.dumps(report, indent=2))
     else:
         print_status(report)
+    if report["active_run_error"]:
+        raise typer.Exit(EXIT_HOST)
 
 
 def register(app: typer.Typer) -> None:
