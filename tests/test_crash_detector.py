@@ -269,6 +269,11 @@ def test_the_exit_status_names_a_crash_the_log_does_not_show(rules, exit_code, c
     assert str(exit_code) in event.message
 
 
+@pytest.mark.parametrize("exit_code", [0, 130, 143, -2, -15, None])
+def test_a_run_that_ended_or_was_stopped_is_not_a_crash(rules, exit_code):
+    assert classify(rules, "step 2/10 | loss 1.9\ncheckpoint written", exit_code) == []
+
+
 def test_the_exit_status_adds_nothing_when_the_log_explains_it(rules):
     log = "step 1/10 | loss 2.0\n/root/launch.sh: line 31: 48213 Killed      python3 train.py"
     assert [e.rule for e in classify(rules, log, 137)] == ["killed"]

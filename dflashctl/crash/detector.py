@@ -482,6 +482,8 @@ class CrashDetector:
         if exit_code is None or exit_code == 0:
             return []
         signal = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 160 else None
+        if signal in (2, 15):  # SIGINT / SIGTERM: stopped on purpose (dflashctl stop), not a crash
+            return []
         seen = {event.category for event in self.crashes}
         by_signal = {
             9: ("killed", "SIGKILL"),
