@@ -33,9 +33,8 @@ import tarfile
 import time
 
 MANIFEST_NAME = "MANIFEST.json"
-UPLOAD_PREFIX = "dflashctl-upload-"
 KILL_WAIT_S = 5.0
-STALE_UPLOAD_S = 600
+ABANDONED_UPLOAD_S = 60
 POLL_S = 0.05
 
 
@@ -144,7 +143,7 @@ def safe_member_path(name):
     return norm
 
 
-def remove_leftovers(workdir, keep_archive):
+def remove_leftovers(workdir, keep_archive, upload_prefix):
     """Partial releases and uploaded archives left by an interrupted deploy."""
     removed = []
     base = releases_dir(workdir)
@@ -153,19 +152,21 @@ def remove_leftovers(workdir, keep_archive):
             if name.endswith(".partial"):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
                 removed.append(os.path.join("releases", name))
-    tmpdir = os.path.dirname(keep_archive) if keep_archive else "/tmp"
+    if not upload_prefix:
+        return removed
+    tmpdir = os.path.dirname(keep_archive)
     try:
         names = os.listdir(tmpdir)
     except OSError:
         names = []
     for name in names:
         path = os.path.join(tmpdir, name)
-        if not name.startswith(UPLOAD_PREFIX) or path == keep_archive:
+        if path == keep_archive or not name.lstrip(".").startswith(upload_prefix):
             continue
         try:
-            # Another deploy (to another workdir) may be uploading right now: only
-            # archives nobody has touched for a while are leftovers.
-            if time.time() - os.stat(path).st_mtime < STALE_UPLOAD_S:
+            # An upload still being written keeps changing; one untouched for a while
+            # was abandoned (several test hosts or users may share one /tmp).
+            if time.time() - os.stat(path).st_mtime < ABANDONED_UPLOAD_S:
                 continue
             os.unlink(path)
             removed.append(path)
@@ -544,7 +545,7 @@ def op_build(p):
     base = p.get("base")
     lock = lock_workdir(workdir)
     try:
-        leftovers = remove_leftovers(workdir, archive)
+        leftovers = remove_leftovers(workdir, archive, p.get("upload_prefix"))
         os.makedirs(releases_dir(workdir), exist_ok=True)
         final = os.path.join(releases_dir(workdir), release)
         if os.path.exists(final):

@@ -29,9 +29,8 @@ from dflashctl.config import Config
 from dflashctl.errors import HostError, UsageError
 from dflashctl.resources import template_path
 
-# Host temp files older than this belong to no deploy still running.
-STALE_UPLOAD_MIN = 10
-
+# An upload nobody has written to for this long was abandoned by an interrupted deploy.
+ABANDONED_UPLOAD_MIN = 1
 
 # --------------------------------------------------------------------------- connecting
 
@@ -145,17 +144,26 @@ def upload_and_build(config: Config, target: Any, plan: Plan, archive: bytes) ->
     workdir, python = config.container.workdir, config.container.python
     release = plan.new_release
     assert release is not None
-    dest = releases.upload_path(release)
-    params = {"workdir": workdir, "release": release, "archive": dest, "base": plan.base_release}
+    prefix = releases.upload_prefix(workdir, target.vmid)
+    dest = releases.upload_path(prefix, release)
+    params = {
+        "workdir": workdir,
+        "release": release,
+        "archive": dest,
+        "base": plan.base_release,
+        "upload_prefix": prefix,
+    }
     stdin = runs.agent_input("build", params)
     if target.vmid is None:
         target.transport.put_file(archive, dest, mode=0o600)
         return runs.call_agent(target, python, "build", params, timeout=600)
-    staged = releases.upload_path(release, "/tmp")
+    staged = releases.upload_path(prefix, release, "/tmp")
     target.transport.put_file(archive, staged, mode=0o600)
+    # Leftovers of an interrupted upload to this container (SFTP temp names included):
+    # untouched for a minute, so never an upload in progress.
     script = (
-        f"find /tmp -maxdepth 1 -name '{releases.UPLOAD_PREFIX}*' -mmin +{STALE_UPLOAD_MIN} "
-        "-delete 2>/dev/null\n"
+        f"find /tmp -maxdepth 1 -type f \\( -name '{prefix}*' -o -name '.{prefix}*' \\) "
+        f"-mmin +{ABANDONED_UPLOAD_MIN} -delete 2>/dev/null\n"
         f"{shlex.join(pct.push_argv(target.vmid, staged, dest, 0o600))}\n"
         "status=$?\n"
         f"rm -f -- {shlex.quote(staged)}\n"

@@ -8,6 +8,7 @@ garbage-collect) is done by the agent (dflashctl/agent.py); this module names th
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 
 from dflashctl.runs import new_id
@@ -32,6 +33,14 @@ def run_dir(workdir: str, run_id: str) -> str:
     return posixpath.join(workdir, "runs", run_id)
 
 
-def upload_path(release_id: str, folder: str = "/tmp") -> str:
+def upload_prefix(workdir: str, vmid: int | None) -> str:
+    """Uploads are named per target, so that a deploy clears only its own target's
+    leftovers (interrupted uploads), and those only once nobody writes to them."""
+    key = str(vmid) if vmid is not None else "host"
+    digest = hashlib.sha256(workdir.encode()).hexdigest()[:8]
+    return f"{UPLOAD_PREFIX}{key}-{digest}-"
+
+
+def upload_path(prefix: str, release_id: str, folder: str = "/tmp") -> str:
     """Where the archive of changed files waits before it is unpacked (removed after)."""
-    return posixpath.join(folder, f"{UPLOAD_PREFIX}{release_id}.tar.gz")
+    return posixpath.join(folder, f"{prefix}{release_id}.tar.gz")

@@ -1,0 +1,318 @@
+# ruff: noqa: F811  (fixtures are imported, and then asked for by name)
+"""deploy, restart, stop and runs against the test host: a real sshd on loopback whose
+`pct` drives bubblewrap containers (own pid namespace, own /root and /tmp)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashctl import deploy as deploy_mod
+from dflashctl.config import load_config
+from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.errors import HostError
+from dflashctl.runs import RunState, run_state
+from tests.test_deploy_support import write_trainer
+
+pytestmark = pytest.mark.slow
+
+WORKDIR = "/root/dflash"
+DFLASHCTL = [sys.executable, "-m", "dflashctl"]
+
+
+@pytest.fixture
+def setup(tmp_path, container, write_config):
+    """(config path, trainer source, container) with a fake trainer that waits for SIGTERM."""
+    source = write_trainer(tmp_path / "src")
+    path = write_config(
+        tmp_path,
+        trainer_source=source,
+        **{
+            "trainer.entry": "train.py",
+            "trainer.args": ["--sleep", "60", "--on-term", "checkpoint"],
+            "run.stop_grace_s": 3,
+            "run.keep_releases": 2,
+        },
+    )
+    return path, source, container
+
+
+def detached(path: Path, **options) -> dict:
+    code, summary = deploy(load_config(path), DeployOptions(detach=True, **options))
+    assert code == 0
+    return summary
+
+
+def ct_pid_alive(container, pid: int) -> bool:
+    """Is `pid` (a pid inside the container) alive and not a zombie?"""
+    result = container.exec(["sh", "-c", f"cat /proc/{pid}/stat 2>/dev/null"])
+    stat = result.stdout
+    return bool(stat) and stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def ct_spawn(container, command: str) -> int:
+    """Start `command` detached in the container; returns its pid there."""
+    # The pid comes back on fd 3, which the command closes: exec then returns at once.
+    script = f"setsid sh -c 'echo $$ >&3; exec {command} 3>&-' 3>&1 >/dev/null 2>&1 </dev/null &"
+    result = container.exec(["sh", "-c", script], timeout=10)
+    return int(result.stdout.split()[0])
+
+
+def tree(root: Path) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rel] = os.readlink(path)
+            elif path.is_file():
+                found[rel] = path.read_bytes()
+            else:
+                found[rel] = None
+    return found
+
+
+def state(path: Path, run_id: str) -> RunState:
+    config = load_config(path)
+    target = deploy_mod.open_target(config)
+    try:
+        return run_state(target, WORKDIR, run_id, python=config.container.python)
+    finally:
+        target.transport.close()
+
+
+def wait_state(path: Path, run_id: str, timeout: float = 20) -> RunState:
+    deadline = time.monotonic() + timeout
+    while True:
+        current = state(path, run_id)
+        if current.finished or time.monotonic() > deadline:
+            return current
+        time.sleep(0.2)
+
+
+def test_deploy_lands_files_in_the_container_and_launches(setup):
+    path, source, container = setup
+    summary = detached(path)
+    workdir = container.host_path(WORKDIR)
+    assert os.readlink(workdir / "current") == f"releases/{summary['release']}"
+    release = workdir / "releases" / summary["release"]
+    for rel in ("train.py", "helpers.py", "configs/tiny.yaml"):
+        assert (release / rel).read_bytes() == (source / rel).read_bytes()
+    assert summary["files_sent"] == 3 and summary["target"].startswith("CT 200")
+    # The run lives in the container's pid namespace, in its own session.
+    assert ct_pid_alive(container, summary["pid"])
+    pgid = container.exec(["ps", "-o", "pgid=", "-p", str(summary["pid"])]).stdout.strip()
+    assert pgid == str(summary["pid"])
+    meta = json.loads((workdir / "runs" / summary["run_id"] / "meta.json").read_text())
+    assert meta["release"] == summary["release"] and meta["pid"] == summary["pid"]
+    # Nothing is left in the host's or the container's /tmp.
+    assert not list(container.tmp.glob("*dflashctl-upload-*"))
+
+
+def test_second_deploy_stops_first_and_hand_started_runs_only(setup):
+    path, source, container = setup
+    first = detached(path)
+    # By hand, as in the old loop: a copy of the trainer run from /root.
+    container.exec(["cp", "-r", f"{WORKDIR}/current/.", "/root/by-hand"])
+    (container.root / "other.py").write_text("import time\ntime.sleep(60)\n")
+    stale = ct_spawn(container, f"{sys.executable} /root/by-hand/train.py --sleep 60")
+    sleeper = ct_spawn(container, "sleep 60")
+    other = ct_spawn(container, f"{sys.executable} /root/other.py")
+    (source / "helpers.py").write_text("def greeting():\n    return 'second'\n")
+
+    second = detached(path)
+    stopped = {s["pid"]: s for s in second["runs_stopped"]}
+    assert set(stopped) == {first["pid"], stale}
+    assert stopped[first["pid"]]["run_id"] == first["run_id"]
+    assert stopped[first["pid"]]["ended"] == "terminated"
+    assert stopped[stale]["run_id"] is None
+    assert not ct_pid_alive(container, first["pid"]) and not ct_pid_alive(container, stale)
+    assert ct_pid_alive(container, sleeper) and ct_pid_alive(container, other)
+    assert ct_pid_alive(container, second["pid"])
+    run_dir = container.host_path(f"{WORKDIR}/runs/{first['run_id']}")
+    assert (run_dir / "checkpointed").exists()  # it had its grace period
+    assert second["files_sent"] == 1
+
+
+def test_no_change_redeploy_sends_no_file_content(setup):
+    path, _, container = setup
+    first = detached(path)
+    second = detached(path)
+    assert (second["files_sent"], second["bytes_sent"], second["archive_bytes"]) == (0, 0, 0)
+    assert second["release"] == first["release"]
+
+
+def test_dry_run_changes_nothing_in_the_container(setup, capsys):
+    path, source, container = setup
+    first = detached(path)
+    log = container.host_path(f"{WORKDIR}/runs/{first['run_id']}/train.log")
+    deadline = time.monotonic() + 10
+    while "hello" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (source / "helpers.py").write_text("def greeting():\n    return 'planned'\n")
+    before = tree(container.root), tree(container.tmp)
+    capsys.readouterr()
+    code, plan = deploy(load_config(path), DeployOptions(dry_run=True))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert (tree(container.root), tree(container.tmp)) == before
+    assert ct_pid_alive(container, first["pid"])
+    assert "+ helpers.py" in out and f"pid {first['pid']} (run {first['run_id']}" in out
+    assert [r["pid"] for r in plan["runs_to_stop"]] == [first["pid"]]
+
+
+def test_syntax_error_refuses_before_contacting_the_host(setup, pve_host):
+    path, source, _ = setup
+    (source / "broken.py").write_text("def f(:\n")
+    config_text = path.read_text().replace(f"port: {pve_host.port}", "port: 9")  # nothing there
+    path.write_text(config_text)
+    result = subprocess.run(
+        [*DFLASHCTL, "deploy", "-c", str(path), "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "broken.py:1:" in result.stderr and "^" in result.stderr
+
+
+def test_stopped_container_is_an_error_unless_asked_to_start_it(
+    tmp_path, make_container, write_config
+):
+    container = make_container(201, running=False)
+    source = write_trainer(tmp_path / "src")
+    path = write_config(
+        tmp_path,
+        vmid=201,
+        trainer_source=source,
+        **{"trainer.entry": "train.py", "trainer.args": ["--exit", "0"]},
+    )
+    result = subprocess.run(
+        [*DFLASHCTL, "deploy", "-c", str(path), "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 3
+    assert "container 201 is not running" in result.stderr
+    assert "--start-container" in result.stderr
+    assert not container.is_running()
+
+    result = subprocess.run(
+        [*DFLASHCTL, "deploy", "-c", str(path), "--detach", "--start-container", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "started container 201" in result.stderr
+    assert container.is_running()
+    assert json.loads(result.stdout)["files_sent"] == 3
+
+
+def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(setup, pve_host):
+    path, source, container = setup
+    first = detached(path)
+    # A file big enough that the upload is still going when the connection drops.
+    (source / "weights.bin").write_bytes(os.urandom(48 << 20))
+    dropped = threading.Event()
+
+    earlier = set(Path("/tmp").glob(".dflashctl-upload-200-*"))
+
+    def drop_when_uploading():
+        # Once this deploy's upload (an SFTP temp file on the host) is a few MiB along.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for upload in set(Path("/tmp").glob(".dflashctl-upload-200-*")) - earlier:
+                try:
+                    size = upload.stat().st_size
+                except FileNotFoundError:
+                    continue
+                if size > 4 << 20:
+                    pve_host.drop_connections()
+                    dropped.set()
+                    return
+            time.sleep(0.002)
+
+    dropper = threading.Thread(target=drop_when_uploading, name="dropper")
+    dropper.start()
+    with pytest.raises(HostError):
+        detached(path)
+    dropper.join()
+    assert dropped.is_set()
+    workdir = container.host_path(WORKDIR)
+    assert os.readlink(workdir / "current") == f"releases/{first['release']}"
+    assert ct_pid_alive(container, first["pid"])
+    assert state(path, first["run_id"]).status == "running"
+
+    # Leftovers of the cut upload, once abandoned, go with the next deploy.
+    leftovers = list(set(Path("/tmp").glob(".dflashctl-upload-200-*")) - earlier)
+    assert leftovers
+    for leftover in leftovers:
+        os.utime(leftover, (time.time() - 120, time.time() - 120))
+    (source / "weights.bin").unlink()
+    (source / "helpers.py").write_text("def greeting():\n    return 'after the drop'\n")
+    second = detached(path)
+    assert all(not leftover.exists() for leftover in leftovers)
+    assert not list((workdir / "releases").glob("*.partial"))
+    assert not ct_pid_alive(container, first["pid"])
+    assert os.readlink(workdir / "current") == f"releases/{second['release']}"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--steps", "2"], RunState("exited", 0, None)),
+        (["--exit", "3"], RunState("exited", 3, None)),
+        (["--kill", "SIGTERM"], RunState("killed", 143, 15)),
+    ],
+)
+def test_exit_code_file_in_the_container(setup, write_config, args, expected):
+    path, source, container = setup
+    write_config(path, trainer_source=source, **{"trainer.entry": "train.py", "trainer.args": args})
+    summary = detached(path)
+    assert wait_state(path, summary["run_id"]) == expected
+    exit_code = container.host_path(f"{WORKDIR}/runs/{summary['run_id']}/exit_code")
+    assert exit_code.read_text() == f"{expected.exit_code}\n"
+
+
+def test_cli_stop_restart_and_runs_in_the_container(setup):
+    path, _, container = setup
+    first = detached(path)
+    run = [*DFLASHCTL]
+    restarted = subprocess.run(
+        [*run, "restart", "-c", str(path), "--detach", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert restarted.returncode == 0, restarted.stderr
+    second = json.loads(restarted.stdout)
+    assert second["release"] == first["release"]
+    assert [s["pid"] for s in second["runs_stopped"]] == [first["pid"]]
+
+    stopped = subprocess.run(
+        [*run, "stop", "-c", str(path), "--grace", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert stopped.returncode == 0, stopped.stderr
+    [item] = json.loads(stopped.stdout)["stopped"]
+    assert item["run_id"] == second["run_id"]
+
+    listed = subprocess.run(
+        [*run, "runs", "-c", str(path), "--json"], capture_output=True, text=True, timeout=60
+    )
+    runs = {r["id"]: r for r in json.loads(listed.stdout)["runs"]}
+    assert runs[first["run_id"]]["state"] == "exited 0"  # it checkpointed on SIGTERM
+    assert runs[second["run_id"]]["state"] == "exited 0"
+    assert not ct_pid_alive(container, second["pid"])
