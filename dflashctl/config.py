@@ -32,8 +32,9 @@ LOCAL_ADDRESS = "local"
 @dataclass
 class HostConfig:
     address: str
-    port: int | None = 22
-    user: str | None = "root"
+    # None: take Port/User from ~/.ssh/config, else 22 and root.
+    port: int | None = None
+    user: str | None = None
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     accept_new_host_key: bool = False

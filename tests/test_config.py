@@ -33,7 +33,7 @@ def test_template_is_a_valid_config(tmp_path):
 def test_defaults_and_relative_paths_resolve_against_the_config_folder(tmp_path):
     path = write(tmp_path, MINIMAL + "trainer:\n  source: ../src\nhost_extra: 1\n".replace("host_extra: 1\n", ""))
     config = load_config(path)
-    assert config.host.port == 22 and config.host.user == "root"
+    assert config.host.port is None and config.host.user is None  # left to ~/.ssh/config
     assert config.trainer.source == str(tmp_path.parent / "src")
     assert config.run.keep_releases == 5
     assert config.path == path.resolve()
