@@ -1,0 +1,152 @@
+"""Checkpoints: atomic writes, exact resume, SIGTERM writes a checkpoint and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from dflash.pipeline import checkpointing as ckpt
+
+from tests.pipeline_standin import run_standin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
+    sections = dict(
+        runtime={"drafter_devices": ["cpu", "cpu"]},
+        data={"batch_size": 2},
+        train={"steps": 14, "log_every": 1},
+    )
+    full, _ = run_standin(tmp_path / "full", **sections)
+    first, log = run_standin(tmp_path / "split", debug={"stop_at_step": 6}, **sections)
+    assert first.exit_code == 0 and first.completed_steps == 6
+    assert any(line.startswith("stopped by") and "after step 6/14" in line for line in log.lines)
+    second, log2 = run_standin(tmp_path / "split", resume=True, **sections)
+    assert second.exit_code == 0 and "training complete" in log2.lines
+    assert second.history[0][0] == 7
+    assert first.history + second.history == full.history  # the same losses, step by step
+    for a, b in zip(
+        full.replicas[0].model.parameters(), second.replicas[0].model.parameters(), strict=False
+    ):
+        assert torch.equal(a, b)
+
+
+def test_checkpoint_holds_the_whole_training_state(tmp_path):
+    result, _ = run_standin(tmp_path, train={"steps": 5, "log_every": 5})
+    assert result.checkpoint == tmp_path / "out" / "checkpoints" / "step-000005"
+    assert ckpt.latest_checkpoint(tmp_path / "out") == result.checkpoint
+    state = ckpt.load_checkpoint(result.checkpoint)
+    assert state.step == 5
+    assert set(state.model) == {n for n, _ in result.replicas[0].model.named_parameters()}
+    assert state.optimizer["scheduler"]["last_step"] == 5
+    assert state.optimizer["optimizer"]["state"]  # Adam moments
+    assert {"python", "torch"} <= set(state.rng)
+    assert state.config["train"]["steps"] == 5
+    assert (result.checkpoint / "drafter" / "standin.pt").is_file()
+
+
+def test_a_failed_write_leaves_no_checkpoint_behind(tmp_path):
+    good = ckpt.TrainingState(step=1, model={}, optimizer={}, config={}, rng={})
+    first = ckpt.save_checkpoint(tmp_path, good)
+
+    def broken_export(folder):
+        folder.mkdir()
+        (folder / "half-written").write_text("x")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(
+            tmp_path,
+            ckpt.TrainingState(step=2, model={}, optimizer={}, config={}, rng={}),
+            broken_export,
+        )
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step-000001"]
+    assert ckpt.latest_checkpoint(tmp_path) == first
+
+
+def _start(config: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "pipeline_standin.py"),
+            "--config",
+            str(config),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_cwd(config),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def tmp_cwd(config: Path) -> str:
+    return str(config.parent)
+
+
+def _write_config(tmp_path: Path, steps: int) -> Path:
+    config = tmp_path / "standin.yaml"
+    config.write_text(
+        f"output_dir: {tmp_path / 'out'}\n"
+        "data: {seq_len: 12, batch_size: 4, num_anchors: 6}\n"
+        "drafter: {block_size: 2}\n"
+        f"train: {{steps: {steps}, log_every: 1}}\n"
+        "runtime: {warmup_iters: 1, queue_size: 2}\n"
+    )
+    return config
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_0_then_resume_continues(tmp_path):
+    config = _write_config(tmp_path, steps=1_000_000)
+    proc = _start(config)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("step 5/"):
+                break
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines += rest.splitlines()
+    assert proc.returncode == 0, "\n".join(lines[-30:])
+    assert time.monotonic() - sent < 10
+    assert "received SIGTERM: finishing the current step, then writing a checkpoint" in lines
+    stopped = next(line for line in lines if line.startswith("stopped by SIGTERM after step"))
+    step = int(stopped.split("after step ")[1].split("/")[0])
+    saved = ckpt.latest_checkpoint(tmp_path / "out")
+    assert saved is not None and ckpt.load_checkpoint(saved).step == step
+
+    proc = _start(config, "--resume", "--set", f"debug.stop_at_step={step + 3}")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    assert f"(step {step})" in out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert steps[0].startswith(f"step {step + 1}/") and steps[-1].startswith(f"step {step + 3}/")
+
+
+def test_demo_crash_exits_nonzero_with_the_thread_traceback(tmp_path):
+    config = _write_config(tmp_path, steps=50)
+    started = time.monotonic()
+    proc = _start(config, "--set", "debug.fail_in=drafter-0@warmup")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert time.monotonic() - started < 20  # includes interpreter and torch start-up
+    lines = out.splitlines()
+    first = lines.index("drafter-0 failed:")
+    assert lines[first + 1] == "Traceback (most recent call last):"
+    assert any(
+        line.endswith("InjectedFailure: injected failure in drafter-0 at warmup (debug.fail_in)")
+        for line in lines[first:]
+    )

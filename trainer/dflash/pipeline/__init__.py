@@ -1,0 +1,1 @@
+"""Threaded, compiled DFlash training pipeline (threads, warm-up, replicas, checkpoints)."""

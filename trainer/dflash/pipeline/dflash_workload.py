@@ -1,0 +1,401 @@
+"""The real workload: a Qwen3 target, a DFlash drafter, its data and its evaluation.
+
+Targets come from a local Hugging Face folder (``target.path``) or are built with random
+weights in one of the preset shapes (``tiny`` for CPU runs and tests, ``small`` for a
+GPU smoke run, ``qwen3-8b`` for benchmarks), directly on the device in their dtype.
+Data: ``synthetic`` (random prompts continued greedily by the target, so a drafter can
+learn them), ``random`` (uniform token ids; throughput benchmarks only), or a
+``.jsonl``/``.txt`` file tokenized with the target's tokenizer.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dflash import (
+    DFlashDrafter,
+    DrafterConfig,
+    drafter_loss,
+    sample_anchors,
+    target_context,
+    target_parts,
+)
+from dflash.checkpoint import save_drafter
+from dflash.data import (
+    Sample,
+    build_tiny_tokenizer,
+    collate,
+    load_samples,
+    load_tokenizer,
+    synthetic_samples,
+)
+from dflash.objective import expected_acceptance_length
+from dflash.pipeline.train_config import TrainConfig, TrainConfigError
+from dflash.pipeline.workload import Batch, DrafterInputs, Workload
+from dflash.spec_decode import evaluate
+from dflash.target import build_tiny_target, freeze, load_target
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Random-weight target shapes (Qwen3Config keyword arguments).
+PRESETS = {
+    "tiny": None,  # dflash.target.build_tiny_target's defaults
+    "small": dict(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=64,
+    ),
+    "qwen3-8b": dict(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+    ),
+}
+QWEN3_MASK_ID = 151669  # <|MASK|> in the Qwen3 vocabulary
+
+
+def build_random_target(
+    preset: str, device: torch.device, dtype: torch.dtype, seed: int, init_std: float = 0.02
+) -> nn.Module:
+    if preset == "tiny":
+        return build_tiny_target(seed=seed, dtype=dtype, initializer_range=init_std).to(device)
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    shape = PRESETS[preset]
+    config = Qwen3Config(tie_word_embeddings=False, initializer_range=init_std, **shape)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.device(device):  # initialise on the device: an 8B model in seconds
+            model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+        torch.random.set_rng_state(state)
+    return freeze(model)
+
+
+class DrafterLoss(nn.Module):
+    """The compiled region: drafter forward over all blocks + weighted chunked loss."""
+
+    def __init__(self, drafter: DFlashDrafter, loss_chunk: int, attention: str) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.loss_chunk = loss_chunk
+        self.attention = attention
+
+    def forward(self, context, input_ids, anchors, anchor_valid, loss_mask):
+        return drafter_loss(
+            self.drafter,
+            context,
+            input_ids,
+            anchors,
+            anchor_valid,
+            loss_chunk=self.loss_chunk,
+            attention=self.attention,
+            loss_mask=loss_mask,
+        )
+
+
+class DFlashWorkload(Workload):
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.seed = cfg.seed
+        self.batch_size = cfg.data.batch_size
+        self.seq_len = cfg.data.seq_len
+        self.num_anchors = cfg.data.num_anchors
+        self.target_dtype = DTYPES[cfg.target.dtype]
+        self.drafter_dtype = DTYPES[cfg.drafter.dtype]
+        self._targets: dict[torch.device, nn.Module] = {}
+        self._notes: list[str] = []
+        self.tokenizer = self._tokenizer()
+        first = torch.device(cfg.runtime.target_devices[0])
+        self.target_config = self.target_for(first).config
+        self.drafter_cfg = self._drafter_config()
+        self.samples = self._samples(self.target_for(first))
+
+    # -- setup
+
+    def _tokenizer(self):
+        source = self.cfg.data.tokenizer or self.cfg.target.path
+        if source:
+            return load_tokenizer(source)
+        if self.cfg.target.preset == "tiny":
+            return build_tiny_tokenizer()
+        return None  # random-weight large presets train on token ids only
+
+    def _drafter_config(self) -> DrafterConfig:
+        d = self.cfg.drafter
+        mask_id = d.mask_token_id
+        if mask_id is None and self.tokenizer is not None:
+            found = self.tokenizer.convert_tokens_to_ids("<|MASK|>")
+            mask_id = (
+                found if isinstance(found, int) and found != self.tokenizer.unk_token_id else None
+            )
+        if mask_id is None:
+            vocab = int(self.target_config.vocab_size)
+            mask_id = QWEN3_MASK_ID if vocab > QWEN3_MASK_ID else vocab - 1
+        try:
+            return DrafterConfig.from_target_config(
+                self.target_config,
+                num_layers=d.num_layers,
+                block_size=d.block_size,
+                mask_token_id=mask_id,
+                gamma=d.gamma or None,
+                intermediate_size=d.intermediate_size,
+            )
+        except ValueError as exc:
+            raise TrainConfigError(f"drafter: {exc}") from None
+
+    def _samples(self, target: nn.Module) -> list[Sample]:
+        data = self.cfg.data
+        started = time.perf_counter()
+        if data.source == "synthetic":
+            response = data.seq_len - data.prompt_len
+            if response < 2 * self.cfg.drafter.block_size:
+                raise TrainConfigError(
+                    "data.seq_len - data.prompt_len must leave at least 2 blocks of response"
+                )
+            high = (
+                self.drafter_cfg.mask_token_id
+                if self.tokenizer is None
+                else len(self.tokenizer) - 4
+            )
+            samples = synthetic_samples(
+                target,
+                num_samples=data.num_samples,
+                prompt_len=data.prompt_len,
+                response_len=response,
+                seed=self.cfg.target.seed,
+                max_token_id=high,
+            )
+            what = f"{len(samples)} synthetic samples (target continues random prompts)"
+        elif data.source == "random":
+            gen = torch.Generator().manual_seed(self.cfg.target.seed)
+            ids = torch.randint(
+                0, self.drafter_cfg.mask_token_id, (data.num_samples, data.seq_len), generator=gen
+            )
+            samples = [Sample(row, [True] * data.seq_len) for row in ids.tolist()]
+            what = f"{len(samples)} random-token samples (throughput only)"
+        else:
+            path = Path(data.source)
+            if not path.is_file():
+                raise TrainConfigError(f"data.source: {path} is not a file (or synthetic / random)")
+            if self.tokenizer is None:
+                raise TrainConfigError(
+                    "data.source is a file but no tokenizer: set data.tokenizer or target.path"
+                )
+            samples, stats = load_samples(
+                path,
+                self.tokenizer,
+                max_length=data.seq_len,
+                block_size=self.cfg.drafter.block_size,
+            )
+            what = (
+                f"{stats.kept} samples from {path} ({stats.too_few_loss_tokens} with too few loss tokens "
+                f"and {stats.unrenderable} unrenderable dropped)"
+            )
+            if not samples:
+                raise TrainConfigError(f"data.source: no usable samples in {path}")
+        self._notes.append(f"data: {what} in {time.perf_counter() - started:.1f} s")
+        return samples
+
+    def describe(self) -> list[str]:
+        cfg = self.drafter_cfg
+        trainable = self._count_drafter_params()
+        return [
+            f"target: {self.cfg.target.path or 'random ' + self.cfg.target.preset} "
+            f"({self.target_config.num_hidden_layers} layers, hidden {self.target_config.hidden_size}, "
+            f"vocab {self.target_config.vocab_size}, {self.cfg.target.dtype})",
+            f"drafter: {cfg.num_hidden_layers} layers, block {cfg.block_size}, target layers "
+            f"{cfg.target_layer_ids}, mask id {cfg.mask_token_id}, gamma {cfg.gamma}, "
+            f"{trainable / 1e6:.1f}M trainable parameters ({self.cfg.drafter.dtype}, fp32 master)",
+            *self._notes,
+        ]
+
+    def _count_drafter_params(self) -> int:
+        with torch.device("meta"):
+            return sum(p.numel() for p in DFlashDrafter(self.drafter_cfg).parameters())
+
+    # -- data
+
+    def num_samples(self) -> int:
+        return len(self.samples)
+
+    def make_batch(self, sample_ids, generator, step, shard) -> Batch:
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
+        collated = collate(
+            [self.samples[i] for i in sample_ids], self.seq_len, self.batch_size, pad or 0
+        )
+        anchors, valid = sample_anchors(
+            collated.loss_mask, self.drafter_cfg.block_size, self.num_anchors, generator
+        )
+        return Batch(
+            step=step,
+            shard=shard,
+            input_ids=collated.input_ids,
+            attention_mask=collated.attention_mask,
+            loss_mask=collated.loss_mask,
+            anchors=anchors,
+            anchor_valid=valid,
+        )
+
+    # -- target
+
+    def target_for(self, device: torch.device) -> nn.Module:
+        device = torch.device(device)
+        if device not in self._targets:
+            t = self.cfg.target
+            if t.path:
+                self._targets[device] = load_target(t.path, device=device, dtype=self.target_dtype)
+            else:
+                self._targets[device] = build_random_target(
+                    t.preset, device, self.target_dtype, t.seed, t.init_std
+                )
+        return self._targets[device]
+
+    def target_context(self, target: nn.Module, batch: Batch) -> torch.Tensor:
+        context = target_context(
+            target, batch.input_ids, batch.attention_mask, self.drafter_cfg.target_layer_ids
+        )
+        return context.to(self.drafter_dtype)
+
+    # -- drafter
+
+    def build_drafter(self, device: torch.device) -> nn.Module:
+        device = torch.device(device)
+        drafter = DFlashDrafter(self.drafter_cfg).to(device=device, dtype=self.drafter_dtype)
+        embed, head = target_parts(self._target_near(device))
+        return drafter.bind_target(embed, head)
+
+    def _target_near(self, device: torch.device) -> nn.Module:
+        """A target on ``device`` for its frozen embedding and LM head (and evaluation)."""
+        if device in self._targets:
+            return self._targets[device]
+        return self.target_for(device)
+
+    def loss_module(self, drafter: nn.Module) -> nn.Module:
+        chunk = self.cfg.train.loss_chunk or 64
+        return DrafterLoss(drafter, chunk, self.cfg.drafter.attention)
+
+    def example_inputs(self, device: torch.device) -> DrafterInputs:
+        """Production shapes: made on the CPU (no GPU random numbers while others may capture)."""
+        b, s, a = self.batch_size, self.seq_len, self.num_anchors
+        cfg = self.drafter_cfg
+        gen = torch.Generator().manual_seed(12345)
+        context = torch.randn(b, s, cfg.num_context_layers * cfg.hidden_size, generator=gen)
+        ids = torch.randint(0, cfg.mask_token_id, (b, s), generator=gen)
+        loss_mask = torch.ones(b, s, dtype=torch.bool)
+        anchors, valid = sample_anchors(loss_mask, cfg.block_size, a, gen)
+        return DrafterInputs(
+            step=-1,
+            shard=-1,
+            context=context.to(device, self.drafter_dtype),
+            input_ids=ids.to(device),
+            anchors=anchors.to(device),
+            anchor_valid=valid.to(device),
+            loss_mask=loss_mask.to(device),
+        )
+
+    def tau_estimate(self, metrics: dict) -> float:
+        if "accept_len" in metrics:  # teacher-forced acceptance length, measured directly
+            return float(metrics["accept_len"])
+        return expected_acceptance_length(metrics.get("per_slot_acc", []))
+
+    def flops_per_batch(self) -> float:
+        """Useful FLOPs of one drafter batch: target forward (no LM head) + drafter fwd+bwd.
+
+        Matmuls count 2 FLOPs per multiply-add; backward counts twice the forward for
+        trained weights and once for the frozen LM head (input gradient only); attention
+        counts causal (target) and the average visible context (drafter), not masked work.
+        """
+        t, d = self.target_config, self.drafter_cfg
+        n, s = self.batch_size, self.seq_len
+        h, L = int(t.hidden_size), int(t.num_hidden_layers)
+        heads, kv = int(t.num_attention_heads), int(t.num_key_value_heads)
+        hd = int(getattr(t, "head_dim", None) or h // heads)
+        ffn = int(t.intermediate_size)
+        layer_params = h * heads * hd * 2 + h * kv * hd * 2 + 3 * h * ffn
+        target = 2 * layer_params * L * n * s + 2 * L * n * s * s * heads * hd  # causal QK^T + AV
+        blocks = n * self.num_anchors * d.block_size
+        dh, dheads, dkv, dhd, dffn = (
+            d.hidden_size,
+            d.num_attention_heads,
+            d.num_key_value_heads,
+            d.head_dim,
+            d.intermediate_size,
+        )
+        q_o = dh * dheads * dhd * 2
+        k_v = dh * dkv * dhd * 2
+        per_layer = 2 * (q_o + 3 * dh * dffn) * blocks + 2 * k_v * (blocks + n * s)
+        avg_visible = s / 2 + d.block_size
+        attention = 4 * blocks * avg_visible * dheads * dhd
+        fuse = 2 * d.num_context_layers * dh * dh * n * s
+        trained_fwd = d.num_hidden_layers * (per_layer + attention) + fuse
+        head_fwd = 2 * dh * d.vocab_size * n * self.num_anchors * (d.block_size - 1)
+        return float(target + 3 * trained_fwd + 2 * head_fwd)
+
+    # -- end of run
+
+    def evaluate(self, drafter: nn.Module) -> str | None:
+        ev = self.cfg.eval
+        device = next(drafter.parameters()).device
+        target = self._target_near(device)
+        prompts = self._eval_prompts()
+        if not prompts:
+            return None
+        stops = (
+            [self.tokenizer.eos_token_id]
+            if self.tokenizer is not None and self.cfg.data.source not in ("synthetic", "random")
+            else None
+        )
+        result = evaluate(
+            drafter,
+            target,
+            prompts[: ev.num_prompts],
+            max_new_tokens=ev.max_new_tokens,
+            stop_token_ids=stops,
+        )
+        return result.format_line()
+
+    def _eval_prompts(self) -> list[list[int]]:
+        data = self.cfg.data
+        if data.source in ("synthetic", "random"):
+            high = (
+                self.drafter_cfg.mask_token_id
+                if self.tokenizer is None
+                else len(self.tokenizer) - 4
+            )
+            gen = torch.Generator().manual_seed(
+                self.cfg.target.seed + 7777
+            )  # held out: another seed
+            return torch.randint(
+                0, high, (self.cfg.eval.num_prompts, data.prompt_len), generator=gen
+            ).tolist()
+        prompts = []
+        for sample in self.samples[-self.cfg.eval.num_prompts :]:
+            first_loss = next(
+                (i for i, m in enumerate(sample.loss_mask) if m), len(sample.input_ids)
+            )
+            if first_loss:
+                prompts.append(sample.input_ids[:first_loss])
+        return prompts
+
+    def save_drafter(self, drafter: nn.Module, folder: Path) -> None:
+        save_drafter(drafter, folder)

@@ -1,0 +1,287 @@
+"""Wires a run together: replicas, queues, threads, signals, checkpoints, the end of run.
+
+``train()`` returns a ``TrainResult`` instead of exiting so tests can run it in process;
+the entry point turns it into an exit status (and exits hard if a thread is stuck).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dflash.pipeline import checkpointing as ckpt
+from dflash.pipeline.logging import RunLog, header_lines
+from dflash.pipeline.optim import MasterWeightAdamW
+from dflash.pipeline.replicas import GradientAverager
+from dflash.pipeline.supervisor import StopQueue, Supervisor
+from dflash.pipeline.threads import (
+    DrafterReplica,
+    RunContext,
+    run_drafter,
+    run_prefetcher,
+    run_target_loop,
+)
+from dflash.pipeline.train_config import TrainConfig, parse_fail_in
+from dflash.pipeline.warmup import WarmupGate, check_device_layout
+from dflash.pipeline.workload import Workload
+
+STOP_GRACE_S = 8.0  # every thread joined within this after a stop (the run must end within 10 s)
+
+# Dense bf16 peak per GPU, for mfu (vendor datasheets).
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+
+@dataclass
+class TrainResult:
+    exit_code: int
+    completed_steps: int = 0
+    history: list[tuple[int, float]] = field(default_factory=list)
+    checkpoint: Path | None = None
+    stuck_threads: list[str] = field(default_factory=list)
+    replicas: list[DrafterReplica] = field(default_factory=list)
+    eval_line: str | None = None
+    graphs_recorded: list[int] = field(default_factory=list)
+
+
+def compile_loss(module: torch.nn.Module, mode: str) -> torch.nn.Module:
+    if mode == "eager":
+        return module
+    if mode == "default":
+        return torch.compile(module)
+    if mode == "reduce-overhead":
+        return torch.compile(module, mode="reduce-overhead")
+    if mode == "legacy-cudagraphs":
+        # Per-graph CUDA graphs without the trees; never touches their thread-local state.
+        return torch.compile(
+            module, options={"triton.cudagraphs": True, "triton.cudagraph_trees": False}
+        )
+    raise ValueError(f"unknown compile mode {mode!r}")
+
+
+def peak_flops(cfg: TrainConfig) -> float | None:
+    devices = list(dict.fromkeys(cfg.runtime.target_devices + cfg.runtime.drafter_devices))
+    if cfg.runtime.peak_tflops:
+        return cfg.runtime.peak_tflops * 1e12 * len(devices)
+    total = 0.0
+    for dev in devices:
+        if not dev.startswith("cuda") or not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name(torch.device(dev))
+        match = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+        if match is None:
+            return None
+        total += match * 1e12
+    return total
+
+
+def train(
+    cfg: TrainConfig,
+    workload: Workload,
+    log: RunLog,
+    *,
+    resume: bool = False,
+    source_dir: Path | None = None,
+    handle_signals: bool = True,
+) -> TrainResult:
+    runtime = cfg.runtime
+    check_device_layout(runtime.drafter_devices, runtime.compile)
+    if runtime.threads:
+        torch.set_num_threads(runtime.threads)
+    output_dir = cfg.resolved_output_dir()
+    for row in header_lines(
+        cfg.to_dict(), runtime.target_devices + runtime.drafter_devices, source_dir or Path.cwd()
+    ):
+        log.line(row)
+    for row in workload.describe():
+        log.line(row)
+    log.line(f"output_dir: {output_dir}")
+
+    resume_state = None
+    if resume:
+        found = ckpt.latest_checkpoint(output_dir)
+        if found is None:
+            log.line(f"resume: no checkpoint under {output_dir}; starting at step 0")
+        else:
+            resume_state = ckpt.load_checkpoint(found)
+            log.line(f"resume: continuing from {found} (step {resume_state.step})")
+
+    supervisor = Supervisor(log)
+    term = threading.Event()
+    drafter_devices = [torch.device(d) for d in runtime.drafter_devices]
+    target_devices = [torch.device(d) for d in runtime.target_devices]
+    num_drafters = len(drafter_devices)
+    start_step = resume_state.step if resume_state else 0
+    total_steps = cfg.train.steps
+
+    # ---- models
+    targets: dict[torch.device, torch.nn.Module] = {}
+
+    def target_on(device: torch.device) -> torch.nn.Module:
+        if device not in targets:
+            targets[device] = workload.target_for(device)
+        return targets[device]
+
+    replicas: list[DrafterReplica] = []
+    for rank, device in enumerate(drafter_devices):
+        torch.manual_seed(cfg.seed)  # identical initial weights on every replica
+        model = workload.build_drafter(device)
+        if replicas:
+            ckpt.load_trainable_state(model, ckpt.trainable_state(replicas[0].model))
+        optimizer = MasterWeightAdamW(model.parameters(), cfg.optim, total_steps)
+        if resume_state is not None:
+            ckpt.load_trainable_state(model, resume_state.model)
+            optimizer.load_state_dict(resume_state.optimizer)
+        replica = DrafterReplica(
+            rank=rank,
+            device=device,
+            model=model,
+            loss_fn=compile_loss(workload.loss_module(model), runtime.compile),
+            optimizer=optimizer,
+            inputs=StopQueue(runtime.queue_size, supervisor),
+        )
+        if resume_state is not None:
+            replica.nonfinite_count = resume_state.nonfinite_count
+        if runtime.schedule == "sequential":
+            replica.target_device = target_devices[rank % len(target_devices)]
+            replica.target = target_on(replica.target_device)
+        replicas.append(replica)
+    if runtime.schedule == "pipelined":
+        for device in target_devices:
+            target_on(device)
+    if resume_state is not None:
+        ckpt.restore_rng(resume_state.rng)
+
+    ctx = RunContext(
+        cfg=cfg,
+        workload=workload,
+        log=log,
+        supervisor=supervisor,
+        gate=WarmupGate(num_drafters, supervisor),
+        averager=GradientAverager(num_drafters, supervisor, term.is_set),
+        term_requested=term,
+        replicas=replicas,
+        start_step=start_step,
+        total_steps=total_steps,
+        fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
+        flops_per_batch=workload.flops_per_batch(),
+        peak_flops=peak_flops(cfg),
+    )
+
+    def save(step: int) -> Path:
+        lead = replicas[0]
+        state = ckpt.TrainingState(
+            step=step,
+            model=ckpt.trainable_state(lead.model),
+            optimizer=lead.optimizer.state_dict(),
+            config=cfg.to_dict(),
+            rng=ckpt.capture_rng(),
+            nonfinite_count=lead.nonfinite_count,
+        )
+        path = ckpt.save_checkpoint(
+            output_dir, state, lambda folder: workload.save_drafter(lead.model, folder)
+        )
+        log.line(f"checkpoint: {path}")
+        return path
+
+    ctx.on_checkpoint = save
+
+    # ---- threads (drafters first: they warm up while everything else waits at the gate)
+    remaining = max(0, total_steps - start_step)
+    drafter_threads = [supervisor.spawn(r.name, lambda r=r: run_drafter(ctx, r)) for r in replicas]
+    pin = any(d.type == "cuda" for d in target_devices + drafter_devices)
+    if runtime.schedule == "pipelined":
+        batch_queues = [StopQueue(runtime.queue_size, supervisor) for _ in target_devices]
+        shard_queues = [batch_queues[j % len(target_devices)] for j in range(num_drafters)]
+        supervisor.spawn("prefetcher", lambda: run_prefetcher(ctx, shard_queues, pin))
+        for i, device in enumerate(target_devices):
+            owned = sum(1 for j in range(num_drafters) if j % len(target_devices) == i)
+            supervisor.spawn(
+                f"target-{i}",
+                lambda i=i, device=device, owned=owned: run_target_loop(
+                    ctx, i, device, targets[device], batch_queues[i], remaining * owned
+                ),
+            )
+    else:
+        supervisor.spawn(
+            "prefetcher", lambda: run_prefetcher(ctx, [r.inputs for r in replicas], pin)
+        )
+
+    previous = _install_signal_handlers(term, log) if handle_signals else None
+    try:
+        watch = drafter_threads
+        while any(t.is_alive() for t in watch) and not supervisor.stop.is_set():
+            for thread in watch:
+                thread.join(timeout=0.1)
+        supervisor.request_stop()  # release whatever still waits on a queue or the gate
+        stuck = supervisor.join_all(STOP_GRACE_S)
+    finally:
+        if previous is not None:
+            _restore_signal_handlers(previous)
+
+    result = TrainResult(
+        exit_code=0,
+        completed_steps=replicas[0].completed_steps,
+        history=list(ctx.history),
+        replicas=replicas,
+        stuck_threads=stuck,
+        graphs_recorded=[r.graphs_recorded for r in replicas],
+    )
+    if stuck:
+        log.line(
+            f"threads still running {STOP_GRACE_S:.0f} s after the stop: {', '.join(stuck)}; exiting"
+        )
+    if supervisor.failed:
+        name, exc = supervisor.failures[0]
+        log.line(f"training failed: {name} failed: {type(exc).__name__}: {exc}")
+        result.exit_code = 1
+        return result
+    if stuck:
+        result.exit_code = 1
+        return result
+
+    lead = replicas[0]
+    result.checkpoint = save(lead.completed_steps)
+    if lead.completed_steps < total_steps:
+        why = "SIGTERM" if term.is_set() else "a stop request"
+        log.line(
+            f"stopped by {why} after step {lead.completed_steps}/{total_steps}; "
+            f"resume with --resume (checkpoint {result.checkpoint})"
+        )
+        return result
+    if ctx.history:
+        log.line(f"final loss {ctx.history[-1][1]:.4f}")
+    if cfg.eval.enabled:
+        lead.model.eval()
+        result.eval_line = workload.evaluate(lead.model)
+        lead.model.train()
+        if result.eval_line:
+            log.line(result.eval_line)
+    log.line(f"drafter checkpoint: {result.checkpoint}")
+    log.line("training complete")
+    return result
+
+
+def _install_signal_handlers(term: threading.Event, log: RunLog):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_signal(signum, _frame):
+        if not term.is_set():
+            log.line(
+                f"received {signal.Signals(signum).name}: finishing the current step, then writing a checkpoint"
+            )
+        term.set()
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, on_signal)
+    return previous
+
+
+def _restore_signal_handlers(previous) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

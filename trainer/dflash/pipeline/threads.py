@@ -1,0 +1,365 @@
+"""The pipeline's threads: prefetcher, one target loop per target device, one drafter
+per drafter device.
+
+    prefetcher --batches--> target-i --hidden states--> drafter-j  (pipelined)
+    prefetcher --batches--> drafter-j (target forward, then drafter step) (sequential)
+
+Every queue is bounded (back-pressure); every thread but the drafters starts work only
+after all drafters finished their compiled warm-up (see warmup.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dflash.pipeline import tls
+from dflash.pipeline.logging import RunLog, format_nonfinite_line, format_step_line, stage_line
+from dflash.pipeline.optim import MasterWeightAdamW
+from dflash.pipeline.replicas import GradientAverager, flatten
+from dflash.pipeline.supervisor import StopQueue, Supervisor
+from dflash.pipeline.train_config import FailurePoint, TrainConfig
+from dflash.pipeline.warmup import WarmupGate
+from dflash.pipeline.workload import Batch, DrafterInputs, Workload
+
+
+class InjectedFailure(RuntimeError):
+    """A failure planted with debug.fail_in (crash demos and tests)."""
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class DrafterReplica:
+    rank: int
+    device: torch.device
+    model: torch.nn.Module
+    loss_fn: torch.nn.Module  # compiled (or not) loss module around ``model``
+    optimizer: MasterWeightAdamW
+    inputs: StopQueue  # pipelined: hidden states from a target loop; sequential: batches
+    target: torch.nn.Module | None = None  # sequential schedule: the target this thread runs
+    target_device: torch.device | None = None
+    completed_steps: int = 0
+    nonfinite_count: int = 0
+    graphs_recorded: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"drafter-{self.rank}"
+
+
+@dataclass
+class RunContext:
+    cfg: TrainConfig
+    workload: Workload
+    log: RunLog
+    supervisor: Supervisor
+    gate: WarmupGate
+    averager: GradientAverager
+    term_requested: threading.Event
+    replicas: list[DrafterReplica]
+    start_step: int
+    total_steps: int
+    fail_point: FailurePoint | None = None
+    flops_per_batch: float = 0.0
+    peak_flops: float | None = None  # sum over the devices in use
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
+    on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
+    _window_start: float = 0.0
+    _window_steps: int = 0
+
+    @property
+    def num_drafters(self) -> int:
+        return len(self.replicas)
+
+
+def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
+    point = ctx.fail_point
+    if point is None or point.thread != thread or point.stage != stage:
+        return
+    if stage == "step" and point.step != step:
+        return
+    where = f"step {step}" if stage == "step" else stage
+    raise InjectedFailure(f"injected failure in {thread} at {where} (debug.fail_in)")
+
+
+def _device_text(device: torch.device) -> str:
+    return str(device)
+
+
+# ---------------------------------------------------------------- prefetcher
+
+
+def run_prefetcher(ctx: RunContext, shard_queues: list[StopQueue], pin: bool) -> None:
+    """Builds every drafter's batch for every step, in step order, to static shapes."""
+    inject(ctx, "prefetcher", "start")
+    ctx.gate.wait_all_warm()
+    for step in range(ctx.start_step, ctx.total_steps):
+        inject(ctx, "prefetcher", "step", step + 1)
+        for shard in range(ctx.num_drafters):
+            batch = ctx.workload.batch_for(step, shard, ctx.num_drafters)
+            shard_queues[shard].put(batch.pin_memory() if pin else batch)
+
+
+# ---------------------------------------------------------------- target loops
+
+
+def run_target_loop(
+    ctx: RunContext,
+    index: int,
+    device: torch.device,
+    target: torch.nn.Module,
+    batches: StopQueue,
+    num_batches: int,
+) -> None:
+    """No-grad target forwards; hidden states of the selected layers go to the drafter
+    that owns the batch, on that drafter's device, through its bounded queue."""
+    name = f"target-{index}"
+    inject(ctx, name, "start")
+    ctx.gate.wait_all_warm()
+    # A side stream lets target forwards overlap the drafter steps on a shared GPU.
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    for _ in range(num_batches):
+        batch: Batch = batches.get()
+        inject(ctx, name, "step", batch.step + 1)
+        replica = ctx.replicas[batch.shard]
+        with torch.no_grad(), torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+            inputs = _target_forward(ctx, target, device, batch, replica.device)
+            if stream is not None:
+                inputs.ready = torch.cuda.Event()
+                inputs.ready.record(stream)
+        replica.inputs.put(inputs)
+
+
+def _target_forward(
+    ctx: RunContext,
+    target: torch.nn.Module,
+    target_device: torch.device,
+    batch: Batch,
+    drafter_device: torch.device,
+) -> DrafterInputs:
+    on_target = batch.to(target_device, non_blocking=True)
+    context = ctx.workload.target_context(target, on_target)
+    moved = (
+        on_target.to(drafter_device, non_blocking=True)
+        if drafter_device != target_device
+        else on_target
+    )
+    return DrafterInputs(
+        step=batch.step,
+        shard=batch.shard,
+        context=context.to(drafter_device, non_blocking=True),
+        input_ids=moved.input_ids,
+        anchors=moved.anchors,
+        anchor_valid=moved.anchor_valid,
+        loss_mask=moved.loss_mask,
+        num_tokens=batch.num_tokens,
+    )
+
+
+# ---------------------------------------------------------------- drafters
+
+
+def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
+    name, device = replica.name, _device_text(replica.device)
+    inject(ctx, name, "start")
+    if ctx.cfg.debug.tls_fix:
+        # Before any compiled call and any backward: this thread's own CUDA Graph Trees
+        # state, stashed so the backward threads it starts inherit it.
+        tls.install_thread_state()
+    _configure_compiler_for_thread(ctx.num_drafters)
+
+    ctx.gate.acquire_capture()
+    try:
+        ctx.log.line(stage_line(name, device, "warming compiled graphs"))
+        started = time.perf_counter()
+        _warm_up(ctx, replica)
+        seconds = time.perf_counter() - started
+        detail = ""
+        if ctx.cfg.runtime.compile == "reduce-overhead" and replica.device.type == "cuda":
+            replica.graphs_recorded = tls.recorded_graph_count()
+            detail = f", {replica.graphs_recorded} CUDA graphs recorded"
+        ctx.log.line(stage_line(name, device, f"ready (warm-up {seconds:.1f} s{detail})"))
+    finally:
+        ctx.gate.release_capture()
+    ctx.gate.mark_warm()
+    ctx.gate.wait_all_warm()
+
+    if ctx.term_requested.is_set():  # SIGTERM during warm-up: nothing trained, stop now
+        ctx.supervisor.request_stop()
+        return
+    if replica.rank == 0:
+        ctx._window_start = time.perf_counter()
+    for step in range(ctx.start_step, ctx.total_steps):
+        inputs = _next_inputs(ctx, replica)
+        if inputs.step != step or inputs.shard != replica.rank:
+            raise RuntimeError(
+                f"{name} expected step {step} shard {replica.rank}, got step {inputs.step} shard {inputs.shard}"
+            )
+        inject(ctx, name, "step", step + 1)
+        if _train_step(ctx, replica, inputs):
+            break
+    if ctx.cfg.runtime.compile == "reduce-overhead" and replica.device.type == "cuda":
+        replica.graphs_recorded = tls.recorded_graph_count()
+    if replica.completed_steps < ctx.total_steps:
+        # Stopped early on request: release the threads still feeding us.
+        ctx.supervisor.request_stop()
+
+
+def _configure_compiler_for_thread(num_drafters: int) -> None:
+    # Dynamo caches per code object and guards on the module and device: N drafters
+    # make N entries. Config overrides are per thread in torch 2.12+, so set them here.
+    import torch._dynamo
+
+    limit = max(8, 4 * num_drafters)
+    for key in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, key):
+            setattr(torch._dynamo.config, key, max(limit, getattr(torch._dynamo.config, key)))
+
+
+def _warm_up(ctx: RunContext, replica: DrafterReplica) -> None:
+    """Compile and run forward + backward + optimizer step with the production shapes
+    (warm-up, record, replay), then put weights and optimizer back as they were."""
+    inject(ctx, replica.name, "warmup")
+    example = ctx.workload.example_inputs(replica.device)
+    snapshot = replica.optimizer.snapshot()
+    for _ in range(ctx.cfg.runtime.warmup_iters):
+        loss, metrics = replica.loss_fn(*example.tensors())
+        loss.backward()
+        flatten([], [loss, *metrics.values()]).tolist()  # consume outputs as a real step does
+        replica.optimizer.set_master_grads(replica.optimizer.model_grads())
+        replica.optimizer.step()
+    replica.optimizer.restore(snapshot)
+
+
+def _next_inputs(ctx: RunContext, replica: DrafterReplica) -> DrafterInputs:
+    item = replica.inputs.get()
+    if isinstance(item, DrafterInputs):  # pipelined: a target loop already ran the target
+        if item.ready is not None:
+            current = torch.cuda.current_stream(replica.device)
+            current.wait_event(item.ready)
+            for tensor in item.tensors():
+                tensor.record_stream(current)  # made on the target loop's stream
+        return item
+    # sequential: the target forward runs here, then the drafter step (SpecForge online mode)
+    with torch.no_grad():
+        return _target_forward(ctx, replica.target, replica.target_device, item, replica.device)
+
+
+def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs) -> bool:
+    """One step: forward, backward, average with the other replicas, clip, update.
+    Returns True when the run should stop after this step."""
+    cfg = ctx.cfg
+    step_number = inputs.step + 1
+    loss, metrics = replica.loss_fn(*inputs.tensors())
+    if step_number in cfg.debug.nonfinite_at_steps:
+        loss = loss * float("nan")
+    loss.backward()
+    if cfg.debug.stop_at_step and step_number == cfg.debug.stop_at_step:
+        ctx.term_requested.set()  # as if SIGTERM arrived during this step
+
+    keys = sorted(metrics)
+    extras = [loss.detach(), *(metrics[k].detach() for k in keys)]
+    optimizer = replica.optimizer
+    if ctx.num_drafters > 1:
+        flat = ctx.averager.all_reduce_mean(replica.rank, flatten(optimizer.model_grads(), extras))
+        used = optimizer.master_grads_from_flat(flat)
+        stats = flat[used:].tolist()
+    else:
+        optimizer.set_master_grads(optimizer.model_grads())
+        stats = ctx.averager.all_reduce_mean(0, flatten([], extras)).tolist()
+    mean_loss, values = stats[0], _unflatten_metrics(keys, [metrics[k] for k in keys], stats[1:])
+
+    if not math.isfinite(mean_loss):
+        optimizer.skip_step()
+        replica.nonfinite_count += 1
+        replica.completed_steps = step_number
+        if replica.rank == 0:
+            ctx.log.line(
+                format_nonfinite_line(
+                    step=step_number,
+                    total=ctx.total_steps,
+                    loss=mean_loss,
+                    count=replica.nonfinite_count,
+                    allowed=cfg.train.max_nonfinite,
+                )
+            )
+        if replica.nonfinite_count > cfg.train.max_nonfinite:
+            if replica.rank == 0:
+                raise NonFiniteLoss(
+                    f"{replica.nonfinite_count} non-finite losses, more than train.max_nonfinite="
+                    f"{cfg.train.max_nonfinite}; last at step {step_number}"
+                )
+            return True
+    else:
+        lr = optimizer.lr
+        optimizer.step()
+        replica.completed_steps = step_number
+        if replica.rank == 0:
+            ctx.history.append((step_number, mean_loss))
+            _log_step(ctx, replica, step_number, mean_loss, values, lr, inputs.num_tokens)
+
+    if (
+        replica.rank == 0
+        and cfg.train.checkpoint_every
+        and step_number % cfg.train.checkpoint_every == 0
+    ):
+        if step_number < ctx.total_steps and ctx.on_checkpoint is not None:
+            ctx.on_checkpoint(step_number)
+    return ctx.averager.stop_after_step
+
+
+def _unflatten_metrics(keys: list[str], shapes: list[torch.Tensor], values: list[float]) -> dict:
+    out, offset = {}, 0
+    for key, like in zip(keys, shapes, strict=False):
+        n = like.numel()
+        chunk = values[offset : offset + n]
+        out[key] = chunk[0] if like.dim() == 0 else chunk
+        offset += n
+    return out
+
+
+def _log_step(
+    ctx: RunContext,
+    replica: DrafterReplica,
+    step: int,
+    loss: float,
+    metrics: dict,
+    lr: float,
+    tokens_per_batch: int,
+) -> None:
+    ctx._window_steps += 1
+    every = ctx.cfg.train.log_every
+    if step % every and step != ctx.total_steps:
+        return
+    now = time.perf_counter()
+    elapsed = max(1e-9, now - ctx._window_start)
+    steps = ctx._window_steps
+    tokens_per_s = tokens_per_batch * ctx.num_drafters * steps / elapsed
+    mfu = None
+    if ctx.peak_flops:
+        mfu = ctx.flops_per_batch * ctx.num_drafters * steps / elapsed / ctx.peak_flops
+    acc = metrics.get("acc", 0.0)
+    acc = acc if isinstance(acc, float) else float(sum(acc) / max(1, len(acc)))
+    ctx.log.line(
+        format_step_line(
+            step=step,
+            total=ctx.total_steps,
+            loss=loss,
+            acc=acc,
+            tau=ctx.workload.tau_estimate(metrics),
+            lr=lr,
+            tokens_per_s=tokens_per_s,
+            mfu=mfu,
+            queue_depth=replica.inputs.qsize(),
+            queue_size=replica.inputs.maxsize,
+        )
+    )
+    ctx._window_start, ctx._window_steps = now, 0
