@@ -415,9 +415,10 @@ class _Dropped(Exception):
     """The stream went silent or broke: reconnect."""
 
 
-# A stopped or missing container, or a host that refuses us, will not come back by
-# retrying: those end the following at once.
-_FINAL_CONNECT_REASONS = ("auth", "host_key_unknown", "host_key_changed")
+# A stopped or missing container, or a host key that no longer matches, will not come
+# back by retrying: those end the following at once. (Not "auth": a connection cut during
+# the handshake shows up as an authentication failure.)
+_FINAL_CONNECT_REASONS = ("host_key_unknown", "host_key_changed")
 
 
 def _is_connection_trouble(exc: BaseException) -> bool:

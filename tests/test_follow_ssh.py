@@ -1,0 +1,183 @@
+"""Following a run in a container of the test host, over the real sshd: lines, crashes,
+and connections killed mid-stream (every line still printed exactly once, in order)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from rich.console import Console
+
+from dflashctl.config import load_config
+from dflashctl.crash import load_rules
+from dflashctl.deploy import open_target
+from dflashctl.follow import follow_run
+from tests.test_follow_support import expected_lines, launch_argv, trainer_argv, wait_for
+
+pytestmark = pytest.mark.slow
+
+WORKDIR = "/root/dflash"
+RULES = load_rules()
+
+
+@pytest.fixture
+def setup(tmp_path, container, write_config):
+    path = write_config(tmp_path)
+    return path, load_config(path), container
+
+
+def launch_in(container, run_id: str, lines: int, delay: float, mode: str = "finish"):
+    """Start the fake trainer detached in the container; the host path of its run folder."""
+    rundir = f"{WORKDIR}/runs/{run_id}"
+    done = container.exec(launch_argv(rundir, trainer_argv(sys.executable, lines, delay, mode)))
+    assert done.returncode == 0, done.stderr
+    host_rundir = container.host_path(rundir)
+    wait_for(lambda: (host_rundir / "pid").exists(), what="the pid file")
+    return host_rundir
+
+
+def log_has(host_rundir, text: str) -> bool:
+    try:
+        return text in (host_rundir / "train.log").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def readers_in(container) -> list[str]:
+    return [cmd for _, cmd in container.ps() if "DFLASH-LOG" in cmd]
+
+
+def reader_pids(container) -> list[int]:
+    return [pid for pid, cmd in container.ps() if "DFLASH-LOG" in cmd]
+
+
+def step_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(("step ", "training complete"))]
+
+
+def follow(config, run_id: str, **kwargs):
+    out = io.StringIO()
+    target = open_target(config)
+    try:
+        result = follow_run(
+            lambda: open_target(config),
+            config.container.workdir,
+            run_id,
+            rules=RULES,
+            target=target,
+            python=config.container.python,
+            console=Console(file=out, width=200),
+            **kwargs,
+        )
+    finally:
+        target.transport.close()
+    return result, out.getvalue()
+
+
+class Dropper(threading.Thread):
+    """Kills every SSH connection of the test host at each mark of the log, each time
+    once a new log reader is streaming (so every drop cuts a live stream)."""
+
+    def __init__(self, pve_host, container, host_rundir, marks: list[str]):
+        super().__init__(name="dropper", daemon=True)
+        self.pve_host, self.container = pve_host, container
+        self.host_rundir, self.marks = host_rundir, marks
+        self.killed: list[int] = []
+
+    def run(self) -> None:
+        seen: set[int] = set()
+        for mark in self.marks:
+            wait_for(
+                lambda s=seen: set(reader_pids(self.container)) - s, timeout=30, what="a reader"
+            )
+            seen |= set(reader_pids(self.container))
+            wait_for(lambda m=mark: log_has(self.host_rundir, m), timeout=30, what=mark)
+            self.killed.append(self.pve_host.drop_connections())
+
+
+def test_follows_a_crash_in_the_container(setup):
+    _, config, container = setup
+    launch_in(container, "ssh-crash", lines=5, delay=0.02, mode="thread-crash")
+    result, out = follow(config, "ssh-crash")
+    assert step_lines(out) == expected_lines(5, "thread-crash")
+    assert (result.status, result.exit_code) == ("crashed", 1)
+    assert result.crashes[0].thread == "drafter-2"
+    wait_for(lambda: not readers_in(container), timeout=5, what="the log reader to exit")
+
+
+def test_dropped_connections_lose_and_repeat_nothing(setup, pve_host):
+    _, config, container = setup
+    host_rundir = launch_in(container, "ssh-drops", lines=80, delay=0.03, mode="split")
+    marks = ["step 10/80", "step 35/80", "step 60/80"]
+    dropper = Dropper(pve_host, container, host_rundir, marks)
+    dropper.start()
+    result, out = follow(config, "ssh-drops")
+    dropper.join(timeout=5)
+    assert len(dropper.killed) == 3 and all(dropper.killed), dropper.killed
+    assert step_lines(out) == expected_lines(80, "split")
+    assert (result.status, result.exit_code) == ("finished", 0)
+    # The readers of the cut connections noticed nobody reads them any more.
+    wait_for(lambda: not readers_in(container), timeout=5, what="the log readers to exit")
+
+
+def test_cli_follow_across_drops_with_json(setup, pve_host):
+    path, _, container = setup
+    host_rundir = launch_in(container, "ssh-cli", lines=80, delay=0.05)
+    dropper = Dropper(pve_host, container, host_rundir, ["step 20/80", "step 50/80"])
+    dropper.start()
+    done = subprocess.run(
+        [sys.executable, "-m", "dflashctl", "logs", "-f", "--json", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    dropper.join(timeout=5)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "run": "ssh-cli",
+        "status": "finished",
+        "exit_code": 0,
+        "crashes": [],
+    }
+    assert step_lines(done.stderr) == expected_lines(80)
+    assert "reconnecting" in done.stderr
+    assert len(dropper.killed) == 2 and all(dropper.killed), dropper.killed
+
+
+def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
+    path, _, container = setup
+    host_rundir = launch_in(container, "ssh-int", lines=500, delay=0.02)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflashctl", "logs", "-f", "ssh-int", "-c", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    try:
+        wait_for(lambda: log_has(host_rundir, "step 20/"), what="the log")
+        wait_for(lambda: readers_in(container), what="the log reader")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "dflashctl logs -f ssh-int" in err
+    # The last 50 lines at the start, then every line until Ctrl-C: no gap, no repeat.
+    shown, everything = step_lines(out), expected_lines(500)
+    first = everything.index(shown[0])
+    assert len(shown) > 5 and shown == everything[first : first + len(shown)]
+    assert not (host_rundir / "exit_code").exists()
+    # The trainer (its source is on its command line) is still running.
+    assert any("training complete" in cmd for _, cmd in container.ps())
+    wait_for(lambda: not readers_in(container), timeout=5, what="the log reader to exit")
