@@ -1,7 +1,7 @@
 """The remote half of deploy, restart, stop and runs: one stdlib-only script.
 
 It runs where the trainer runs (inside the container, or on the host when there is
-no container), fed on stdin to `<container.python> - <op>`, so nothing has to be
+no container), fed on stdin to `<container.python> -S - <op>`, so nothing has to be
 installed there. Its parameters arrive as a `PARAMS_JSON = '...'` line put in
 front of this text; each operation prints one JSON object on stdout:
 `{"ok": true, ...}` or `{"ok": false, "error": ..., "hint": ...}` (exit status 1).
@@ -12,6 +12,7 @@ Operations (each one round trip):
            unchanged ones from the base release, validate, rename to releases/<id>
   launch   stop stale runs, swap `current` to the release, start the run detached,
            record it, garbage-collect old releases
+  deploy   build, then launch, in one call (what a deploy with changes uses)
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
 
@@ -35,7 +36,8 @@ import time
 MANIFEST_NAME = "MANIFEST.json"
 KILL_WAIT_S = 5.0
 ABANDONED_UPLOAD_S = 60
-POLL_S = 0.05
+POLL_MIN_S = 0.005
+POLL_MAX_S = 0.1
 
 
 class AgentError(Exception):
@@ -471,6 +473,7 @@ def send(target, sig):
 def wait_gone(targets, deadline):
     """Poll until every target has exited or the deadline passes; returns when each went."""
     pending = list(targets)
+    pause = POLL_MIN_S
     while pending:
         table = process_table()
         now = time.monotonic()
@@ -480,7 +483,9 @@ def wait_gone(targets, deadline):
                 pending.remove(target)
         if not pending or now >= deadline:
             break
-        time.sleep(POLL_S)
+        # Most runs end within milliseconds of SIGTERM: look again soon, then less often.
+        time.sleep(min(pause, max(deadline - now, 0)))
+        pause = min(pause * 2, POLL_MAX_S)
     return pending
 
 
@@ -691,6 +696,17 @@ def op_launch(p):
     }
 
 
+def op_deploy(p):
+    """build, then launch, in one call: the new release is complete and validated
+    before anything is stopped; a failed build stops nothing."""
+    started = time.monotonic()
+    built = op_build(p)
+    built["seconds"] = round(time.monotonic() - started, 3)
+    launched = op_launch(dict(p, release=built["release"]))
+    launched["build"] = built
+    return launched
+
+
 def start_run(workdir, run_id, release, p):
     run_dir = os.path.join(runs_dir(workdir), run_id)
     os.makedirs(run_dir)
@@ -758,6 +774,7 @@ def op_runs(p):
 
 OPERATIONS = {
     "inspect": op_inspect,
+    "deploy": op_deploy,
     "build": op_build,
     "launch": op_launch,
     "stop": op_stop,

@@ -16,6 +16,7 @@ release current and the old run running; the next deploy removes partial leftove
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import time
@@ -138,27 +139,30 @@ def git_state(source: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- uploading
 
 
-def upload_and_build(config: Config, target: Any, plan: Plan, archive: bytes) -> dict[str, Any]:
+def upload_and_deploy(
+    config: Config, target: Any, plan: Plan, archive: bytes, launch: dict[str, Any]
+) -> dict[str, Any]:
     """Round trip 2: the archive travels once (SFTP to the host, then one `pct push`)
-    and the agent builds the release, in one command on the host."""
+    and the agent builds the release, stops stale runs and launches, in one command
+    on the host. Returns the agent's answer, with `upload_seconds`."""
     workdir, python = config.container.workdir, config.container.python
     release = plan.new_release
     assert release is not None
     prefix = releases.upload_prefix(workdir, target.vmid)
     dest = releases.upload_path(prefix, release)
-    params = {
-        "workdir": workdir,
-        "release": release,
-        "archive": dest,
-        "base": plan.base_release,
-        "upload_prefix": prefix,
-    }
-    stdin = runs.agent_input("build", params)
+    params = dict(
+        launch, release=release, archive=dest, base=plan.base_release, upload_prefix=prefix
+    )
+    timeout = 600 + float(params["grace_s"])
+    started = time.monotonic()
     if target.vmid is None:
         target.transport.put_file(archive, dest, mode=0o600)
-        return runs.call_agent(target, python, "build", params, timeout=600)
+        uploaded = time.monotonic() - started
+        answer = runs.call_agent(target, python, "deploy", params, timeout=timeout)
+        return dict(answer, upload_seconds=uploaded)
     staged = releases.upload_path(prefix, release, "/tmp")
     target.transport.put_file(archive, staged, mode=0o600)
+    uploaded = time.monotonic() - started
     # Leftovers of an interrupted upload to this container (SFTP temp names included):
     # untouched for a minute, so never an upload in progress.
     script = (
@@ -168,9 +172,10 @@ def upload_and_build(config: Config, target: Any, plan: Plan, archive: bytes) ->
         "status=$?\n"
         f"rm -f -- {shlex.quote(staged)}\n"
         "if [ $status -ne 0 ]; then echo 'dflashctl: pct push failed' >&2; exit 199; fi\n"
-        f"exec {shlex.join(pct.exec_argv(target.vmid, runs.agent_argv(python, 'build')))}\n"
+        f"exec {shlex.join(pct.exec_argv(target.vmid, runs.agent_argv(python, 'deploy')))}\n"
     )
-    result = target.transport.run(["sh", "-c", script], stdin=stdin, timeout=600, check=False)
+    stdin = runs.agent_input("deploy", params)
+    result = target.transport.run(["sh", "-c", script], stdin=stdin, timeout=timeout, check=False)
     if result.exit_status == 199 and "dflashctl: pct push failed" in result.stderr_text:
         failed = type(result)(
             pct.push_argv(target.vmid, staged, dest), 1, result.stdout, result.stderr
@@ -178,7 +183,8 @@ def upload_and_build(config: Config, target: Any, plan: Plan, archive: bytes) ->
         pct.raise_for_pct(failed, target.vmid, "push")
         raise HostError(f"pct push into container {target.vmid} failed: {failed.last_error_line()}")
     pct.raise_for_pct(result, target.vmid, "exec")
-    return runs.parse_agent_answer(result, python, "build", where(target))
+    answer = runs.parse_agent_answer(result, python, "deploy", where(target))
+    return dict(answer, upload_seconds=uploaded)
 
 
 # --------------------------------------------------------------------------- launching
@@ -343,40 +349,39 @@ def _deploy_on(config, target, options, manifest, checked, meta, started):
     if options.dry_run:
         return 0, print_plan(config, plan, options)
 
-    archive_bytes = 0
-    if plan.new_release:
-        with terminal.step(
-            f"sending {len(diff.changed)} files ({terminal.human_bytes(plan.bytes_to_send)})"
-        ) as step:
-            archive = sync.make_archive(Path(config.trainer.source), manifest, diff.changed)
-            archive_bytes = len(archive)
-            built = upload_and_build(config, target, plan, archive)
-            step["done"] = (
-                f"synced {len(diff.changed)} of {len(manifest)} files "
-                f"({terminal.human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
-                + (f", {len(diff.removed)} removed" if diff.removed else "")
-                + f") into release {plan.new_release}"
-            )
-    else:
-        terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
-
     run_id = runs.new_run_id()
     command = plan.command
     params = launch_params(config, run_id, plan.release, command, meta)
+    stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
+    archive_bytes = 0
     t0 = time.monotonic()
-    waiting = (
-        f"stopping {len(plan.to_stop)} run(s), then launching" if plan.to_stop else "launching"
-    )
-    status = terminal.err.status(waiting) if terminal.interactive() else _null()
-    with status:
-        launched = stop_and_launch(config, target, params)
-    stop_s = float(launched.get("stop_seconds") or 0.0)
+    if plan.new_release:
+        archive = sync.make_archive(Path(config.trainer.source), manifest, diff.changed)
+        archive_bytes = len(archive)
+        waiting = f"sending {len(diff.changed)} files ({terminal.human_bytes(plan.bytes_to_send)}){stopping}, launching"
+        with _spinner(waiting):
+            launched = upload_and_deploy(config, target, plan, archive, params)
+        built = launched["build"]
+        synced_s = launched["upload_seconds"] + float(built.get("seconds") or 0.0)
+        terminal.step_done(
+            f"synced {len(diff.changed)} of {len(manifest)} files "
+            f"({terminal.human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
+            + (f", {len(diff.removed)} removed" if diff.removed else "")
+            + f") into release {plan.new_release}",
+            synced_s,
+        )
+    else:
+        synced_s = 0.0
+        terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
+        with _spinner(f"launching{stopping}"):
+            launched = stop_and_launch(config, target, params)
+    stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
     print_stopped(launched["stopped"], stop_s)
     run = launched["run"]
     terminal.step_done(
         f"launched run {run_id} (pid {run['pid']}) from release {launched['release']}: "
         f"{shlex.join(command)}",
-        time.monotonic() - t0 - (stop_s if launched["stopped"] else 0.0),
+        max(time.monotonic() - t0 - synced_s - stop_s, 0.0),
     )
     summary = {
         "release": launched["release"],
@@ -403,12 +408,9 @@ def _deploy_on(config, target, options, manifest, checked, meta, started):
     return code, summary
 
 
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+def _spinner(message: str) -> Any:
+    """A spinner while one long call runs (a terminal only; elsewhere nothing)."""
+    return terminal.err.status(message) if terminal.interactive() else contextlib.nullcontext()
 
 
 def print_plan(config: Config, plan: Plan, options: DeployOptions) -> dict[str, Any]:
@@ -468,10 +470,7 @@ def restart(
         meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
         params = launch_params(config, run_id, None, command, meta)
         t0 = time.monotonic()
-        status = (
-            terminal.err.status("stopping and launching") if terminal.interactive() else _null()
-        )
-        with status:
+        with _spinner("stopping stale runs and launching"):
             launched = stop_and_launch(config, target, params)
         stop_s = float(launched.get("stop_seconds") or 0.0)
         print_stopped(launched["stopped"], stop_s)

@@ -167,7 +167,9 @@ def agent_input(op: str, params: dict[str, Any]) -> bytes:
 
 
 def agent_argv(python: str, op: str) -> list[str]:
-    return [python, "-", op]
+    # -S: the agent needs only the standard library; skipping site-packages saves
+    # a noticeable part of each call's start-up.
+    return [python, "-S", "-", op]
 
 
 def parse_agent_answer(result: Any, python: str, op: str, where: str) -> dict[str, Any]:

@@ -185,14 +185,14 @@ def test_interrupted_upload_leaves_previous_release_and_run(project, monkeypatch
     _, first = detached(project.config())
     (project.source / "helpers.py").write_text("def greeting():\n    return 'never arrives'\n")
 
-    def interrupted(config, target, plan, archive):
+    def interrupted(config, target, plan, archive, launch):
         # What an interrupted build leaves behind: a half-filled partial release.
         partial = project.workdir / "releases" / f"{plan.new_release}.partial"
         partial.mkdir()
         (partial / "helpers.py").write_text("half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(deploy_mod, "upload_and_build", interrupted)
+    monkeypatch.setattr(deploy_mod, "upload_and_deploy", interrupted)
     with pytest.raises(KeyboardInterrupt):
         detached(project.config())
     assert os.readlink(project.workdir / "current") == f"releases/{first['release']}"
