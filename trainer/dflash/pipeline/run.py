@@ -243,8 +243,10 @@ def train(
         result.exit_code = 1
         return result
 
+    _log_device_summary(cfg, replicas, log)
     lead = replicas[0]
-    result.checkpoint = save(lead.completed_steps)
+    if cfg.train.final_checkpoint or lead.completed_steps < total_steps:
+        result.checkpoint = save(lead.completed_steps)
     if lead.completed_steps < total_steps:
         why = "SIGTERM" if term.is_set() else "a stop request"
         log.line(
@@ -260,9 +262,29 @@ def train(
         lead.model.train()
         if result.eval_line:
             log.line(result.eval_line)
-    log.line(f"drafter checkpoint: {result.checkpoint}")
+    if result.checkpoint is not None:
+        log.line(f"drafter checkpoint: {result.checkpoint}")
     log.line("training complete")
     return result
+
+
+def _log_device_summary(cfg: TrainConfig, replicas: list[DrafterReplica], log: RunLog) -> None:
+    """How CUDA graphs were used and how much memory the run took."""
+    if cfg.runtime.compile in ("reduce-overhead", "legacy-cudagraphs"):
+        from torch._dynamo.utils import counters
+
+        skips = counters["inductor"]["cudagraph_skips"]
+        for r in replicas:
+            if r.device.type == "cuda":
+                recorded = ""
+                if cfg.runtime.compile == "reduce-overhead":
+                    recorded = f"{r.graphs_recorded} CUDA graphs recorded in its trees; "
+                log.line(f"{r.name} on {r.device}: {recorded}cudagraph skips {skips}")
+    devices = dict.fromkeys(cfg.runtime.target_devices + cfg.runtime.drafter_devices)
+    for dev in devices:
+        if dev.startswith("cuda") and torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated(torch.device(dev)) / 2**30
+            log.line(f"peak GPU memory {dev}: {peak:.1f} GiB")
 
 
 def _install_signal_handlers(term: threading.Event, log: RunLog):

@@ -197,6 +197,7 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
         return
     if replica.rank == 0:
         ctx._window_start = time.perf_counter()
+    profile = _ProfileWindow(ctx, replica) if replica.rank == 0 and ctx.cfg.debug.profile_steps else None
     for step in range(ctx.start_step, ctx.total_steps):
         inputs = _next_inputs(ctx, replica)
         if inputs.step != step or inputs.shard != replica.rank:
@@ -204,13 +205,58 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
                 f"{name} expected step {step} shard {replica.rank}, got step {inputs.step} shard {inputs.shard}"
             )
         inject(ctx, name, "step", step + 1)
-        if _train_step(ctx, replica, inputs):
+        if profile is not None:
+            profile.before(step + 1)
+        stop = _train_step(ctx, replica, inputs)
+        if profile is not None:
+            profile.after(step + 1)
+        if stop:
             break
     if ctx.cfg.runtime.compile == "reduce-overhead" and replica.device.type == "cuda":
         replica.graphs_recorded = tls.recorded_graph_count()
     if replica.completed_steps < ctx.total_steps:
         # Stopped early on request: release the threads still feeding us.
         ctx.supervisor.request_stop()
+
+
+class _ProfileWindow:
+    """Counts CUDA graph launches and kernel launches over debug.profile_steps [first, last]:
+    proof that steady-state steps replay graphs instead of launching kernels one by one."""
+
+    def __init__(self, ctx: RunContext, replica: DrafterReplica) -> None:
+        first, last = (list(ctx.cfg.debug.profile_steps) + [0, 0])[:2]
+        self.first, self.last = first, max(first, last)
+        self.ctx, self.replica = ctx, replica
+        self.profiler = None
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if self.replica.device.type == "cuda":
+                activities.append(ProfilerActivity.CUDA)
+            self.profiler = profile(activities=activities)
+            self.profiler.__enter__()
+
+    def after(self, step: int) -> None:
+        if self.profiler is None or step != self.last:
+            return
+        if self.replica.device.type == "cuda":
+            torch.cuda.synchronize(self.replica.device)
+        self.profiler.__exit__(None, None, None)
+        graph_launches = kernel_launches = 0
+        for event in self.profiler.events():
+            if event.name.startswith("cudaGraphLaunch"):
+                graph_launches += 1
+            elif event.name.startswith(("cudaLaunchKernel", "cuLaunchKernel")):
+                kernel_launches += 1
+        steps = self.last - self.first + 1
+        self.ctx.log.line(stage_line(
+            self.replica.name, str(self.replica.device),
+            f"profiled steps {self.first}-{self.last}: {graph_launches} CUDA graph launches, "
+            f"{kernel_launches} kernel launches outside graphs ({steps} steps, all threads)"))
+        self.profiler = None
 
 
 def _configure_compiler_for_thread(num_drafters: int) -> None:

@@ -77,6 +77,7 @@ class TrainSection:
     steps: int = 100
     log_every: int = 10
     checkpoint_every: int = 0  # 0 -> only at the end (and on SIGTERM)
+    final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: int = 3  # stop after more than this many non-finite losses
     loss_chunk: int = 0  # rows per loss chunk; 0 -> the objective's default
 
@@ -106,6 +107,7 @@ class DebugSection:
     fail_in: str | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
     stop_at_step: int = 0  # act as if SIGTERM arrived after this step (tests, demos)
     nonfinite_at_steps: list[int] = field(default_factory=list)  # poison the loss at these steps
+    profile_steps: list[int] = field(default_factory=list)  # [first, last]: count CUDA graph launches
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The trainer's proof on one GPU (torch <= 2.12 shows the crash; 2.13+ has the upstream fix).
+#   bench/gpu_proof.sh proof   1. TLS fix off + reduce-overhead: a drafter thread crashes with the
+#                                 AssertionError from cudagraph_trees.py (gpu-tls-crash.log)
+#                              2. fix on: the same config trains, loss falls, CUDA graphs are
+#                                 recorded and replayed (gpu-smoke.log: "CUDA graphs recorded",
+#                                 profiled cudaGraphLaunch count)
+#   bench/gpu_proof.sh bench   3. compile modes and schedules on the Qwen3-8B-shaped config
+#   bench/gpu_proof.sh all     everything
+# Logs go to $OUT (default ./gpu-proof-out). Run from the repository root.
+set -u
+MODE=${1:-all}
+OUT=${OUT:-$PWD/gpu-proof-out}
+STEPS=${BENCH_STEPS:-30}
+VARIANTS=${BENCH_VARIANTS:-eager,default,reduce-overhead,legacy-cudagraphs,sequential}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+ROOT=$PWD
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+
+if [ "$MODE" = proof ] || [ "$MODE" = all ]; then
+  cd "$ROOT/trainer"
+  echo "== 1. TLS fix off, reduce-overhead: expect the cudagraph_trees AssertionError"
+  timeout 240 python3 train_dflash_pipeline.py --config configs/gpu-smoke.yaml \
+    --set debug.tls_fix=false --set train.steps=20 --set eval.enabled=false \
+    --set output_dir=/tmp/proof-crash 2>&1 | tee "$OUT/gpu-tls-crash.log"
+  echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/gpu-tls-crash.log"
+  echo "== 2. TLS fix on: the same config trains"
+  timeout 300 python3 train_dflash_pipeline.py --config configs/gpu-smoke.yaml \
+    --set 'debug.profile_steps=[101,110]' --set output_dir=/tmp/proof-fix 2>&1 | tee "$OUT/gpu-smoke.log"
+  echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/gpu-smoke.log"
+  cd "$ROOT"
+fi
+
+if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
+  echo "== 3. benchmark: $VARIANTS on qwen3-8b.yaml, $STEPS steps each"
+  python3 bench/bench_trainer.py --config trainer/configs/qwen3-8b.yaml --steps "$STEPS" \
+    --log-every 5 --variants "$VARIANTS" --timeout 400 --out "$OUT/bench" \
+    --set 'debug.profile_steps=[21,25]' 2>&1 | tee "$OUT/bench.txt"
+fi
