@@ -61,9 +61,11 @@ RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 # Past this much log before the start, only its tail is read (and classified).
 BACKLOG_MAX_BYTES = 64 << 20
 PROTOCOL_MAGIC = b"DFLASH-LOG 1\n"
-# After this long without new log bytes, an open traceback is taken as complete. Python
-# writes a whole traceback within milliseconds; this only bounds the detection latency.
-QUIET_S = 0.2
+# After this long without new log bytes, an open traceback is taken as complete (the
+# detector otherwise waits a few more lines for a chained one). Python writes a whole
+# traceback, chained parts included, within milliseconds; the reader polls every 50 ms.
+QUIET_S = 0.1
+READ_TIMEOUT_S = 0.05
 
 # The reader that runs in the container (`python -c READER RUNDIR OFFSET BACKLOG MODE`).
 # Frames on stdout, each a header line, `D` followed by that many bytes of log:
@@ -610,7 +612,7 @@ class _Follower:
         last_data = time.monotonic()
         next_poll = last_data + self.state_poll_s
         while True:
-            chunk = self._stream.read(0.1)
+            chunk = self._stream.read(READ_TIMEOUT_S)
             now = time.monotonic()
             if chunk is None:
                 if now - last_data >= QUIET_S:
