@@ -21,6 +21,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,7 @@ def open_target(config: Config) -> Any:
 
 
 def where(target: Any) -> str:
-    describe = getattr(target, "describe", None)
-    return describe() if callable(describe) else runs.describe_target(target)
+    return runs.describe_target(target)
 
 
 def start_container(target: Any) -> None:
@@ -309,24 +309,25 @@ def deploy(
         step["done"] = (
             f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
         )
-    meta = {
-        "config_digest": config.digest,
-        "config_path": str(config.path),
-        **git_state(Path(config.trainer.source)),
-    }
-    target = connect(config)
-    try:
-        return _deploy_on(config, target, options, manifest, checked, meta, started)
-    finally:
-        target.transport.close()
+    meta = {"config_digest": config.digest, "config_path": str(config.path)}
+    # Asking git takes a few subprocesses: done while the host answers.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
+        git = pool.submit(git_state, Path(config.trainer.source))
+        target = connect(config)
+        try:
+            return _deploy_on(config, target, options, manifest, checked, meta, started, git)
+        finally:
+            target.transport.close()
 
 
-def _deploy_on(config, target, options, manifest, checked, meta, started):
+def _deploy_on(config, target, options, manifest, checked, meta, started, git):
     with terminal.step(f"inspecting {where(target)}") as step:
         state = inspect(
             config,
             target,
-            may_start=options.start_container or config.container.start_if_stopped,
+            # A dry run changes nothing, a stopped container included.
+            may_start=(options.start_container or config.container.start_if_stopped)
+            and not options.dry_run,
         )
         diff = sync.diff_manifests(manifest, state.get("manifest"))
         base = state.get("release")
@@ -351,6 +352,7 @@ def _deploy_on(config, target, options, manifest, checked, meta, started):
 
     run_id = runs.new_run_id()
     command = plan.command
+    meta.update(git.result())
     params = launch_params(config, run_id, plan.release, command, meta)
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
     archive_bytes = 0

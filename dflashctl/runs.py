@@ -205,6 +205,9 @@ def call_agent(
 
 
 def describe_target(target: Any) -> str:
+    describe = getattr(target, "describe", None)
+    if callable(describe):
+        return describe()
     vmid = getattr(target, "vmid", None)
     transport = getattr(target, "transport", None)
     host = getattr(transport, "description", None) or "the host"

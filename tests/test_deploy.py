@@ -14,7 +14,7 @@ import pytest
 
 from dflashctl import deploy as deploy_mod
 from dflashctl.deploy import DeployOptions, deploy
-from dflashctl.errors import UsageError
+from dflashctl.errors import HostError, UsageError
 from dflashctl.runs import list_runs, run_state
 from tests.test_deploy_support import pid_alive, project, wait_for  # noqa: F401
 
@@ -241,3 +241,26 @@ def test_cli_syntax_error_exits_2(project):
     assert result.returncode == 2
     assert "broken.py:1:" in result.stderr
     assert not project.workdir.exists()
+
+
+def test_meta_records_the_git_commit_and_dirty_flag(project):
+    git = ["git", "-C", str(project.source), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "trainer"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    _, clean = detached(project.config())
+    (project.source / "helpers.py").write_text("def greeting():\n    return 'uncommitted'\n")
+    _, dirty = detached(project.config())
+    metas = [
+        json.loads((project.run_dir(s["run_id"]) / "meta.json").read_text()) for s in (clean, dirty)
+    ]
+    assert [m["git_commit"] for m in metas] == [head.strip()] * 2
+    assert [m["git_dirty"] for m in metas] == [False, True]
+
+
+def test_a_missing_interpreter_is_a_host_error_naming_it(project):
+    config = project.config(container__python="/nonexistent/python3")
+    with pytest.raises(HostError, match="/nonexistent/python3: cannot run it") as info:
+        detached(config)
+    assert "container.python" in info.value.hint

@@ -206,6 +206,15 @@ def test_stopped_container_is_an_error_unless_asked_to_start_it(
     assert "--start-container" in result.stderr
     assert not container.is_running()
 
+    # A dry run changes nothing: it does not start the container either.
+    result = subprocess.run(
+        [*DFLASHCTL, "deploy", "-c", str(path), "--dry-run", "--start-container"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 3 and not container.is_running()
+
     result = subprocess.run(
         [*DFLASHCTL, "deploy", "-c", str(path), "--detach", "--start-container", "--json"],
         capture_output=True,

@@ -33,27 +33,40 @@ def runs(config: ConfigOption = None, json_output: JsonOption = False) -> None:
     if not found:
         terminal.info(f"no runs in {cfg.container.workdir} on {place} yet")
         return
-    table = Table(title=f"runs in {cfg.container.workdir} on {place}", title_justify="left")
-    table.add_column("", min_width=1, no_wrap=True)
-    # Ids and times are never cut short, whatever the terminal width.
-    for column, width in (("run", 20), ("release", 20), ("started (UTC)", 19), ("pid", 7)):
-        table.add_column(column, no_wrap=True, min_width=width)
-    table.add_column("state", no_wrap=True, min_width=12)
-    for run in found:
-        state = run.state.describe()
-        style = {"running": "cyan", "exited": "green" if run.state.ok else "red"}.get(
-            run.state.status, "red"
-        )
-        table.add_row(
-            "*" if run.active else "",
-            run.id,
+    rows = [
+        (
+            ("* " if run.active else "  ") + run.id,
             run.release or "-",
             (run.started or "-").replace("T", " ").rstrip("Z"),
-            str(run.pid or "-"),
-            f"[{style}]{state}[/{style}]",
+            run.state,
         )
-    terminal.out.print(table)
+        for run in found
+    ]
+    headers = ("  run", "release", "started (UTC)", "state")
+    if terminal.out.is_terminal:
+        table = Table(title=f"runs in {cfg.container.workdir} on {place}", title_justify="left")
+        # On a narrow terminal the release id gives way; run ids and states never do.
+        table.add_column(headers[0], no_wrap=True, min_width=22)
+        table.add_column(headers[1], no_wrap=True, overflow="ellipsis")
+        table.add_column(headers[2], no_wrap=True)
+        table.add_column(headers[3], no_wrap=True, min_width=17)
+        for run_id, release, started, state in rows:
+            style = _STYLES.get(state.status, "red")
+            if state.status == "exited" and not state.ok:
+                style = "red"
+            table.add_row(run_id, release, started, f"[{style}]{state.describe()}[/{style}]")
+        terminal.out.print(table)
+    else:
+        # Plain aligned columns off a terminal: nothing is cut short or wrapped.
+        lines = [headers] + [(a, b, c, d.describe()) for a, b, c, d in rows]
+        widths = [max(len(line[i]) for line in lines) for i in range(3)]
+        for line in lines:
+            cells = [cell.ljust(width) for cell, width in zip(line[:3], widths, strict=True)]
+            terminal.out.print("  ".join([*cells, line[3]]), markup=False)
     terminal.info("* the active run (launched last)")
+
+
+_STYLES = {"running": "cyan", "exited": "green"}
 
 
 def register(app: typer.Typer) -> None:
