@@ -567,7 +567,10 @@ class _Follower:
                 state = self.state_of(self.target, self.workdir, self.run_id)
             except Exception as exc:
                 if not _is_connection_trouble(exc):
-                    raise
+                    final = self._final_error(exc)
+                    if final is exc:
+                        raise
+                    raise final from exc
                 self._recover(exc)
                 continue
             if state.status != "running":
@@ -578,6 +581,16 @@ class _Follower:
             if not self.follow and saw_end:
                 return state
             self._reader_stopped(saw_end)
+
+    def _final_error(self, exc: Exception) -> Exception:
+        from dflashctl.pct import ContainerNotRunning
+
+        if isinstance(exc, ContainerNotRunning):
+            return HostError(
+                f"{exc.message}, so run {self.run_id} is not running either",
+                hint=exc.hint,
+            )
+        return exc
 
     def _reader_stopped(self, saw_end: bool) -> None:
         """The reader stopped while the run goes on: its end check disagreed with the

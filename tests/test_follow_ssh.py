@@ -18,6 +18,7 @@ from rich.console import Console
 from dflashctl.config import load_config
 from dflashctl.crash import load_rules
 from dflashctl.deploy import open_target
+from dflashctl.errors import HostError
 from dflashctl.follow import follow_run
 from tests.test_follow_support import expected_lines, launch_argv, trainer_argv, wait_for
 
@@ -181,3 +182,25 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     # The trainer (its source is on its command line) is still running.
     assert any("training complete" in cmd for _, cmd in container.ps())
     wait_for(lambda: not readers_in(container), timeout=5, what="the log reader to exit")
+
+
+def test_a_container_stopped_mid_run_ends_the_following_with_a_clear_error(setup):
+    _, config, container = setup
+    host_rundir = launch_in(container, "ssh-stop", lines=300, delay=0.02)
+
+    def stop_later():
+        wait_for(lambda: log_has(host_rundir, "step 20/"), what="the log")
+        container.stop()
+
+    stopper = threading.Thread(target=stop_later)
+    stopper.start()
+    started = time.monotonic()
+    with pytest.raises(HostError) as caught:
+        follow(config, "ssh-stop")
+    stopper.join()
+    assert time.monotonic() - started < 20  # no two minutes of reconnecting
+    assert (
+        caught.value.message
+        == "container 200 is not running, so run ssh-stop is not running either"
+    )
+    assert caught.value.exit_code == 3 and "pct start 200" in caught.value.hint
