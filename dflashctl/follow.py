@@ -430,7 +430,7 @@ def _is_connection_trouble(exc: BaseException) -> bool:
         return False
     if getattr(exc, "reason", None) in _FINAL_CONNECT_REASONS:
         return False
-    return isinstance(exc, (HostError, OSError, EOFError, _Dropped, ReaderBroken))
+    return isinstance(exc, (HostError, OSError, EOFError, _Dropped))
 
 
 def follow_run(
@@ -535,7 +535,6 @@ class _Follower:
         self._read_to_end = not follow  # next reader: read to the end of the log and stop
         self._trouble_since: float | None = None
         self._attempt = 0
-        self._last_trouble: BaseException | None = None
         self._empty_readers = 0
 
     # -- the whole run ---------------------------------------------------------------
@@ -555,6 +554,10 @@ class _Follower:
             self._close_stream()
             for target in self._owned:
                 _close_target(target)
+        if state.status != "running":
+            last = self.splitter.flush()  # a last line without its newline
+            if last is not None:
+                self.sink.line(last)
         self.sink.go_live()
         if state.status != "running":
             self.sink.finish(state.exit_code)
@@ -580,7 +583,7 @@ class _Follower:
                 continue
             if not self.follow and saw_end:
                 return state
-            self._reader_stopped(saw_end)
+            self._reader_stopped()
 
     def _final_error(self, exc: Exception) -> Exception:
         from dflashctl.pct import ContainerNotRunning
@@ -590,9 +593,15 @@ class _Follower:
                 f"{exc.message}, so run {self.run_id} is not running either",
                 hint=exc.hint,
             )
+        if isinstance(exc, ReaderBroken):
+            return HostError(
+                f"cannot read {self.rundir}/train.log: {exc}",
+                hint="something on the host or in the container prints on stdout first; "
+                "check the shell start-up files there",
+            )
         return exc
 
-    def _reader_stopped(self, saw_end: bool) -> None:
+    def _reader_stopped(self) -> None:
         """The reader stopped while the run goes on: its end check disagreed with the
         run's state, or it died. Start another, but not forever if it never answers."""
         self._empty_readers += 1

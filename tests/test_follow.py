@@ -277,3 +277,13 @@ def test_gives_up_after_the_reconnect_budget(runs):
     assert time.monotonic() - started < 5
     assert caught.value.exit_code == 3
     assert "dflashctl logs -f r9" in caught.value.hint
+
+
+def test_a_last_line_without_newline_is_printed_once_the_run_ended(runs):
+    rundir = runs.workdir / "runs" / "r10"
+    rundir.mkdir(parents=True)
+    (rundir / "train.log").write_text("step 1/2 | loss 2.0\nstep 2/2 | loss 1.9")
+    (rundir / "exit_code").write_text("0\n")
+    result, out = follow(runs, "r10")
+    assert step_lines(out) == ["step 1/2 | loss 2.0", "step 2/2 | loss 1.9"]
+    assert result.status == "finished"
