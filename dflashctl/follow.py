@@ -17,9 +17,10 @@ Use it right after launching a run (or to look at one):
 
 follow_run prints every line as it comes and a panel for every crash the moment the
 detector is sure of it, and returns a FollowResult once the run has ended (or at the end
-of the log with follow=False, or when Ctrl-C stops the following: `interrupted`). It
-raises HostError (exit 3) only when the connection cannot be had back within
-`reconnect_timeout_s`; the run may then still be running.
+of the log with follow=False, or when Ctrl-C stops the following: `interrupted`, exit
+130; the run is left alone). It raises UsageError for a run that does not exist, and
+HostError (exit 3) when the connection cannot be had back within `reconnect_timeout_s`
+(the run may then still be running) or the container stopped.
 
 How it works:
 - One command through the connection streams the log: a small Python reader in the
