@@ -12,7 +12,11 @@ S, B = 24, 4
 
 def _mask(anchors, valid, doc_ids=None):
     return dense_block_mask(
-        torch.tensor(anchors), torch.tensor(valid), S, B, None if doc_ids is None else torch.tensor(doc_ids)
+        torch.tensor(anchors),
+        torch.tensor(valid),
+        S,
+        B,
+        None if doc_ids is None else torch.tensor(doc_ids),
     )[:, 0]
 
 
@@ -60,5 +64,7 @@ def test_flex_backend_matches_dense(tiny_target, make_drafter, tiny_cfg):
     doc_ids[:, 8:] = 1
     with torch.no_grad():  # flex has no CPU backward; the forward is what must agree
         dense = drafter_block_hidden(drafter, context, ids, anchors, valid, doc_ids=doc_ids)
-        flex = drafter_block_hidden(drafter, context, ids, anchors, valid, attention="flex", doc_ids=doc_ids)
+        flex = drafter_block_hidden(
+            drafter, context, ids, anchors, valid, attention="flex", doc_ids=doc_ids
+        )
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)

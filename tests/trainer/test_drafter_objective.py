@@ -106,7 +106,9 @@ def test_loss_and_metrics_match_a_direct_computation(tiny_target, make_drafter, 
     context = target_context(tiny_target, ids, None, tiny_cfg.target_layer_ids)
     anchors, valid = sample_anchors(loss_mask, 4, 6, gen)
     valid[1, -1] = False  # one padded block
-    loss, metrics = drafter_loss(drafter, context, ids, anchors, valid, loss_chunk=2, loss_mask=loss_mask)
+    loss, metrics = drafter_loss(
+        drafter, context, ids, anchors, valid, loss_chunk=2, loss_mask=loss_mask
+    )
 
     hidden = drafter_block_hidden(drafter, context, ids, anchors, valid)
     logits = drafter.logits(hidden[:, :, 1:])

@@ -67,11 +67,15 @@ def test_parity_catches_a_mask_that_shows_the_anchor(make_drafter, tiny_cfg, bat
     drafter = make_drafter(seed=3).eval()
     ids, context, anchors, valid = batch
     n, seq_len = ids.shape
-    leaky = dense_block_mask(anchors + 1, valid, seq_len, tiny_cfg.block_size)  # context j <= anchor
+    leaky = dense_block_mask(
+        anchors + 1, valid, seq_len, tiny_cfg.block_size
+    )  # context j <= anchor
     with torch.no_grad():
         fused = drafter.fuse(context)
         ctx_kv = drafter.context_kv(fused, torch.arange(seq_len).expand(n, -1))
-        blocks = block_input_ids(ids, anchors, tiny_cfg.block_size, tiny_cfg.mask_token_id).flatten(1)
+        blocks = block_input_ids(ids, anchors, tiny_cfg.block_size, tiny_cfg.mask_token_id).flatten(
+            1
+        )
         positions = block_slots(anchors, tiny_cfg.block_size).flatten(1)
         hidden = drafter(drafter.embed_blocks(blocks), positions, ctx_kv, sdpa_attend(leaky))
         leaky_logits = drafter.logits(hidden).view(n, anchors.shape[1], tiny_cfg.block_size, -1)

@@ -91,7 +91,9 @@ def test_evaluate_reports_and_formats(tiny_target, make_drafter, monkeypatch):
 
 def test_evaluate_flags_a_lossy_decoder(tiny_target, make_drafter, monkeypatch):
     def broken(drafter, target, prompt_ids, max_new_tokens, stop_token_ids=None):
-        out = spec_decode.SpecOutput(tokens=[1] * max_new_tokens, acceptance_lengths=[1] * max_new_tokens)
+        out = spec_decode.SpecOutput(
+            tokens=[1] * max_new_tokens, acceptance_lengths=[1] * max_new_tokens
+        )
         out.target_forwards = max_new_tokens
         return out
 

@@ -75,7 +75,9 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         if not self.target_layer_ids:
-            self.target_layer_ids = select_target_layers(self.num_target_layers, self.num_hidden_layers)
+            self.target_layer_ids = select_target_layers(
+                self.num_target_layers, self.num_hidden_layers
+            )
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         if self.gamma == 0.0:
             self.gamma = default_gamma(self.block_size)
@@ -130,7 +132,11 @@ class DrafterConfig:
         intermediate_size: int | None = None,
     ) -> DrafterConfig:
         """A drafter shaped like the target (a transformers config or its dict)."""
-        get = target_cfg.get if isinstance(target_cfg, dict) else lambda k, d=None: getattr(target_cfg, k, d)
+        get = (
+            target_cfg.get
+            if isinstance(target_cfg, dict)
+            else lambda k, d=None: getattr(target_cfg, k, d)
+        )
         num_heads = get("num_attention_heads")
         head_dim = get("head_dim") or get("hidden_size") // num_heads
         return cls(
@@ -251,6 +257,8 @@ def _rope_theta(get) -> float:
     if rope_type != "default" or (
         isinstance(scaling, dict) and scaling.get("rope_type", "default") != "default"
     ):
-        raise ValueError(f"only default RoPE is supported by the drafter, got rope_type {rope_type!r}")
+        raise ValueError(
+            f"only default RoPE is supported by the drafter, got rope_type {rope_type!r}"
+        )
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     return float(theta or get("rope_theta") or 10000.0)

@@ -59,7 +59,9 @@ def sdpa_attend(mask: torch.Tensor | None) -> Attend:
 
     def attend(q, k, v):
         groups = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, _repeat_kv(k, groups), _repeat_kv(v, groups), attn_mask=mask)
+        return F.scaled_dot_product_attention(
+            q, _repeat_kv(k, groups), _repeat_kv(v, groups), attn_mask=mask
+        )
 
     return attend
 

@@ -52,7 +52,9 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
         angles = torch.cat([freqs, freqs], dim=-1)  # [N, L, head_dim]
         return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -97,15 +99,24 @@ class DrafterAttention(nn.Module):
     def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> LayerKV:
         """Keys (normed, rotated) and values [N, kv_heads, L, d] for context or block rows."""
         n, length, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(n, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(n, length, self.num_kv_heads, self.head_dim)).transpose(
+            1, 2
+        )
         v = self.v_proj(x).view(n, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context_kv: LayerKV, attend: Attend
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context_kv: LayerKV,
+        attend: Attend,
     ) -> torch.Tensor:
         n, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(n, length, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = self.q_norm(self.q_proj(x).view(n, length, self.num_heads, self.head_dim)).transpose(
+            1, 2
+        )
         q = apply_rope(q, cos, sin)
         k_block, v_block = self.key_value(x, cos, sin)
         k = torch.cat([context_kv[0], k_block], dim=2)
@@ -154,7 +165,10 @@ class DFlashDrafter(nn.Module):
     # -- the target's frozen parts ---------------------------------------------------------
     def bind_target(self, embed_tokens: nn.Module, lm_head: nn.Module) -> DFlashDrafter:
         vocab, hidden = embed_tokens.weight.shape
-        if (vocab, hidden) != (self.cfg.vocab_size, self.cfg.hidden_size) or lm_head.weight.shape != (
+        if (vocab, hidden) != (
+            self.cfg.vocab_size,
+            self.cfg.hidden_size,
+        ) or lm_head.weight.shape != (
             self.cfg.vocab_size,
             self.cfg.hidden_size,
         ):
@@ -170,13 +184,17 @@ class DFlashDrafter(nn.Module):
     @property
     def embed_tokens(self) -> nn.Module:
         if self._target_parts is None:
-            raise RuntimeError("call drafter.bind_target(embed_tokens, lm_head) before running the drafter")
+            raise RuntimeError(
+                "call drafter.bind_target(embed_tokens, lm_head) before running the drafter"
+            )
         return self._target_parts[0]
 
     @property
     def lm_head(self) -> nn.Module:
         if self._target_parts is None:
-            raise RuntimeError("call drafter.bind_target(embed_tokens, lm_head) before running the drafter")
+            raise RuntimeError(
+                "call drafter.bind_target(embed_tokens, lm_head) before running the drafter"
+            )
         return self._target_parts[1]
 
     # -- building blocks -------------------------------------------------------------------

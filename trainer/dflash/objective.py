@@ -38,7 +38,9 @@ def sample_anchors(
     CPU torch.Generator; outputs are on loss_mask's device.
     """
     if block_size < 2 or num_anchors < 1:
-        raise ValueError(f"need block_size >= 2 and num_anchors >= 1, got {block_size}, {num_anchors}")
+        raise ValueError(
+            f"need block_size >= 2 and num_anchors >= 1, got {block_size}, {num_anchors}"
+        )
     device = loss_mask.device
     mask = loss_mask.detach().to("cpu", torch.bool)
     n, seq_len = mask.shape
@@ -179,7 +181,11 @@ def drafter_loss(
     row_weights = weights / weights.sum().clamp(min=1e-6)
     rows = hidden[:, :, 1:].reshape(-1, hidden.shape[-1])
     loss, correct = chunked_linear_cross_entropy(
-        rows, drafter.lm_head.weight, labels.reshape(-1), row_weights.reshape(-1), loss_chunk * (block - 1)
+        rows,
+        drafter.lm_head.weight,
+        labels.reshape(-1),
+        row_weights.reshape(-1),
+        loss_chunk * (block - 1),
     )
     correct = correct.view_as(counts) & counts
     countsf = counts.float()
@@ -204,7 +210,9 @@ def expected_acceptance_length(per_slot_acc) -> float:
     Treats slot accuracies as independent; the teacher-forced `accept_len` metric
     measures the prefix directly.
     """
-    acc = [float(a) for a in (per_slot_acc.tolist() if torch.is_tensor(per_slot_acc) else per_slot_acc)]
+    acc = [
+        float(a) for a in (per_slot_acc.tolist() if torch.is_tensor(per_slot_acc) else per_slot_acc)
+    ]
     total, run = 1.0, 1.0
     for a in acc:
         if not math.isfinite(a):

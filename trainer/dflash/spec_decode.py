@@ -33,7 +33,9 @@ class DrafterCache:
 
     def extend(self, drafter: DFlashDrafter, context: torch.Tensor) -> None:
         """Append target hidden states [1, c, k*H] for positions length..length+c-1."""
-        positions = torch.arange(self.length, self.length + context.shape[1], device=context.device)[None]
+        positions = torch.arange(
+            self.length, self.length + context.shape[1], device=context.device
+        )[None]
         new = drafter.context_kv(drafter.fuse(context), positions)
         if self.layers is None:
             self.layers = new
@@ -46,10 +48,14 @@ class DrafterCache:
 
 
 @torch.no_grad()
-def draft_block_logits(drafter: DFlashDrafter, cache: DrafterCache, first_token: int) -> torch.Tensor:
+def draft_block_logits(
+    drafter: DFlashDrafter, cache: DrafterCache, first_token: int
+) -> torch.Tensor:
     """Logits [1, B, V] of a block [first_token, MASK...] placed right after the cached context."""
     if cache.layers is None:
-        raise ValueError("the drafter cache is empty: extend it with the prompt's hidden states first")
+        raise ValueError(
+            "the drafter cache is empty: extend it with the prompt's hidden states first"
+        )
     cfg = drafter.cfg
     device = cache.layers[0][0].device
     ids = torch.full((1, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=device)
@@ -101,7 +107,9 @@ def speculative_generate(
         result.acceptance_lengths.append(len(new_tokens))
         # Positions start..start+accepted hold verified tokens; their hidden states are final.
         crop_cache(target_cache, start + accepted + 1)
-        draft_cache.extend(drafter, select_layers(out.hidden_states, cfg.target_layer_ids)[:, : accepted + 1])
+        draft_cache.extend(
+            drafter, select_layers(out.hidden_states, cfg.target_layer_ids)[:, : accepted + 1]
+        )
         start += accepted + 1
         token = new_tokens[-1]
     return result

@@ -25,7 +25,7 @@ def build_tiny_target(
     head_dim: int = 16,
     intermediate_size: int = 128,
     max_position_embeddings: int = 4096,
-    initializer_range: float = 0.02,
+    initializer_range: float = 0.05,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
     """A random-weight Qwen3ForCausalLM for tests and CPU runs (no download)."""
@@ -92,7 +92,10 @@ def target_context(
 ) -> torch.Tensor:
     """Concatenated outputs of the selected target layers, [N, S, k*H]."""
     out = _decoder(target)(
-        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=True,
+        use_cache=False,
     )
     return select_layers(out.hidden_states, layer_ids)
 
@@ -122,7 +125,11 @@ def cached_forward(target: nn.Module, input_ids: torch.Tensor, start: int, cache
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
     kwargs = {_cache_kwarg(target): cache}
     return target(
-        input_ids=input_ids, position_ids=positions, use_cache=True, output_hidden_states=hidden, **kwargs
+        input_ids=input_ids,
+        position_ids=positions,
+        use_cache=True,
+        output_hidden_states=hidden,
+        **kwargs,
     )
 
 
@@ -135,7 +142,10 @@ def crop_cache(cache, length: int) -> None:
 
 @torch.no_grad()
 def greedy_generate(
-    target: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int, stop_token_ids: list[int] | None = None
+    target: nn.Module,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_token_ids: list[int] | None = None,
 ) -> tuple[list[int], int]:
     """The target's own greedy continuation of one prompt [1, P] -> (new token ids, target forwards)."""
     cache = new_cache(target)
@@ -145,8 +155,26 @@ def greedy_generate(
     stops = set(stop_token_ids or [])
     while len(generated) < max_new_tokens and token not in stops:
         step = torch.tensor([[token]], device=prompt_ids.device)
-        out = cached_forward(target, step, prompt_ids.shape[1] + len(generated) - 1, cache, hidden=False)
+        out = cached_forward(
+            target, step, prompt_ids.shape[1] + len(generated) - 1, cache, hidden=False
+        )
         token = int(out.logits[0, -1].argmax())
         generated.append(token)
         forwards += 1
     return generated, forwards
+
+
+@torch.no_grad()
+def greedy_generate_batch(
+    target: nn.Module, prompt_ids: torch.Tensor, num_new_tokens: int
+) -> torch.Tensor:
+    """Greedy continuations of equal-length prompts [N, P] -> [N, num_new_tokens] (no stop tokens)."""
+    cache = new_cache(target)
+    out = cached_forward(target, prompt_ids, 0, cache, hidden=False)
+    tokens = [out.logits[:, -1].argmax(-1)]
+    for step in range(1, num_new_tokens):
+        out = cached_forward(
+            target, tokens[-1][:, None], prompt_ids.shape[1] + step - 1, cache, hidden=False
+        )
+        tokens.append(out.logits[:, -1].argmax(-1))
+    return torch.stack(tokens, dim=1)
