@@ -867,17 +867,19 @@ def _say_outcome(result: FollowResult) -> None:
             f"{what} is still running; follow it with `dflashctl logs -f {result.run_id}`"
         )
         return
-    causes = []
-    if result.crashes:
-        causes.append(result.crashes[0].summary)
+    causes = [result.crashes[0].summary] if result.crashes else []
     if result.state == "lost":
         causes.append("the process is gone and left no exit code")
-    elif result.signal:
-        causes.append(f"killed by signal {result.signal}")
-    elif result.exit_code not in (0, None):
-        causes.append(f"exit code {result.exit_code}")
-    elif result.exit_code is None and result.state == "running":
+    elif result.state == "running":
         causes.append("the process is still running")
+    elif result.signal:
+        from dflashctl.runs import signal_name
+
+        causes.append(f"killed by {signal_name(result.signal)}")
+    elif result.exit_code not in (0, None):
+        # The detector's own exit-status event already says it.
+        if not any(f"exit status {result.exit_code}" in cause for cause in causes):
+            causes.append(f"exit code {result.exit_code}")
     detail = "; ".join(causes)
     terminal.err.print(
         f"[bold red]✗[/bold red] {what} crashed" + (f": {_plain(detail)}" if detail else "")

@@ -202,3 +202,17 @@ def test_ctrl_c_stops_following_and_leaves_the_run_running(project):
     assert not (rundir / "exit_code").exists()
     pid = int((rundir / "pid").read_text())
     os.kill(pid, 0)  # the run is still alive
+
+
+def test_a_run_killed_by_a_signal_is_a_crash_named_by_its_signal(project):
+    rundir = project.launch("20261129-100004-eeee", lines=2, delay=0.01, mode="hang")
+    wait_for(lambda: "step 2/2" in (rundir / "train.log").read_text(), what="the log")
+    wrapper = int((rundir / "pid").read_text())
+    subprocess.run(["pkill", "-TERM", "-P", str(wrapper)], check=True)  # the trainer only
+    wait_for(lambda: (rundir / "exit_code").exists(), what="the exit code")
+    done = dflashctl("logs", "--json", cwd=project.root)
+    assert done.returncode == 1
+    answer = json.loads(done.stdout)
+    assert (answer["status"], answer["exit_code"]) == ("crashed", 143)
+    done = dflashctl("logs", cwd=project.root)
+    assert done.returncode == 1 and "killed by SIGTERM" in done.stderr
