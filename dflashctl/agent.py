@@ -391,10 +391,26 @@ def active_run_id(workdir):
 # --------------------------------------------------------------------------- what to stop
 
 
-def find_targets(workdir, entry):
+def script_inside(proc, workdir):
+    """Does the script `proc` runs live under workdir (resolved against its cwd)?"""
+    script = script_of(proc.argv)
+    try:
+        cwd = os.readlink(f"/proc/{proc.pid}/cwd")
+    except OSError:
+        return False
+    path = os.path.realpath(os.path.join(cwd, script))
+    return path.startswith(os.path.realpath(workdir).rstrip("/") + "/")
+
+
+def find_targets(workdir, entry, scope="container"):
     """Process groups (or single processes) to stop: our running runs, then any other
     process whose command line runs the entry script. Nothing else, and never the
-    agent itself or its ancestors."""
+    agent itself or its ancestors.
+
+    scope "container": the container is the trainer's own, so the entry script run
+    from anywhere is a stale run. scope "workdir" (no container: this machine or a
+    shared host): only a script under the workdir is ours; another project's script
+    of the same name is left alone."""
     table = process_table()
     mine = ancestors(os.getpid(), table)
     my_groups = set(table[p].pgid for p in mine if p in table)
@@ -424,6 +440,8 @@ def find_targets(workdir, entry):
         if not alive(proc) or proc.pid in mine or proc.pgid in covered_groups:
             continue
         if not runs_entry(proc.argv, entry):
+            continue
+        if scope != "container" and not script_inside(proc, workdir):
             continue
         members = [p.pid for p in table.values() if p.pgid == proc.pgid and alive(p)]
         family = descendants(proc.pid, table) | set([proc.pid])
@@ -541,7 +559,7 @@ def op_inspect(p):
         "release": release,
         "manifest": manifest,
         "active_run": active_run_id(workdir),
-        "to_stop": find_targets(workdir, entry) if os.path.isdir("/proc/self") else [],
+        "to_stop": find_targets(workdir, entry, p.get("scope", "container")),
     }
 
 
@@ -637,7 +655,11 @@ def op_stop(p):
     workdir = p["workdir"]
     lock = lock_workdir(workdir)
     try:
-        stopped = stop_targets(workdir, find_targets(workdir, p["entry"]), float(p["grace_s"]))
+        stopped = stop_targets(
+            workdir,
+            find_targets(workdir, p["entry"], p.get("scope", "container")),
+            float(p["grace_s"]),
+        )
     finally:
         os.close(lock)
     return {
@@ -669,13 +691,18 @@ def op_launch(p):
     lock = lock_workdir(workdir)
     try:
         t0 = time.monotonic()
-        stopped = stop_targets(workdir, find_targets(workdir, p["entry"]), float(p["grace_s"]))
+        stopped = stop_targets(
+            workdir,
+            find_targets(workdir, p["entry"], p.get("scope", "container")),
+            float(p["grace_s"]),
+        )
         stop_s = time.monotonic() - t0
         if any(s["ended"] == "still running after SIGKILL" for s in stopped):
             raise AgentError(
                 "a previous run did not exit after SIGKILL; not launching another",
                 "check the container with `ps -ef`; the process may be stuck in I/O",
             )
+        launch_started = time.monotonic()
         if current_release(workdir) != release:
             swap_current(workdir, release)
         run = start_run(workdir, run_id, release, p)
@@ -685,11 +712,13 @@ def op_launch(p):
             if r["status"] == "running"
         ]
         removed = gc_releases(workdir, int(p.get("keep_releases", 5)), protect)
+        launch_s = time.monotonic() - launch_started
     finally:
         os.close(lock)
     return {
         "stopped": stopped,
         "stop_seconds": round(stop_s, 3),
+        "launch_seconds": round(launch_s, 3),
         "release": release,
         "run": run,
         "releases_removed": removed,

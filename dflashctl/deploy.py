@@ -48,6 +48,12 @@ def where(target: Any) -> str:
     return runs.describe_target(target)
 
 
+def process_scope(config: Config) -> str:
+    """Where a hand-started trainer may be: anywhere in a container of its own; on a
+    machine without one, only under the workdir (other projects share the machine)."""
+    return "container" if config.container.vmid is not None else "workdir"
+
+
 def start_container(target: Any) -> None:
     """`pct start` on the host; returns once the container runs."""
     result = target.transport.run(["pct", "start", str(target.vmid)], timeout=120, check=False)
@@ -57,7 +63,11 @@ def start_container(target: Any) -> None:
 
 def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
     """Round trip 1; starts a stopped container first when allowed (else exit 3)."""
-    params = {"workdir": config.container.workdir, "entry": config.trainer.entry}
+    params = {
+        "workdir": config.container.workdir,
+        "entry": config.trainer.entry,
+        "scope": process_scope(config),
+    }
     try:
         return runs.call_agent(target, config.container.python, "inspect", params)
     except pct.ContainerNotRunning as exc:
@@ -142,49 +152,65 @@ def git_state(source: Path) -> dict[str, Any]:
 def upload_and_deploy(
     config: Config, target: Any, plan: Plan, archive: bytes, launch: dict[str, Any]
 ) -> dict[str, Any]:
-    """Round trip 2: the archive travels once (SFTP to the host, then one `pct push`)
-    and the agent builds the release, stops stale runs and launches, in one command
-    on the host. Returns the agent's answer, with `upload_seconds`."""
+    """Round trip 2, one command on the host: the archive arrives on its stdin (no
+    extra round trips for a file transfer), is `pct push`ed into the container as one
+    file, and the agent, reading the rest of stdin, builds the release, stops stale
+    runs and launches. Returns the agent's answer."""
     workdir, python = config.container.workdir, config.container.python
     release = plan.new_release
     assert release is not None
     prefix = releases.upload_prefix(workdir, target.vmid)
     dest = releases.upload_path(prefix, release)
+    staged = dest if target.vmid is None else releases.upload_path(prefix, release, "/tmp")
     params = dict(
         launch, release=release, archive=dest, base=plan.base_release, upload_prefix=prefix
     )
-    timeout = 600 + float(params["grace_s"])
-    started = time.monotonic()
+    agent = runs.agent_argv(python, "deploy")
     if target.vmid is None:
-        target.transport.put_file(archive, dest, mode=0o600)
-        uploaded = time.monotonic() - started
-        answer = runs.call_agent(target, python, "deploy", params, timeout=timeout)
-        return dict(answer, upload_seconds=uploaded)
-    staged = releases.upload_path(prefix, release, "/tmp")
-    target.transport.put_file(archive, staged, mode=0o600)
-    uploaded = time.monotonic() - started
-    # Leftovers of an interrupted upload to this container (SFTP temp names included):
-    # untouched for a minute, so never an upload in progress.
+        run_agent = shlex.join(agent)
+        push = ""
+    else:
+        run_agent = shlex.join(pct.exec_argv(target.vmid, agent))
+        push = (
+            f"{shlex.join(pct.push_argv(target.vmid, staged, dest, 0o600))}\n"
+            "status=$?\n"
+            f"rm -f -- {shlex.quote(staged)}\n"
+            f"if [ $status -ne 0 ]; then echo '{_PUSH_FAILED}' >&2; exit 199; fi\n"
+        )
     script = (
-        f"find /tmp -maxdepth 1 -type f \\( -name '{prefix}*' -o -name '.{prefix}*' \\) "
-        f"-mmin +{ABANDONED_UPLOAD_MIN} -delete 2>/dev/null\n"
-        f"{shlex.join(pct.push_argv(target.vmid, staged, dest, 0o600))}\n"
-        "status=$?\n"
-        f"rm -f -- {shlex.quote(staged)}\n"
-        "if [ $status -ne 0 ]; then echo 'dflashctl: pct push failed' >&2; exit 199; fi\n"
-        f"exec {shlex.join(pct.exec_argv(target.vmid, runs.agent_argv(python, 'deploy')))}\n"
+        # Leftovers of interrupted uploads to this target, once nobody writes to them.
+        f"find /tmp -maxdepth 1 -type f -name '{prefix}*' -mmin +{ABANDONED_UPLOAD_MIN} "
+        "-delete 2>/dev/null\n"
+        "umask 077\n"
+        # GNU head reads no more than it is asked for: the rest of stdin is the agent's.
+        f"head -c {len(archive)} > {shlex.quote(staged)}\n"
+        f'if [ "$(wc -c < {shlex.quote(staged)})" -ne {len(archive)} ]; then\n'
+        f"  rm -f -- {shlex.quote(staged)}; echo '{_UPLOAD_CUT}' >&2; exit 198\n"
+        "fi\n"
+        f"{push}"
+        f"exec {run_agent}\n"
     )
-    stdin = runs.agent_input("deploy", params)
+    stdin = archive + runs.agent_input("deploy", params)
+    timeout = 600 + float(params["grace_s"])
     result = target.transport.run(["sh", "-c", script], stdin=stdin, timeout=timeout, check=False)
-    if result.exit_status == 199 and "dflashctl: pct push failed" in result.stderr_text:
+    if result.exit_status == 198 and _UPLOAD_CUT in result.stderr_text:
+        raise HostError(
+            f"the upload to {where(target)} arrived incomplete",
+            hint="check the connection and the host's free space in /tmp, then deploy again",
+        )
+    if result.exit_status == 199 and _PUSH_FAILED in result.stderr_text:
         failed = type(result)(
             pct.push_argv(target.vmid, staged, dest), 1, result.stdout, result.stderr
         )
         pct.raise_for_pct(failed, target.vmid, "push")
         raise HostError(f"pct push into container {target.vmid} failed: {failed.last_error_line()}")
-    pct.raise_for_pct(result, target.vmid, "exec")
-    answer = runs.parse_agent_answer(result, python, "deploy", where(target))
-    return dict(answer, upload_seconds=uploaded)
+    if target.vmid is not None:
+        pct.raise_for_pct(result, target.vmid, "exec")
+    return runs.parse_agent_answer(result, python, "deploy", where(target))
+
+
+_UPLOAD_CUT = "dflashctl: upload cut short"
+_PUSH_FAILED = "dflashctl: pct push failed"
 
 
 # --------------------------------------------------------------------------- launching
@@ -203,6 +229,7 @@ def launch_params(
         "release": release,
         "run_id": run_id,
         "entry": config.trainer.entry,
+        "scope": process_scope(config),
         "command": command,
         "env": dict(config.trainer.env),
         "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
@@ -364,7 +391,15 @@ def _deploy_on(config, target, options, manifest, checked, meta, started, git):
         with _spinner(waiting):
             launched = upload_and_deploy(config, target, plan, archive, params)
         built = launched["build"]
-        synced_s = launched["upload_seconds"] + float(built.get("seconds") or 0.0)
+        # One call did it all: what the agent did not spend stopping and launching
+        # went into sending and unpacking.
+        synced_s = max(
+            time.monotonic()
+            - t0
+            - float(launched.get("stop_seconds") or 0.0)
+            - float(launched.get("launch_seconds") or 0.0),
+            0.0,
+        )
         terminal.step_done(
             f"synced {len(diff.changed)} of {len(manifest)} files "
             f"({terminal.human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
@@ -513,6 +548,7 @@ def stop(
         params = {
             "workdir": config.container.workdir,
             "entry": config.trainer.entry,
+            "scope": process_scope(config),
             "grace_s": grace,
         }
         with terminal.step("stopping runs") as step:

@@ -93,6 +93,8 @@ def test_first_deploy_lands_files_swaps_current_and_launches(project):
 def test_redeploy_sends_only_the_changed_file_and_replaces_the_run(project):
     _, first = detached(project.config())
     first_pid = first["pid"]
+    log = project.run_dir(first["run_id"]) / "train.log"
+    wait_for(lambda: "hello" in log.read_text(), what="the trainer to set its SIGTERM handler")
     (project.source / "helpers.py").write_text("def greeting():\n    return 'hello again'\n")
     _, second = detached(project.config())
 

@@ -64,8 +64,15 @@ def launch(project) -> dict:
     return summary
 
 
+def wait_started(project, summary) -> None:
+    """Until the trainer has printed its first line (its SIGTERM handler is set)."""
+    log = project.run_dir(summary["run_id"]) / "train.log"
+    wait_for(lambda: "hello" in log.read_text(), what="the trainer to start")
+
+
 def test_stop_gives_a_sigterm_handler_its_grace_period(project):
     summary = launch(project)
+    wait_started(project, summary)
     result = stop(project.config())
     [stopped] = result["stopped"]
     assert (stopped["run_id"], stopped["pid"], stopped["ended"]) == (
@@ -83,10 +90,7 @@ def test_stop_gives_a_sigterm_handler_its_grace_period(project):
 def test_a_run_that_ignores_sigterm_is_killed_after_the_grace_period(project):
     write_local_config(project.root, args=["--sleep", "60", "--on-term", "ignore"])
     summary = launch(project)
-    wait_for(
-        lambda: "hello" in (project.run_dir(summary["run_id"]) / "train.log").read_text(),
-        what="the trainer to install its handler",
-    )
+    wait_started(project, summary)
     result = stop(project.config(), grace_s=0.5)
     [stopped] = result["stopped"]
     assert stopped["ended"] == "killed" and stopped["seconds"] >= 0.5
@@ -103,20 +107,25 @@ def test_hand_started_trainer_is_stopped_and_unrelated_processes_survive(
     project, spawned, tmp_path
 ):
     summary = launch(project)
-    by_hand = tmp_path / "by-hand"
-    shutil.copytree(project.source, by_hand)
-    (by_hand / "other.py").write_text("import time\ntime.sleep(60)\n")
-    # Someone ran the trainer by hand, in its own session (as `setsid` or a login shell)...
+    current = project.workdir / "current"
+    other_project = tmp_path / "other-project"
+    shutil.copytree(project.source, other_project)
+    (other_project / "other.py").write_text("import time\ntime.sleep(60)\n")
+    # Someone ran the trainer by hand from the current release, in its own session...
     stale = spawned(
-        [sys.executable, "-u", "train.py", "--sleep", "60"], cwd=by_hand, start_new_session=True
+        [sys.executable, "-u", "train.py", "--sleep", "60"], cwd=current, start_new_session=True
     )
     # ...and, from a shell, next to unrelated work in the same process group.
     shell = spawned(
-        ["sh", "-c", f"{sys.executable} {by_hand}/train.py --sleep 60 & sleep 60 & wait"],
+        ["sh", "-c", f"{sys.executable} {current}/train.py --sleep 60 & sleep 60 & wait"],
         start_new_session=True,
     )
     unrelated_sleep = spawned(["sleep", "60"])
-    unrelated_python = spawned([sys.executable, "other.py"], cwd=by_hand)
+    unrelated_python = spawned([sys.executable, "other.py"], cwd=other_project)
+    # Without a container the machine is shared: another project's train.py is not ours.
+    other_trainer = spawned(
+        [sys.executable, "train.py", "--sleep", "60"], cwd=other_project, start_new_session=True
+    )
     wait_for(lambda: len(children_of(shell.pid)) == 2, what="the shell's two children")
     shell_trainer, shell_sleep = sorted(
         children_of(shell.pid),
@@ -131,16 +140,23 @@ def test_hand_started_trainer_is_stopped_and_unrelated_processes_survive(
     assert stopped[shell_trainer]["group"] is False  # its group holds a shell and a sleep
     wait_for(lambda: stale.poll() is not None, what="the hand-started trainer to be reaped")
     assert not pid_alive(shell_trainer) and not pid_alive(summary["pid"])
-    for survivor in (shell.pid, shell_sleep, unrelated_sleep.pid, unrelated_python.pid):
+    survivors = (
+        shell.pid,
+        shell_sleep,
+        unrelated_sleep.pid,
+        unrelated_python.pid,
+        other_trainer.pid,
+    )
+    for survivor in survivors:
         assert pid_alive(survivor), f"pid {survivor} should not have been touched"
 
 
-def test_a_second_deploy_stops_the_first_run_and_a_hand_started_one(project, spawned, tmp_path):
+def test_a_second_deploy_stops_the_first_run_and_a_hand_started_one(project, spawned):
     first = launch(project)
-    by_hand = tmp_path / "by-hand"
-    shutil.copytree(project.source, by_hand)
     stale = spawned(
-        [sys.executable, "train.py", "--sleep", "60"], cwd=by_hand, start_new_session=True
+        [sys.executable, "train.py", "--sleep", "60"],
+        cwd=project.workdir / "current",
+        start_new_session=True,
     )
     unrelated = spawned(["sleep", "60"])
     wait_for(lambda: "train.py" in open(f"/proc/{stale.pid}/cmdline").read(), what="exec")
