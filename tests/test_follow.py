@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -140,18 +141,23 @@ def test_death_by_signal_is_a_crash(runs):
 def test_starts_before_the_log_exists(runs):
     rundir = runs.workdir / "runs" / "r4"
     rundir.mkdir(parents=True)
-    (rundir / "pid").write_text(f"{subprocess.Popen(['sleep', '30']).pid}\n")
-    runs.rundirs.append(rundir)
-
-    import threading
+    # A live pid and no log yet: a run that is still starting.
+    placeholder = subprocess.Popen(["sleep", "30"])
+    (rundir / "pid").write_text(f"{placeholder.pid}\n")
 
     def launch_later():
         time.sleep(0.4)
         (rundir / "pid").unlink()
         runs.start("r4", lines=4, delay=0.02)
 
-    threading.Thread(target=launch_later).start()
-    result, out = follow(runs, "r4")
+    launcher = threading.Thread(target=launch_later)
+    launcher.start()
+    try:
+        result, out = follow(runs, "r4")
+    finally:
+        launcher.join()
+        placeholder.kill()
+        placeholder.wait()
     assert step_lines(out) == expected_lines(4)
     assert result.status == "finished"
 
@@ -190,8 +196,6 @@ def test_a_truncated_log_is_read_again_from_the_start(runs):
     try:
         (rundir / "pid").write_text(f"{sleeper.pid}\n")
         (rundir / "train.log").write_text("old 1\nold 2\n")
-
-        import threading
 
         def rotate():
             time.sleep(0.5)
