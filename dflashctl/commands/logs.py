@@ -1,8 +1,11 @@
 """dflashctl logs: a run's log, live with --follow, with its crashes named.
 
 Exit codes: 0 the run is running or finished cleanly, 1 it crashed (a detected crash, a
-non-zero exit or a signal), 2 usage, 3 host/connection trouble, 130 Ctrl-C (following
-stops; the run keeps going).
+non-zero exit or a signal; a crash found in the log of a run whose process still runs,
+say a dead worker thread, counts too), 2 usage, 3 host/connection trouble, 130 Ctrl-C
+(following stops; the run keeps going).
+
+The following itself (streaming, reconnecting, the end of the run) is dflashctl.follow.
 """
 
 from __future__ import annotations
