@@ -31,6 +31,8 @@ VARIANTS = {
     "reduce-overhead": ["runtime.compile=reduce-overhead"],
     "legacy-cudagraphs": ["runtime.compile=legacy-cudagraphs"],
     "sequential": ["runtime.compile=reduce-overhead", "runtime.schedule=sequential"],
+    "flex": ["runtime.compile=reduce-overhead", "drafter.attention=flex"],
+    "flex-sequential": ["runtime.compile=reduce-overhead", "drafter.attention=flex", "runtime.schedule=sequential"],
 }
 STEP = re.compile(r"^step (\d+)/\d+ \| loss (\S+) .*\| (\d+) tok/s \| mfu (\S+) \|")
 READY = re.compile(r"ready \(warm-up ([\d.]+) s")
@@ -94,6 +96,7 @@ def main() -> int:
         result["steps_per_s"] = round(tok / tokens_per_step, 3) if tok else None
         results.append(result)
         print(f"{name}: exit {result['exit_code']}, {result['wall_s']} s, {tok} tok/s", flush=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # partial runs count
 
     base = next((r for r in results if r["variant"] == "eager" and r["tokens_per_s"]), None)
     print(f"\nconfig {args.config.name}: {tokens_per_step} tokens/step, {args.steps} steps per variant")
@@ -106,11 +109,12 @@ def main() -> int:
         print(f"{r['variant']:<18} {r['exit_code']!s:>4} {_fmt(r['warmup_s'], 9, 1)} {_fmt(r['steps_per_s'], 8, 3)} "
               f"{_fmt(r['tokens_per_s'], 9, 0)} {_fmt(r['mfu_percent'], 6, 1)}% {_fmt(peak, 8, 1)} "
               f"{_fmt(ratio, 8, 2)}")
-    piped = next((r for r in results if r["variant"] == "reduce-overhead"), None)
-    seq = next((r for r in results if r["variant"] == "sequential"), None)
-    if piped and seq and piped["tokens_per_s"] and seq["tokens_per_s"]:
-        ratio = piped["tokens_per_s"] / seq["tokens_per_s"]
-        print(f"pipelined / sequential (reduce-overhead): {ratio:.3f}")
+    for piped_name, seq_name in (("reduce-overhead", "sequential"), ("flex", "flex-sequential")):
+        piped = next((r for r in results if r["variant"] == piped_name), None)
+        seq = next((r for r in results if r["variant"] == seq_name), None)
+        if piped and seq and piped["tokens_per_s"] and seq["tokens_per_s"]:
+            ratio = piped["tokens_per_s"] / seq["tokens_per_s"]
+            print(f"pipelined / sequential ({piped_name}): {ratio:.3f}")
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return 0 if all(r["exit_code"] == 0 for r in results) else 1
 

@@ -12,7 +12,7 @@ set -u
 MODE=${1:-all}
 OUT=${OUT:-$PWD/gpu-proof-out}
 STEPS=${BENCH_STEPS:-30}
-VARIANTS=${BENCH_VARIANTS:-eager,default,reduce-overhead,legacy-cudagraphs,sequential}
+VARIANTS=${BENCH_VARIANTS:-eager,default,reduce-overhead,sequential,flex,legacy-cudagraphs}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ROOT=$PWD
@@ -35,6 +35,5 @@ fi
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   echo "== 3. benchmark: $VARIANTS on qwen3-8b.yaml, $STEPS steps each"
   python3 bench/bench_trainer.py --config trainer/configs/qwen3-8b.yaml --steps "$STEPS" \
-    --log-every 5 --variants "$VARIANTS" --timeout 400 --out "$OUT/bench" \
-    --set 'debug.profile_steps=[21,25]' 2>&1 | tee "$OUT/bench.txt"
+    --log-every 5 --variants "$VARIANTS" --timeout 240 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
 fi

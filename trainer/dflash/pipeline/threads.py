@@ -257,6 +257,8 @@ class _ProfileWindow:
             f"profiled steps {self.first}-{self.last}: {graph_launches} CUDA graph launches, "
             f"{kernel_launches} kernel launches outside graphs ({steps} steps, all threads)"))
         self.profiler = None
+        # Collecting the trace took time that is no training: restart the throughput window.
+        self.ctx._window_start, self.ctx._window_steps = time.perf_counter(), 0
 
 
 def _configure_compiler_for_thread(num_drafters: int) -> None:
