@@ -550,6 +550,7 @@ class _Follower:
         except KeyboardInterrupt:
             self._close_stream()
             self.sink.go_live()
+            self.sink.quiet()
             return self._result(None, interrupted=True)
         finally:
             self._close_stream()
@@ -562,6 +563,8 @@ class _Follower:
         self.sink.go_live()
         if state.status != "running":
             self.sink.finish(state.exit_code)
+        else:
+            self.sink.quiet()  # the log as it stands: a traceback at its end is complete
         return self._result(state)
 
     def _follow(self):

@@ -291,3 +291,11 @@ def test_a_last_line_without_newline_is_printed_once_the_run_ended(runs):
     result, out = follow(runs, "r10")
     assert step_lines(out) == ["step 1/2 | loss 2.0", "step 2/2 | loss 1.9"]
     assert result.status == "finished"
+
+
+def test_a_crash_in_a_run_that_still_runs_counts_as_a_crash(runs):
+    rundir = runs.start("r11", lines=2, delay=0.01, mode="crash-hang")
+    wait_for(lambda: "AssertionError" in (rundir / "train.log").read_text(), what="the crash")
+    result, _ = follow(runs, "r11", follow=False)
+    assert (result.status, result.state, result.exit_code) == ("crashed", "running", None)
+    assert result.crashes[0].thread == "drafter-2" and result.cli_exit_code == 1

@@ -13,6 +13,7 @@ from pathlib import Path
 #   thread-crash  LINES step lines, then a worker thread raises; exit 1
 #   split         like finish, but every line is written in two halves DELAY apart
 #   hang          LINES step lines, then sleeps until killed
+#   crash-hang    like thread-crash, but the main thread then sleeps until killed
 FAKE_TRAINER = r"""
 import sys, threading, time
 lines, delay, mode = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
@@ -25,13 +26,15 @@ for i in range(1, lines + 1):
     else:
         print(text, flush=True)
         time.sleep(delay)
-if mode == "thread-crash":
+if mode in ("thread-crash", "crash-hang"):
     def warm():
         print("drafter-2 on cpu: warming compiled graphs", flush=True)
         raise AssertionError("tree manager container missing from this thread")
     worker = threading.Thread(target=warm, name="drafter-2")
     worker.start()
     worker.join()
+    if mode == "crash-hang":
+        time.sleep(3600)
     sys.exit(1)
 if mode == "hang":
     time.sleep(3600)
