@@ -245,6 +245,14 @@ def _connect_one(
         raise host_keys.changed_key_error(known_hosts, dest.known_hosts_name, exc.key) from exc
     except paramiko.AuthenticationException as exc:
         client.close()
+        if "transport shut down or saw EOF" in str(exc):
+            # paramiko words a connection that dropped mid-authentication as an auth
+            # failure; it is a network event, not a key problem.
+            raise ConnectFailed(
+                "ssh",
+                f"the connection to {dest.hostname} port {dest.port} closed during authentication",
+                hint="try again; if it keeps happening, check sshd's MaxStartups and logs",
+            ) from exc
         raise _auth_error(dest, key_files, exc) from exc
     except (TimeoutError, paramiko.SSHException, EOFError, OSError) as exc:
         handshake = client.get_transport()
