@@ -25,7 +25,7 @@ def build_tiny_target(
     head_dim: int = 16,
     intermediate_size: int = 128,
     max_position_embeddings: int = 4096,
-    initializer_range: float = 0.05,
+    initializer_range: float = 0.03,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
     """A random-weight Qwen3ForCausalLM for tests and CPU runs (no download)."""
