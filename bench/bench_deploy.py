@@ -5,8 +5,10 @@ Starts the test host the tests use (real sshd on 127.0.0.1, `pct` driving a bubb
 container), makes a trainer-like tree of about 30 files, and times the whole CLI
 process (`dflashctl deploy --detach`, start to "launched", Python start-up included):
 
-  first deploy         an empty workdir in the container: every file travels
+  first deploy         an empty workdir in the container, nothing remembered locally:
+                       every file travels (two round trips)
   one-file redeploy    one file changed; the previous run is stopped, a new one launched
+                       (one round trip: the last deploy's manifest is remembered locally)
   no-change redeploy   nothing changed: no file content may travel (bytes_sent == 0)
 
 The baseline is the loop from the old notes, each step its own ssh process, strict
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import statistics
@@ -53,13 +56,15 @@ def make_tree(source: Path) -> list[str]:
     return sorted(str(p.relative_to(source)) for p in source.rglob("*") if p.is_file())
 
 
-def deploy(config: Path) -> tuple[float, dict]:
+def deploy(config: Path, cache: Path) -> tuple[float, dict]:
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "dflashctl", "deploy", "-c", str(config), "--detach", "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=env,
     )
     elapsed = time.perf_counter() - start
     if result.returncode != 0:
@@ -67,9 +72,10 @@ def deploy(config: Path) -> tuple[float, dict]:
     return elapsed, json.loads(result.stdout)
 
 
-def wipe(container: Container) -> None:
-    """An empty workdir, no runs: what a first deploy finds."""
+def wipe(container: Container, cache: Path) -> None:
+    """An empty workdir, no runs, nothing remembered here: a first deploy."""
     container.exec(["sh", "-c", f"pkill -KILL -f '[t]rain[.]py'; rm -rf {WORKDIR} {BY_HAND_DIR}"])
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 class ByHand:
@@ -154,6 +160,7 @@ def main() -> int:
 
 def run(args, base: Path, server: SshServer, container: Container) -> int:
     source = base / "src"
+    cache = base / "cache"  # what this machine remembers of its last deploy there
     files = make_tree(source)
     config = fixtures.build_config(server, vmid=VMID, trainer_source=source)
     config["trainer"].update(entry="train.py", args=["--sleep", "600"])
@@ -168,28 +175,28 @@ def run(args, base: Path, server: SshServer, container: Container) -> int:
 
     first, one_file, no_change, no_change_bytes = [], [], [], []
     for i in range(args.runs):
-        wipe(container)
-        elapsed, summary = deploy(config_path)
+        wipe(container, cache)
+        elapsed, summary = deploy(config_path, cache)
         assert summary["files_sent"] == len(files), summary
         first.append(elapsed)
         (source / "helpers.py").write_text(
             f"def greeting():\n    return 'hello from the trainer, edit {i}'\n"
         )
-        elapsed, summary = deploy(config_path)
+        elapsed, summary = deploy(config_path, cache)
         assert summary["files_sent"] == 1 and len(summary["runs_stopped"]) == 1, summary
         one_file.append(elapsed)
-        elapsed, summary = deploy(config_path)
+        elapsed, summary = deploy(config_path, cache)
         no_change.append(elapsed)
         no_change_bytes.append(summary["bytes_sent"] + summary["archive_bytes"])
 
     by_hand = ByHand(server, config["container"]["python"])
     hand_tree, hand_one = [], []
     for _ in range(args.by_hand_runs):
-        wipe(container)
+        wipe(container, cache)
         hand_tree.append(by_hand.deploy(source, files))
     for _ in range(max(3, args.by_hand_runs)):
         hand_one.append(by_hand.deploy(source, ["helpers.py"]))
-    wipe(container)
+    wipe(container, cache)
 
     results = {
         "first": median(first),

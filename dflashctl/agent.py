@@ -47,6 +47,11 @@ class AgentError(Exception):
         self.hint = hint
 
 
+class StaleBase(AgentError):
+    """The release the caller built its plan on is not what is here (any more): it
+    should inspect again and send what is really missing. Nothing was changed."""
+
+
 # --------------------------------------------------------------------------- small file helpers
 
 
@@ -573,9 +578,16 @@ def op_build(p):
         final = os.path.join(releases_dir(workdir), release)
         if os.path.exists(final):
             raise AgentError(f"release {release} already exists in {workdir}")
+        if "expect" in p and current_release(workdir) != base:
+            raise StaleBase(f"the current release is {current_release(workdir)}, not {base}")
         partial = final + ".partial"
         os.mkdir(partial)
-        counts = fill_release(partial, archive, base and os.path.join(releases_dir(workdir), base))
+        try:
+            base_dir = base and os.path.join(releases_dir(workdir), base)
+            counts = fill_release(partial, archive, base_dir)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         os.rename(partial, final)
     finally:
         try:
@@ -624,7 +636,7 @@ def fill_release(partial, archive, base_dir):
                 )
             continue
         if not base_dir:
-            raise AgentError(
+            raise StaleBase(
                 f"{rel} was not sent and there is no previous release to take it from",
                 "deploy again",
             )
@@ -636,7 +648,7 @@ def fill_release(partial, archive, base_dir):
             linked += 1
         except OSError as exc:
             if exc.errno == errno.ENOENT:
-                raise AgentError(
+                raise StaleBase(
                     f"{rel} is missing from the previous release",
                     "deploy again; the release was changed meanwhile",
                 ) from None
@@ -644,7 +656,7 @@ def fill_release(partial, archive, base_dir):
             copied += 1
         # Validate what we reuse: the previous release may have been edited in place.
         if os.stat(dest).st_size != size or sha256_file(dest) != sha:
-            raise AgentError(
+            raise StaleBase(
                 f"{rel} in the previous release changed since it was inspected", "deploy again"
             )
     write_atomic(os.path.join(partial, MANIFEST_NAME), json.dumps(manifest, sort_keys=True))
@@ -676,6 +688,12 @@ def op_launch(p):
     """
     workdir, run_id = p["workdir"], p["run_id"]
     release = p.get("release") or current_release(workdir)
+    expect = p.get("expect")
+    if expect is not None and current_release(workdir) != expect["release"]:
+        # The caller's plan (from its last deploy) is out of date; nothing was changed.
+        raise StaleBase(
+            f"the current release is {current_release(workdir)}, not {expect['release']}"
+        )
     if not release:
         raise AgentError(f"nothing is deployed in {workdir} yet", "run `dflashctl deploy` first")
     release_dir = os.path.join(releases_dir(workdir), release)
@@ -688,6 +706,8 @@ def op_launch(p):
             f"{p['entry']} is not in release {release}",
             "check trainer.entry and trainer.source, then deploy again",
         )
+    if expect is not None and real_manifest(release_dir) != expect["manifest"]:
+        raise StaleBase(f"release {release} was changed in place")
     lock = lock_workdir(workdir)
     try:
         t0 = time.monotonic()
@@ -731,7 +751,8 @@ def op_deploy(p):
     started = time.monotonic()
     built = op_build(p)
     built["seconds"] = round(time.monotonic() - started, 3)
-    launched = op_launch(dict(p, release=built["release"]))
+    launch = {k: v for k, v in p.items() if k != "expect"}
+    launched = op_launch(dict(launch, release=built["release"]))
     launched["build"] = built
     return launched
 
@@ -822,7 +843,10 @@ def main(argv, params_json):
     try:
         result = OPERATIONS[argv[0]](json.loads(params_json))
     except AgentError as exc:
-        sys.stdout.write(json.dumps({"ok": False, "error": exc.message, "hint": exc.hint}))
+        answer = {"ok": False, "error": exc.message, "hint": exc.hint}
+        if isinstance(exc, StaleBase):
+            answer["stale"] = True
+        sys.stdout.write(json.dumps(answer))
         return 1
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""

@@ -94,8 +94,6 @@ class Plan:
     new_release: str | None  # None: nothing changed, the current release is reused
     to_stop: list[dict[str, Any]]
     command: list[str]
-    checked_py: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def bytes_to_send(self) -> int:
@@ -342,12 +340,46 @@ def deploy(
         git = pool.submit(git_state, Path(config.trainer.source))
         target = connect(config)
         try:
-            return _deploy_on(config, target, options, manifest, checked, meta, started, git)
+            last = None if options.dry_run else releases.load_last_deploy(config)
+            if last is not None:
+                try:
+                    plan = plan_from(config, options, manifest, last.release, last.manifest)
+                    return _execute(config, target, options, plan, meta, git, started, last)
+                except (runs.AgentFailed, pct.ContainerNotRunning) as exc:
+                    if isinstance(exc, runs.AgentFailed) and not exc.stale:
+                        raise
+                    # The container changed since our last deploy (or is stopped): ask it.
+            plan = inspected_plan(config, target, options, manifest)
+            if options.dry_run:
+                return 0, print_plan(config, plan, options)
+            return _execute(config, target, options, plan, meta, git, started, None)
         finally:
             target.transport.close()
 
 
-def _deploy_on(config, target, options, manifest, checked, meta, started, git):
+def plan_from(
+    config: Config,
+    options: DeployOptions,
+    manifest: sync.Manifest,
+    base: str | None,
+    remote: sync.Manifest | None,
+    to_stop: list[dict[str, Any]] | None = None,
+) -> Plan:
+    diff = sync.diff_manifests(manifest, remote)
+    return Plan(
+        manifest=manifest,
+        diff=diff,
+        base_release=base,
+        new_release=None if (base and diff.empty) else releases.new_release_id(),
+        to_stop=to_stop or [],
+        command=trainer_command(config, options.extra_args),
+    )
+
+
+def inspected_plan(
+    config: Config, target: Any, options: DeployOptions, manifest: sync.Manifest
+) -> Plan:
+    """Round trip 1 when the last deploy's plan is unknown or out of date."""
     with terminal.step(f"inspecting {where(target)}") as step:
         state = inspect(
             config,
@@ -356,16 +388,9 @@ def _deploy_on(config, target, options, manifest, checked, meta, started, git):
             may_start=(options.start_container or config.container.start_if_stopped)
             and not options.dry_run,
         )
-        diff = sync.diff_manifests(manifest, state.get("manifest"))
         base = state.get("release")
-        plan = Plan(
-            manifest=manifest,
-            diff=diff,
-            base_release=base,
-            new_release=None if (base and diff.empty) else releases.new_release_id(),
-            to_stop=state.get("to_stop") or [],
-            command=trainer_command(config, options.extra_args),
-            checked_py=checked,
+        plan = plan_from(
+            config, options, manifest, base, state.get("manifest"), state.get("to_stop")
         )
         running = [t for t in plan.to_stop if t.get("kind") == "active"]
         step["done"] = (
@@ -374,21 +399,28 @@ def _deploy_on(config, target, options, manifest, checked, meta, started, git):
             + (f", run {running[0]['run_id']} running" if running else "")
             + f", python {state.get('python')}"
         )
-    if options.dry_run:
-        return 0, print_plan(config, plan, options)
+    return plan
 
+
+def _execute(config, target, options, plan, meta, git, started, last):
+    """Send what changed, stop stale runs, launch: one round trip. With `last` (the
+    release this machine deployed there last time), the agent first checks that it
+    is still current and intact, else answers `stale` having changed nothing."""
+    diff, manifest = plan.diff, plan.manifest
     run_id = runs.new_run_id()
     command = plan.command
     meta.update(git.result())
     params = launch_params(config, run_id, plan.release, command, meta)
+    if last is not None:
+        params["expect"] = {"release": last.release, "manifest": last.manifest}
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
     archive_bytes = 0
     t0 = time.monotonic()
     if plan.new_release:
         archive = sync.make_archive(Path(config.trainer.source), manifest, diff.changed)
         archive_bytes = len(archive)
-        waiting = f"sending {len(diff.changed)} files ({terminal.human_bytes(plan.bytes_to_send)}){stopping}, launching"
-        with _spinner(waiting):
+        size = terminal.human_bytes(plan.bytes_to_send)
+        with _spinner(f"sending {len(diff.changed)} files ({size}){stopping}, launching"):
             launched = upload_and_deploy(config, target, plan, archive, params)
         built = launched["build"]
         # One call did it all: what the agent did not spend stopping and launching
@@ -402,16 +434,17 @@ def _deploy_on(config, target, options, manifest, checked, meta, started, git):
         )
         terminal.step_done(
             f"synced {len(diff.changed)} of {len(manifest)} files "
-            f"({terminal.human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
+            f"({size}, {built.get('linked', 0)} reused"
             + (f", {len(diff.removed)} removed" if diff.removed else "")
             + f") into release {plan.new_release}",
             synced_s,
         )
     else:
         synced_s = 0.0
-        terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
         with _spinner(f"launching{stopping}"):
             launched = stop_and_launch(config, target, params)
+        terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
+    releases.save_last_deploy(config, launched["release"], manifest)
     stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
     print_stopped(launched["stopped"], stop_s)
     run = launched["run"]

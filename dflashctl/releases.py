@@ -9,7 +9,12 @@ garbage-collect) is done by the agent (dflashctl/agent.py); this module names th
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from dflashctl.runs import new_id
 
@@ -44,3 +49,47 @@ def upload_prefix(workdir: str, vmid: int | None) -> str:
 def upload_path(prefix: str, release_id: str, folder: str = "/tmp") -> str:
     """Where the archive of changed files waits before it is unpacked (removed after)."""
     return posixpath.join(folder, f"{prefix}{release_id}.tar.gz")
+
+
+# --------------------------------------------------------------------------- last deploy
+
+
+@dataclass
+class LastDeploy:
+    """What this machine last deployed to a target: the release and its manifest.
+
+    With it, a redeploy skips asking the container what it has (one round trip
+    less): the agent checks that this release is still current and intact before it
+    relies on it, and says `stale` otherwise.
+    """
+
+    release: str
+    manifest: dict[str, list]
+
+
+def _cache_path(config: Any) -> Path:
+    host, ct = config.host, config.container
+    key = json.dumps([host.address, host.port, host.user, ct.vmid, ct.workdir])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "dflashctl" / "targets" / f"{digest}.json"
+
+
+def load_last_deploy(config: Any) -> LastDeploy | None:
+    try:
+        data = json.loads(_cache_path(config).read_text(encoding="utf-8"))
+        return LastDeploy(str(data["release"]), dict(data["manifest"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_last_deploy(config: Any, release: str, manifest: dict[str, list]) -> None:
+    """Best effort: without the cache a deploy only takes one round trip more."""
+    path = _cache_path(config)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"release": release, "manifest": manifest}), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass

@@ -155,6 +155,15 @@ _ACTIVE = "@active"
 # --------------------------------------------------------------------------- the agent
 
 
+class AgentFailed(HostError):
+    """The agent refused or failed; `stale`: the plan it was given is out of date
+    (nothing was changed), so the caller should inspect again."""
+
+    def __init__(self, message: str, *, hint: str | None = None, stale: bool = False) -> None:
+        super().__init__(message, hint=hint)
+        self.stale = stale
+
+
 @cache
 def agent_source() -> str:
     return AGENT_PATH.read_text(encoding="utf-8")
@@ -185,7 +194,11 @@ def parse_agent_answer(result: Any, python: str, op: str, where: str) -> dict[st
         detail = result.last_error_line() or f"exit status {result.exit_status}, no output"
         raise HostError(f"dflashctl's {op} step failed on {where}: {detail}") from None
     if not answer.get("ok"):
-        raise HostError(f"{answer.get('error')} (on {where})", hint=answer.get("hint"))
+        raise AgentFailed(
+            f"{answer.get('error')} (on {where})",
+            hint=answer.get("hint"),
+            stale=bool(answer.get("stale")),
+        )
     return answer
 
 

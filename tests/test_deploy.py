@@ -266,3 +266,61 @@ def test_a_missing_interpreter_is_a_host_error_naming_it(project):
     with pytest.raises(HostError, match="/nonexistent/python3: cannot run it") as info:
         detached(config)
     assert "container.python" in info.value.hint
+
+
+class CountingTarget:
+    """The real local target, counting the commands (round trips) it runs."""
+
+    def __init__(self, config) -> None:
+        self.inner = deploy_mod.open_target(config)
+        self.transport, self.vmid, self.calls = self.inner.transport, self.inner.vmid, []
+        original = self.transport.run
+
+        def run(argv, **kwargs):
+            self.calls.append(argv)
+            return original(argv, **kwargs)
+
+        self.transport.run = run
+
+    def run(self, argv, **kwargs):
+        return self.inner.run(argv, **kwargs)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+def test_a_redeploy_from_the_same_machine_is_one_round_trip(project):
+    targets = []
+
+    def connect(config):
+        targets.append(CountingTarget(config))
+        return targets[-1]
+
+    deploy(project.config(), DeployOptions(detach=True), connect=connect)
+    assert len(targets[0].calls) == 2  # inspect, then send + build + launch
+    (project.source / "helpers.py").write_text("def greeting():\n    return 'one trip'\n")
+    _, changed = deploy(project.config(), DeployOptions(detach=True), connect=connect)
+    _, unchanged = deploy(project.config(), DeployOptions(detach=True), connect=connect)
+    assert [len(t.calls) for t in targets[1:]] == [1, 1]
+    assert changed["files_sent"] == 1 and unchanged["files_sent"] == 0
+
+
+def test_a_deploy_from_elsewhere_in_between_is_noticed(project, monkeypatch, tmp_path):
+    _, mine = detached(project.config())
+    # A colleague deploys another version from their machine (their own cache)...
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "colleague-cache"))
+    (project.source / "helpers.py").write_text("def greeting():\n    return 'colleague'\n")
+    _, theirs = detached(project.config())
+    # ...and we deploy our version again: the stale plan is noticed, nothing is lost.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (project.source / "helpers.py").write_text(
+        "def greeting():\n    return 'hello from the trainer'\n"
+    )
+    _, again = detached(project.config())
+    assert again["previous_release"] == theirs["release"]
+    assert again["files_sent"] == 1
+    assert (project.current() / "helpers.py").read_bytes() == (
+        project.source / "helpers.py"
+    ).read_bytes()
+    assert not list((project.workdir / "releases").glob("*.partial"))
+    assert mine["release"] != again["release"]

@@ -28,8 +28,9 @@ DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 
 
 @pytest.fixture
-def setup(tmp_path, container, write_config):
+def setup(tmp_path, container, write_config, monkeypatch):
     """(config path, trainer source, container) with a fake trainer that waits for SIGTERM."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     source = write_trainer(tmp_path / "src")
     path = write_config(
         tmp_path,

@@ -146,7 +146,9 @@ def kill_runs(workdir: Path) -> None:
 
 
 @pytest.fixture
-def project(tmp_path):
+def project(tmp_path, monkeypatch):
+    # What this "machine" deployed last is remembered here, not in the real ~/.cache.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     proj = LocalProject(tmp_path / "project")
     yield proj
     kill_runs(proj.workdir)
