@@ -34,7 +34,9 @@ def sample_anchors(
 
     An anchor p has loss_mask[p] on, p <= S - B, its whole block inside one
     document (doc_ids[p] == doc_ids[p + B - 1]), and no other anchor closer than
-    B. Anchors are sorted; unused slots hold 0 with valid False. `generator` is a
+    B. As many anchors as fit (up to A) are taken, uniformly at random among the
+    layouts that respect the spacing, so few blocks are wasted as padding.
+    Anchors are sorted; unused slots hold 0 with valid False. `generator` is a
     CPU torch.Generator; outputs are on loss_mask's device.
     """
     if block_size < 2 or num_anchors < 1:
@@ -50,27 +52,53 @@ def sample_anchors(
     if last < 0:
         return anchors.to(device), valid.to(device)
     eligible = mask[:, : last + 1].clone()
-    if doc_ids is not None:
-        docs = doc_ids.detach().to("cpu")
-        eligible &= docs[:, : last + 1] == docs[:, block_size - 1 :]
+    docs = (
+        doc_ids.detach().to("cpu")
+        if doc_ids is not None
+        else torch.zeros(n, seq_len, dtype=torch.long)
+    )
+    eligible &= docs[:, : last + 1] == docs[:, block_size - 1 :]
     for row in range(n):
-        candidates = eligible[row].nonzero()[:, 0]
-        order = candidates[torch.randperm(candidates.numel(), generator=generator)].tolist()
-        blocked = bytearray(seq_len)
-        chosen: list[int] = []
-        for p in order:
-            if blocked[p]:
-                continue
-            chosen.append(p)
-            # No later anchor may start within B of p on either side.
-            lo, hi = max(0, p - block_size + 1), min(seq_len, p + block_size)
-            blocked[lo:hi] = b"\x01" * (hi - lo)
-            if len(chosen) == num_anchors:
-                break
-        chosen.sort()
+        runs = _spaced_runs(eligible[row].nonzero()[:, 0].tolist(), docs[row].tolist(), block_size)
+        chosen = _place_anchors(runs, block_size, num_anchors, generator)
         anchors[row, : len(chosen)] = torch.tensor(chosen, dtype=torch.long)
         valid[row, : len(chosen)] = True
     return anchors.to(device), valid.to(device)
+
+
+def _spaced_runs(positions: list[int], docs: list[int], block_size: int) -> list[tuple[int, int]]:
+    """Maximal runs [lo, hi] of consecutive eligible positions in one document, trimmed so
+    that any anchor of one run is at least B from any anchor of the previous run."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and p == runs[-1][1] + 1 and docs[p] == docs[runs[-1][1]]:
+            runs[-1] = (runs[-1][0], p)
+            continue
+        if runs and docs[p] == docs[runs[-1][1]] and p < runs[-1][1] + block_size:
+            continue  # too close to the previous run's end: the next run starts later
+        runs.append((p, p))
+    return runs
+
+
+def _place_anchors(runs, block_size, num_anchors, generator) -> list[int]:
+    """Up to num_anchors anchors spaced >= B: counts per run drawn over the runs' capacity
+    slots, then within a run a uniform layout (stars and bars)."""
+    capacity = [(hi - lo) // block_size + 1 for lo, hi in runs]
+    total = sum(capacity)
+    if total == 0:
+        return []
+    take = min(num_anchors, total)
+    picked = torch.randperm(total, generator=generator)[:take]
+    owner = torch.repeat_interleave(torch.arange(len(runs)), torch.tensor(capacity))
+    counts = torch.bincount(owner[picked], minlength=len(runs)).tolist()
+    chosen: list[int] = []
+    for (lo, hi), k in zip(runs, counts, strict=True):
+        if k == 0:
+            continue
+        free = (hi - lo + 1) - (k - 1) * (block_size - 1)  # positions left after the spacing
+        offsets = torch.randperm(free, generator=generator)[:k].sort().values.tolist()
+        chosen.extend(lo + o + i * (block_size - 1) for i, o in enumerate(offsets))
+    return chosen
 
 
 # -- blocks, labels, weights -----------------------------------------------------------------

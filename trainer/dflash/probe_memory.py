@@ -2,6 +2,7 @@
 
     cd trainer && python -m dflash.probe_memory                 # Qwen3-8B shape
     cd trainer && python -m dflash.probe_memory --full-step     # plus drafter fwd+bwd, both attention backends
+    cd trainer && python -m dflash.probe_memory --full-step --compile default
 
 Loss rows are anchors x (B-1) for one sequence; the LM head is [vocab, hidden] in bf16.
 Peaks are reported above what the inputs themselves hold.
@@ -110,8 +111,8 @@ def probe_step(args, device) -> None:
     )
     for attention in ("flex", "sdpa_dense"):
 
-        def step(attention=attention):
-            loss, _ = drafter_loss(
+        def loss_fn(context, ids, anchors, valid, loss_mask, attention=attention):
+            return drafter_loss(
                 drafter,
                 context,
                 ids,
@@ -121,15 +122,26 @@ def probe_step(args, device) -> None:
                 attention=attention,
                 loss_mask=loss_mask,
             )
+
+        compiled = torch.compile(loss_fn, mode=args.compile) if args.compile else loss_fn
+
+        def step(compiled=compiled):
+            loss, _ = compiled(context, ids, anchors, valid, loss_mask)
             loss.backward()
 
+        label = f"{attention} ({'compiled ' + args.compile if args.compile else 'eager'})"
         try:
-            for _ in range(3):
+            started = time.perf_counter()
+            for _ in range(args.repeats):
                 drafter.zero_grad(set_to_none=True)
                 peak, ms = _peak_of(step, device)
-            print(f"  {attention:10s}: {ms:.1f} ms fwd+bwd (eager drafter), peak +{peak:.2f} GiB")
+            print(
+                f"  {label}: {ms:.1f} ms fwd+bwd, peak +{peak:.2f} GiB "
+                f"({time.perf_counter() - started:.0f} s with warm-up)",
+                flush=True,
+            )
         except Exception as exc:  # report and go on to the other backend
-            print(f"  {attention:10s}: failed: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"  {label}: failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
         drafter.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
 
@@ -146,6 +158,10 @@ def main() -> None:
     parser.add_argument("--full-step", action="store_true")
     parser.add_argument("--seq-len", type=int, default=3072)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument(
+        "--compile", default="", help="torch.compile mode for the loss (e.g. default)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("probe_memory measures CUDA memory; run it on a GPU machine")
