@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from typing import Any
 
 from dflashctl import pct, releases, runs, sync, terminal
 from dflashctl.config import Config
-from dflashctl.errors import HostError, UsageError
+from dflashctl.errors import DflashError, HostError, UsageError
 from dflashctl.resources import template_path
 
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
@@ -44,6 +46,33 @@ def open_target(config: Config) -> Any:
     return Target(open_transport(config.host), config.container.vmid)
 
 
+@contextlib.contextmanager
+def session(config: Config, connect: Callable[[Config], Any] | None = None) -> Iterator[Any]:
+    """The target for one command; its connection is closed at the end, and a
+    low-level failure (a socket, paramiko) becomes one plain HostError (exit 3)."""
+    target = (connect or open_target)(config)
+    try:
+        yield target
+    except DflashError:
+        raise
+    except _low_level_errors() as exc:
+        detail = str(exc).strip() or type(exc).__name__
+        raise HostError(
+            f"talking to {target.transport.description} failed: {detail}",
+            hint="check the host and the network, then run the command again",
+        ) from exc
+    finally:
+        target.transport.close()
+
+
+def _low_level_errors() -> tuple[type[BaseException], ...]:
+    kinds: list[type[BaseException]] = [EOFError, ConnectionError, socket.timeout]
+    paramiko = sys.modules.get("paramiko")  # never imported just for this
+    if paramiko is not None:
+        kinds.append(paramiko.SSHException)
+    return tuple(kinds)
+
+
 def where(target: Any) -> str:
     return runs.describe_target(target)
 
@@ -54,11 +83,14 @@ def process_scope(config: Config) -> str:
     return "container" if config.container.vmid is not None else "workdir"
 
 
-def start_container(target: Any) -> None:
-    """`pct start` on the host; returns once the container runs."""
-    result = target.transport.run(["pct", "start", str(target.vmid)], timeout=120, check=False)
-    if result.exit_status != 0 and "already running" not in result.stderr_text:
-        pct.raise_for_pct(result, target.vmid, "start")
+def start_container(config: Config, target: Any) -> None:
+    """Start the container through the Proxmox API (pvesh over this connection, or
+    HTTPS with a token) and wait for its task; returns once it runs."""
+    from dflashctl import proxmox
+    from dflashctl.connect import open_proxmox
+
+    api = open_proxmox(config, target.transport)
+    proxmox.start_container(api, config.proxmox.node, target.vmid)
 
 
 def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
@@ -78,7 +110,7 @@ def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
             )
             raise
     with terminal.step(f"starting container {target.vmid}") as step:
-        start_container(target)
+        start_container(config, target)
         step["done"] = f"started container {target.vmid}"
     return runs.call_agent(target, config.container.python, "inspect", params)
 
@@ -325,7 +357,7 @@ def deploy(
     config: Config,
     options: DeployOptions,
     *,
-    connect: Callable[[Config], Any] = open_target,
+    connect: Callable[[Config], Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run a deploy; returns (exit code, the JSON summary)."""
     started = time.monotonic()
@@ -338,8 +370,7 @@ def deploy(
     # Asking git takes a few subprocesses: done while the host answers.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
         git = pool.submit(git_state, Path(config.trainer.source))
-        target = connect(config)
-        try:
+        with session(config, connect) as target:
             last = None if options.dry_run else releases.load_last_deploy(config)
             if last is not None:
                 try:
@@ -353,8 +384,6 @@ def deploy(
             if options.dry_run:
                 return 0, print_plan(config, plan, options)
             return _execute(config, target, options, plan, meta, git, started, None)
-        finally:
-            target.transport.close()
 
 
 def plan_from(
@@ -530,11 +559,10 @@ def restart(
     detach: bool,
     json_mode: bool,
     extra_args: list[str] | None = None,
-    connect: Callable[[Config], Any] = open_target,
+    connect: Callable[[Config], Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Stop stale runs and launch the current release again: one round trip, no sync."""
-    target = connect(config)
-    try:
+    with session(config, connect) as target:
         run_id = runs.new_run_id()
         command = trainer_command(config, extra_args or [])
         meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
@@ -564,20 +592,17 @@ def restart(
         code, result = follow(config, target, run_id, json_mode=json_mode)
         summary["result"] = result
         return code, summary
-    finally:
-        target.transport.close()
 
 
 def stop(
     config: Config,
     *,
     grace_s: float | None = None,
-    connect: Callable[[Config], Any] = open_target,
+    connect: Callable[[Config], Any] | None = None,
 ) -> dict[str, Any]:
     """Stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
     grace = config.run.stop_grace_s if grace_s is None else grace_s
-    target = connect(config)
-    try:
+    with session(config, connect) as target:
         params = {
             "workdir": config.container.workdir,
             "entry": config.trainer.entry,
@@ -602,5 +627,3 @@ def stop(
                 hint="check the container with `ps -ef`; the process may be stuck in I/O",
             )
         return {"stopped": stopped, "target": where(target)}
-    finally:
-        target.transport.close()

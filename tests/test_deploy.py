@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,31 @@ def test_a_deploy_from_elsewhere_in_between_is_noticed(project, monkeypatch, tmp
     ).read_bytes()
     assert not list((project.workdir / "releases").glob("*.partial"))
     assert mine["release"] != again["release"]
+
+
+def test_readers_never_see_a_missing_or_half_written_current(project):
+    """`current` is swapped by renaming a new symlink over it: a reader in a loop during
+    several deploys always finds a complete tree."""
+    detached(project.config())
+    problems: list[str] = []
+    done = threading.Event()
+
+    def read_current() -> None:
+        while not done.is_set():
+            try:
+                manifest = json.loads((project.workdir / "current" / "MANIFEST.json").read_text())
+                for rel in manifest:
+                    (project.workdir / "current" / rel).stat()
+            except (OSError, ValueError) as exc:
+                problems.append(repr(exc))
+
+    reader = threading.Thread(target=read_current, name="current-reader")
+    reader.start()
+    try:
+        for i in range(4):
+            (project.source / "helpers.py").write_text(f"def greeting():\n    return '{i}'\n")
+            detached(project.config())
+    finally:
+        done.set()
+        reader.join()
+    assert problems == []
