@@ -1,17 +1,23 @@
 """deploy, restart and stop: the orchestration, in as few round trips as possible.
 
-A deploy is three calls over one connection, each answered by the agent
+A deploy is at most two commands over one SSH connection, each answered by the agent
 (dflashctl/agent.py) where the trainer runs:
 
-  1. inspect   the current release's manifest, the runs to stop        (read only)
-  2. build     upload the archive of changed files (SFTP), `pct push` it into the
-               container and unpack it into releases/<id>, unchanged files linked
-               from the current release; one `sh -c` on the host
-  3. launch    stop stale runs, swap `current`, start the run detached, record it
+  1. inspect   the current release's real manifest, the runs to stop   (read only)
+  2. deploy    one `sh -c` on the host: the archive of changed files arrives on its
+               stdin, is `pct push`ed into the container as one file, and the agent
+               unpacks it into releases/<id>.partial (unchanged files hard-linked from
+               the current release), validates it, renames it to releases/<id>, stops
+               stale runs, swaps `current`, launches the run detached and records it
+
+Step 1 is skipped when this machine remembers what it deployed there last (see
+releases.LastDeploy): the agent then checks that release is still current and intact
+before relying on it, and answers `stale` (changing nothing) when it is not.
 
 Before anything is stopped the new release is complete and validated; `current`
-moves only after the old run is gone. An interruption before step 3 leaves the old
-release current and the old run running; the next deploy removes partial leftovers.
+moves only after the old run is gone. An interruption before the agent's stop step
+leaves the old release current and the old run running; the next deploy removes
+partial releases and abandoned uploads.
 """
 
 from __future__ import annotations
@@ -211,9 +217,9 @@ def upload_and_deploy(
         # Leftovers of interrupted uploads to this target, once nobody writes to them.
         f"find /tmp -maxdepth 1 -type f -name '{prefix}*' -mmin +{ABANDONED_UPLOAD_MIN} "
         "-delete 2>/dev/null\n"
-        "umask 077\n"
         # GNU head reads no more than it is asked for: the rest of stdin is the agent's.
-        f"head -c {len(archive)} > {shlex.quote(staged)}\n"
+        # (umask in a subshell: the agent's files keep the usual modes.)
+        f"(umask 077; head -c {len(archive)} > {shlex.quote(staged)})\n"
         f'if [ "$(wc -c < {shlex.quote(staged)})" -ne {len(archive)} ]; then\n'
         f"  rm -f -- {shlex.quote(staged)}; echo '{_UPLOAD_CUT}' >&2; exit 198\n"
         "fi\n"
