@@ -80,7 +80,9 @@ def _low_level_errors() -> tuple[type[BaseException], ...]:
 
 
 def where(target: Any) -> str:
-    return runs.describe_target(target)
+    """For step lines: `CT 200 on root@pve:22`, or `this machine`."""
+    describe = getattr(target, "describe", None)
+    return describe() if callable(describe) else runs.describe_target(target)
 
 
 def process_scope(config: Config) -> str:
@@ -242,7 +244,7 @@ def upload_and_deploy(
         raise HostError(f"pct push into container {target.vmid} failed: {failed.last_error_line()}")
     if target.vmid is not None:
         pct.raise_for_pct(result, target.vmid, "exec")
-    return runs.parse_agent_answer(result, python, "deploy", where(target))
+    return runs.parse_agent_answer(result, python, "deploy", runs.describe_target(target))
 
 
 _UPLOAD_CUT = "dflashctl: upload cut short"

@@ -218,9 +218,7 @@ def call_agent(
 
 
 def describe_target(target: Any) -> str:
-    describe = getattr(target, "describe", None)
-    if callable(describe):
-        return describe()
+    """For agent errors: `container 200 on root@pve:22`, or the host alone."""
     vmid = getattr(target, "vmid", None)
     transport = getattr(target, "transport", None)
     host = getattr(transport, "description", None) or "the host"
