@@ -186,3 +186,23 @@ def test_a_second_deploy_stops_the_first_run_and_a_hand_started_one(project, spa
 )
 def test_which_command_lines_run_the_entry_script(argv, matches):
     assert agent.runs_entry(argv, "train.py") is matches
+
+
+def test_cli_stop_rejects_a_negative_grace(project):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dflashctl",
+            "stop",
+            "-c",
+            str(project.config_path),
+            "--grace",
+            "-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--grace must be 0 or more seconds" in result.stderr
