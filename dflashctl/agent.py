@@ -16,7 +16,7 @@ Operations (each one round trip):
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
 
-Kept compatible with older interpreters (no annotations, no walrus), since the
+Runs on Python 3.6 and later (f-strings, no annotations, no walrus), since the
 container's python may be older than ours.
 """
 
@@ -421,6 +421,7 @@ def find_targets(workdir, entry, scope="container"):
     my_groups = set(table[p].pgid for p in mine if p in table)
     targets = []
     covered_groups = set()
+    covered_pids = set()  # children of a stale trainer (e.g. data loader workers)
     active = active_run_id(workdir)
 
     for run_id in run_ids(workdir):
@@ -443,6 +444,8 @@ def find_targets(workdir, entry, scope="container"):
 
     for proc in sorted(table.values(), key=lambda p: p.pid):
         if not alive(proc) or proc.pid in mine or proc.pgid in covered_groups:
+            continue
+        if proc.pid in covered_pids:
             continue
         if not runs_entry(proc.argv, entry):
             continue
@@ -470,6 +473,7 @@ def find_targets(workdir, entry, scope="container"):
         )
         if whole_group:
             covered_groups.add(proc.pgid)
+        covered_pids.update(family)
     return targets
 
 

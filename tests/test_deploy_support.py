@@ -7,6 +7,8 @@ The fake trainer behaves as its arguments say, so one tree covers every ending:
     --kill SIG       then kill itself with signal SIG
     --on-term MODE   on SIGTERM: `checkpoint` writes DFLASH_RUN_DIR/checkpointed and
                      exits 0; `ignore` ignores it (only SIGKILL ends the run)
+    --workers N      fork N worker processes first (same command line, like data
+                     loader workers); their pids go to the file named by --workers-file
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ if mode == "checkpoint":
     signal.signal(signal.SIGTERM, on_term)
 elif mode == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+workers = []
+for _ in range(int(arg("--workers", "0"))):
+    child = os.fork()
+    if child == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(120)
+        os._exit(0)
+    workers.append(child)
+if workers:
+    with open(arg("--workers-file"), "w") as f:
+        f.write(" ".join(map(str, workers)))
 
 from helpers import greeting
 print(greeting(), os.environ.get("DFLASH_RUN_ID"), os.getcwd(), flush=True)

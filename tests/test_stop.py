@@ -206,3 +206,36 @@ def test_cli_stop_rejects_a_negative_grace(project):
     )
     assert result.returncode == 2
     assert "--grace must be 0 or more seconds" in result.stderr
+
+
+def test_worker_processes_go_with_their_trainer_and_are_reported_once(project, spawned, tmp_path):
+    """Our run's workers die with its process group; a hand-started trainer that shares
+    its group with a shell is stopped with its workers, and reported once."""
+    run_workers, stale_workers = tmp_path / "run-workers", tmp_path / "stale-workers"
+    write_local_config(
+        project.root, args=["--sleep", "60", "--workers", "2", "--workers-file", str(run_workers)]
+    )
+    summary = launch(project)
+    current = project.workdir / "current"
+    shell = spawned(
+        [
+            "sh",
+            "-c",
+            f"{sys.executable} {current}/train.py --sleep 60 --workers 2 "
+            f"--workers-file {stale_workers} & sleep 60 & wait",
+        ],
+        start_new_session=True,
+    )
+    wait_for(lambda: run_workers.exists() and stale_workers.exists(), what="the workers")
+    wait_for(lambda: len(run_workers.read_text().split()) == 2, what="the run's workers")
+    wait_for(lambda: len(stale_workers.read_text().split()) == 2, what="the stale workers")
+    workers = [int(p) for p in (run_workers.read_text() + " " + stale_workers.read_text()).split()]
+
+    result = stop(project.config(), grace_s=2)
+    assert len(result["stopped"]) == 2  # the run, and the hand-started trainer
+    by_kind = {s["kind"]: s for s in result["stopped"]}
+    assert sorted(by_kind) == ["active", "stale"]
+    assert by_kind["active"]["pid"] == summary["pid"]
+    assert by_kind["stale"]["group"] is False  # its group holds the shell and a sleep
+    wait_for(lambda: not any(pid_alive(w) for w in workers), what="the workers to go")
+    assert pid_alive(shell.pid)
