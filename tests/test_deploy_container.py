@@ -193,8 +193,9 @@ def test_syntax_error_refuses_before_contacting_the_host(setup, pve_host):
 
 
 def test_stopped_container_is_an_error_unless_asked_to_start_it(
-    tmp_path, make_container, write_config
+    tmp_path, make_container, write_config, monkeypatch
 ):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     container = make_container(201, running=False)
     source = write_trainer(tmp_path / "src")
     path = write_config(
@@ -232,7 +233,14 @@ def test_stopped_container_is_an_error_unless_asked_to_start_it(
     assert result.returncode == 0, result.stderr
     assert "started container 201" in result.stderr
     assert container.is_running()
-    assert json.loads(result.stdout)["files_sent"] == 3
+    first = json.loads(result.stdout)
+    assert first["files_sent"] == 3
+
+    # Stopped again: a redeploy (which would skip asking the container) starts it too.
+    container.stop()
+    code, again = deploy(load_config(path), DeployOptions(detach=True, start_container=True))
+    assert code == 0 and container.is_running()
+    assert again["files_sent"] == 0 and again["release"] == first["release"]
 
 
 def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(setup, pve_host):
