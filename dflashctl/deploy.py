@@ -230,7 +230,20 @@ def upload_and_deploy(
     )
     stdin = archive + runs.agent_input("deploy", params)
     timeout = 600 + float(params["grace_s"])
-    result = target.transport.run(["sh", "-c", script], stdin=stdin, timeout=timeout, check=False)
+    try:
+        result = target.transport.run(
+            ["sh", "-c", script], stdin=stdin, timeout=timeout, check=False
+        )
+    except HostError as exc:
+        from dflashctl.transport import ConnectionLost
+
+        if isinstance(exc, ConnectionLost):
+            # Once the archive is there, the host finishes the deploy without us.
+            exc.hint = (
+                "if the upload had finished, the deploy may have completed on the host: "
+                "`dflashctl runs` shows whether a new run started; otherwise deploy again"
+            )
+        raise
     if result.exit_status == 198 and _UPLOAD_CUT in result.stderr_text:
         raise HostError(
             f"the upload to {where(target)} arrived incomplete",

@@ -269,9 +269,10 @@ def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(
 
     dropper = threading.Thread(target=drop_when_uploading, name="dropper")
     dropper.start()
-    with pytest.raises(HostError):
+    with pytest.raises(HostError) as info:
         detached(path)
     dropper.join()
+    assert "dropped" in info.value.message and "dflashctl runs" in info.value.hint
     assert dropped.is_set()
     workdir = container.host_path(WORKDIR)
     assert os.readlink(workdir / "current") == f"releases/{first['release']}"
