@@ -18,6 +18,7 @@ def deploy(
         list[str] | None,
         typer.Argument(
             help="Extra trainer arguments, after `--`; appended to trainer.args.",
+            metavar="-- TRAINER_ARGS",
             show_default=False,
         ),
     ] = None,
