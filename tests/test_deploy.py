@@ -353,3 +353,22 @@ def test_readers_never_see_a_missing_or_half_written_current(project):
         done.set()
         reader.join()
     assert problems == []
+
+
+def test_the_run_gets_trainer_env_and_its_run_variables(project):
+    config = project.config(trainer__env={"TRAINER_FLAVOUR": "tiny", "OMP_NUM_THREADS": "2"})
+    _, summary = detached(config)
+    environ = Path(f"/proc/{summary['pid']}/environ").read_bytes().split(b"\0")
+    run_dir = project.run_dir(summary["run_id"])
+    for item in (
+        "TRAINER_FLAVOUR=tiny",
+        "OMP_NUM_THREADS=2",
+        f"DFLASH_RUN_ID={summary['run_id']}",
+        f"DFLASH_RUN_DIR={run_dir}",
+        "PYTHONUNBUFFERED=1",
+    ):
+        assert item.encode() in environ
+    # stdin is /dev/null, stdout and stderr go to train.log.
+    assert os.readlink(f"/proc/{summary['pid']}/fd/0") == "/dev/null"
+    assert os.readlink(f"/proc/{summary['pid']}/fd/1") == str(run_dir / "train.log")
+    assert os.readlink(f"/proc/{summary['pid']}/fd/2") == str(run_dir / "train.log")
