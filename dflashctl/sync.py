@@ -112,28 +112,28 @@ class Excludes:
 
 
 def iter_files(source: Path, excludes: Excludes) -> Iterator[str]:
-    """Relative paths of the files to deploy, sorted; excluded folders are not entered."""
-    for folder, dirs, files in os.walk(source, followlinks=False):
-        rel_folder = os.path.relpath(folder, source)
-        rel_folder = "" if rel_folder == "." else rel_folder.replace(os.sep, "/") + "/"
-        kept_dirs = []
-        for name in sorted(dirs):
-            path = os.path.join(folder, name)
-            if os.path.islink(path):
-                # A symlinked folder is deployed as what it points at, like a file.
-                if not excludes.excluded(rel_folder + name, True):
-                    for inner in iter_files(Path(os.path.realpath(path)), excludes):
-                        yield rel_folder + name + "/" + inner
+    """Relative paths of the files to deploy; excluded folders are not entered.
+
+    A symlink is deployed as what it points at (a file, or a folder's files); a link
+    back to a folder above it is not followed twice.
+    """
+    yield from _walk(Path(source), "", excludes, frozenset([os.path.realpath(source)]))
+
+
+def _walk(folder: Path, prefix: str, excludes: Excludes, seen: frozenset) -> Iterator[str]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError as exc:
+        raise UsageError(f"cannot read {folder}: {exc.strerror}") from None
+    for entry in entries:
+        rel = prefix + entry.name
+        if entry.is_dir():
+            real = os.path.realpath(entry.path)
+            if excludes.excluded(rel, True) or real in seen:
                 continue
-            if not excludes.excluded(rel_folder + name, True):
-                kept_dirs.append(name)
-        dirs[:] = kept_dirs
-        for name in sorted(files):
-            rel = rel_folder + name
-            path = os.path.join(folder, name)
-            if excludes.excluded(rel, False) or not os.path.isfile(path):
-                continue  # excluded, or a dangling link / socket / fifo
-            yield rel
+            yield from _walk(Path(entry.path), rel + "/", excludes, seen | {real})
+        elif entry.is_file() and not excludes.excluded(rel, False):
+            yield rel  # (dangling links, sockets and fifos are neither)
 
 
 def sha256_file(path: Path) -> str:

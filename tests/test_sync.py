@@ -129,3 +129,13 @@ def test_syntax_error_names_file_line_and_caret(tmp_path):
 def test_syntax_check_counts_python_files(tmp_path):
     src = tree(tmp_path, {"a.py": "x = 1\n", "b/c.py": "y = 2\n", "d.txt": "not python ("})
     assert check_syntax(src, build_manifest(src, [])) == 2
+
+
+def test_symlinks_are_deployed_as_what_they_point_at_and_loops_are_cut(tmp_path):
+    src = tree(tmp_path / "src", {"train.py": "x = 1\n", "lib/a.py": "a = 1\n"})
+    shared = tree(tmp_path / "shared", {"util.py": "u = 1\n", "outputs/big.bin": "x"})
+    (src / "shared").symlink_to(shared)
+    (src / "lib" / "loop").symlink_to(src)  # a link back up the tree
+    (src / "dangling.py").symlink_to(tmp_path / "nowhere.py")
+    manifest = build_manifest(src, ["/shared/outputs/"])
+    assert sorted(manifest) == ["lib/a.py", "shared/util.py", "train.py"]
