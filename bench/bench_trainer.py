@@ -1,7 +1,8 @@
 """Trainer throughput: compile modes and schedules, one config, one run, as ratios.
 
+    python bench/bench_trainer.py      # GPU: qwen3-8b.yaml, all modes; CPU: tiny-cpu.yaml, a few
     python bench/bench_trainer.py --config trainer/configs/qwen3-8b.yaml --steps 30 --out /tmp/bench
-    python bench/bench_trainer.py --config trainer/configs/tiny-cpu.yaml --variants eager,sequential
+    python bench/bench_trainer.py --config trainer/configs/tiny-cpu.yaml --variants eager,eager-sequential
 
 Each variant is a separate trainer process (a fresh compile and fresh CUDA graphs), so
 one variant cannot leak state into the next. Throughput is the median of the step
@@ -17,6 +18,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from dflash.pipeline.train_config import load_train_config  # noqa: E402
 
 VARIANTS = {
     "eager": ["runtime.compile=eager"],
+    "eager-sequential": ["runtime.compile=eager", "runtime.schedule=sequential"],
     "default": ["runtime.compile=default"],
     "reduce-overhead": ["runtime.compile=reduce-overhead"],
     "legacy-cudagraphs": ["runtime.compile=legacy-cudagraphs"],
@@ -34,6 +37,8 @@ VARIANTS = {
     "flex": ["runtime.compile=reduce-overhead", "drafter.attention=flex"],
     "flex-sequential": ["runtime.compile=reduce-overhead", "drafter.attention=flex", "runtime.schedule=sequential"],
 }
+GPU_DEFAULT = "eager,default,reduce-overhead,legacy-cudagraphs,sequential"
+CPU_DEFAULT = "eager,eager-sequential,default"
 STEP = re.compile(r"^step (\d+)/\d+ \| loss (\S+) .*\| (\d+) tok/s \| mfu (\S+) \|")
 READY = re.compile(r"ready \(warm-up ([\d.]+) s")
 PEAK = re.compile(r"^peak GPU memory (\S+): ([\d.]+) GiB")
@@ -76,14 +81,23 @@ def run_variant(name: str, sets: list[str], args, out: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument("--config", type=Path, default=None, help="default: by the device, see above")
+    parser.add_argument("--variants", default=None, help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--set", action="append", default=[], help="extra override for every variant")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
     args = parser.parse_args()
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if args.config is None:
+        args.config = ROOT / "trainer" / "configs" / ("qwen3-8b.yaml" if on_gpu else "tiny-cpu.yaml")
+    if args.variants is None:
+        args.variants = GPU_DEFAULT if on_gpu else CPU_DEFAULT
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     args.config = args.config.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = load_train_config(args.config, args.set)
@@ -99,7 +113,8 @@ def main() -> int:
         (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # partial runs count
 
     base = next((r for r in results if r["variant"] == "eager" and r["tokens_per_s"]), None)
-    print(f"\nconfig {args.config.name}: {tokens_per_step} tokens/step, {args.steps} steps per variant")
+    print(f"\nlogs and results.json under {args.out}")
+    print(f"config {args.config.name}: {tokens_per_step} tokens/step, {args.steps} steps per variant")
     print(f"{'variant':<18} {'exit':>4} {'warm-up s':>9} {'steps/s':>8} {'tok/s':>9} {'mfu':>7} "
           f"{'peak GiB':>8} {'vs eager':>8}")
     for r in results:
@@ -109,7 +124,8 @@ def main() -> int:
         print(f"{r['variant']:<18} {r['exit_code']!s:>4} {_fmt(r['warmup_s'], 9, 1)} {_fmt(r['steps_per_s'], 8, 3)} "
               f"{_fmt(r['tokens_per_s'], 9, 0)} {_fmt(r['mfu_percent'], 6, 1)}% {_fmt(peak, 8, 1)} "
               f"{_fmt(ratio, 8, 2)}")
-    for piped_name, seq_name in (("reduce-overhead", "sequential"), ("flex", "flex-sequential")):
+    pairs = (("reduce-overhead", "sequential"), ("flex", "flex-sequential"), ("eager", "eager-sequential"))
+    for piped_name, seq_name in pairs:
         piped = next((r for r in results if r["variant"] == piped_name), None)
         seq = next((r for r in results if r["variant"] == seq_name), None)
         if piped and seq and piped["tokens_per_s"] and seq["tokens_per_s"]:

@@ -12,7 +12,7 @@ set -u
 MODE=${1:-all}
 OUT=${OUT:-$PWD/gpu-proof-out}
 STEPS=${BENCH_STEPS:-30}
-VARIANTS=${BENCH_VARIANTS:-eager,default,reduce-overhead,sequential,flex,legacy-cudagraphs}
+VARIANTS=${BENCH_VARIANTS:-eager,default,reduce-overhead,legacy-cudagraphs,sequential}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ROOT=$PWD
