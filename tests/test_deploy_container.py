@@ -248,8 +248,7 @@ def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(
     first = detached(path)
     # A file big enough that the upload is still going when the connection drops.
     (source / "weights.bin").write_bytes(os.urandom(48 << 20))
-    dropped = threading.Event()
-
+    dropped: list[Path] = []  # the upload that was under way when the connection dropped
     earlier = set(Path("/tmp").glob("dflashctl-upload-200-*"))
 
     def drop_when_uploading():
@@ -263,7 +262,7 @@ def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(
                     continue
                 if size > 4 << 20:
                     pve_host.drop_connections()
-                    dropped.set()
+                    dropped.append(upload)
                     return
             time.sleep(0.002)
 
@@ -273,22 +272,25 @@ def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(
         detached(path)
     dropper.join()
     assert "dropped" in info.value.message and "dflashctl runs" in info.value.hint
-    assert dropped.is_set()
+    assert dropped
     workdir = container.host_path(WORKDIR)
     assert os.readlink(workdir / "current") == f"releases/{first['release']}"
     assert ct_pid_alive(container, first["pid"])
     assert state(path, first["run_id"]).status == "running"
 
-    # Leftovers of the cut upload, once abandoned, go with the next deploy.
-    # The host shell drops a short upload itself; one it could not (killed along with
-    # the connection) is left for the next deploy to remove once it is abandoned.
-    leftovers = list(set(Path("/tmp").glob("dflashctl-upload-200-*")) - earlier)
-    for leftover in leftovers:
-        os.utime(leftover, (time.time() - 120, time.time() - 120))
+    # The host shell removes a short upload itself once its input ends; one it could
+    # not remove (killed along with the connection) goes with the next deploy, once
+    # nobody has written to it for a while (here: made to look a while old).
+    [upload] = dropped
+    deadline = time.monotonic() + 1
+    while upload.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if upload.exists():
+        os.utime(upload, (time.time() - 120, time.time() - 120))
     (source / "weights.bin").unlink()
     (source / "helpers.py").write_text("def greeting():\n    return 'after the drop'\n")
     second = detached(path)
-    assert all(not leftover.exists() for leftover in leftovers)
+    assert not upload.exists()
     assert not list((workdir / "releases").glob("*.partial"))
     assert not ct_pid_alive(container, first["pid"])
     assert os.readlink(workdir / "current") == f"releases/{second['release']}"
