@@ -127,6 +127,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_0_then_resume_continues(tmp_path)
     step = int(stopped.split("after step ")[1].split("/")[0])
     saved = ckpt.latest_checkpoint(tmp_path / "out")
     assert saved is not None and ckpt.load_checkpoint(saved).step == step
+    assert not (saved / "drafter").exists()  # the export waits for a normal end (grace period)
 
     proc = _start(config, "--resume", "--set", f"debug.stop_at_step={step + 3}")
     out, _ = proc.communicate(timeout=60)
@@ -150,3 +151,40 @@ def test_demo_crash_exits_nonzero_with_the_thread_traceback(tmp_path):
         line.endswith("InjectedFailure: injected failure in drafter-0 at warmup (debug.fail_in)")
         for line in lines[first:]
     )
+
+
+def test_a_stop_before_training_writes_nothing(tmp_path):
+    import io
+    import signal as signals
+
+    from dflash.pipeline.logging import RunLog
+    from dflash.pipeline.run import Interrupts, train
+
+    from tests.pipeline_standin import StandInWorkload, standin_config
+
+    cfg = standin_config(tmp_path)
+    log = RunLog(io.StringIO())
+    interrupts = Interrupts(log)
+    interrupts._on_signal(signals.SIGTERM, None)  # arrives while the target is being built
+    result = train(cfg, StandInWorkload(cfg), log, handle_signals=False, interrupts=interrupts)
+    assert result.exit_code == 0 and result.completed_steps == 0 and result.checkpoint is None
+    assert "stopped before training started: nothing trained, no checkpoint written" in log.lines
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_a_second_signal_abandons_the_current_step():
+    import io
+    import signal as signals
+
+    from dflash.pipeline.logging import RunLog
+    from dflash.pipeline.run import Interrupts
+
+    log = RunLog(io.StringIO())
+    interrupts = Interrupts(log)
+    abandoned = []
+    interrupts.abandon = lambda: abandoned.append(True)
+    interrupts._on_signal(signals.SIGTERM, None)
+    assert interrupts.term.is_set() and not abandoned
+    interrupts._on_signal(signals.SIGINT, None)
+    assert abandoned == [True]
+    assert log.lines[-1] == "received SIGINT again: abandoning the current step"

@@ -58,18 +58,31 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
 
-    from dflash.pipeline.run import train
+    from dflash.pipeline.run import Interrupts, train
 
     log = RunLog()
+    # Before the slow set-up (building the target, making data): a stop then is not lost.
+    interrupts = Interrupts(log)
+    interrupts.install()
     try:
         workload = (workload_factory or default_workload)(cfg)
-        result = train(cfg, workload, log, resume=args.resume, source_dir=HERE)
+        result = train(
+            cfg,
+            workload,
+            log,
+            resume=args.resume,
+            source_dir=HERE,
+            handle_signals=False,
+            interrupts=interrupts,
+        )
     except TrainConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
     except Exception:  # setup failed before the threads ran: same report format
         log.block("main failed:\n" + traceback.format_exc())
         return EXIT_FAILED
+    finally:
+        interrupts.restore()
     if result.stuck_threads:
         # A thread is stuck in a call we cannot interrupt (e.g. a long compile):
         # never hang, exit now without waiting for it.

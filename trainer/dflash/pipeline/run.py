@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +88,30 @@ def train(
     resume: bool = False,
     source_dir: Path | None = None,
     handle_signals: bool = True,
+    interrupts: Interrupts | None = None,
+) -> TrainResult:
+    """Train; ``interrupts`` (SIGTERM/SIGINT state) may be installed by the caller before
+    the slow set-up, so a stop during it is not lost."""
+    interrupts = interrupts or Interrupts(log)
+    if handle_signals:
+        interrupts.install()
+    try:
+        return _train(
+            cfg, workload, log, resume=resume, source_dir=source_dir, interrupts=interrupts
+        )
+    finally:
+        if handle_signals:
+            interrupts.restore()
+
+
+def _train(
+    cfg: TrainConfig,
+    workload: Workload,
+    log: RunLog,
+    *,
+    resume: bool,
+    source_dir: Path | None,
+    interrupts: Interrupts,
 ) -> TrainResult:
     runtime = cfg.runtime
     check_device_layout(runtime.drafter_devices, runtime.compile)
@@ -110,7 +136,7 @@ def train(
             log.line(f"resume: continuing from {found} (step {resume_state.step})")
 
     supervisor = Supervisor(log)
-    term = threading.Event()
+    term = interrupts.term
     drafter_devices = [torch.device(d) for d in runtime.drafter_devices]
     target_devices = [torch.device(d) for d in runtime.target_devices]
     num_drafters = len(drafter_devices)
@@ -171,7 +197,8 @@ def train(
         peak_flops=peak_flops(cfg),
     )
 
-    def save(step: int) -> Path:
+    def save(step: int, export: bool = True) -> Path:
+        started = time.perf_counter()
         lead = replicas[0]
         state = ckpt.TrainingState(
             step=step,
@@ -181,13 +208,17 @@ def train(
             rng=ckpt.capture_rng(),
             nonfinite_count=lead.nonfinite_count,
         )
-        path = ckpt.save_checkpoint(
-            output_dir, state, lambda folder: workload.save_drafter(lead.model, folder)
-        )
-        log.line(f"checkpoint: {path}")
+        exporter = (lambda folder: workload.save_drafter(lead.model, folder)) if export else None
+        path = ckpt.save_checkpoint(output_dir, state, exporter)
+        log.line(f"checkpoint: {path} ({time.perf_counter() - started:.1f} s)")
         return path
 
     ctx.on_checkpoint = save
+
+    if term.is_set():
+        log.line("stopped before training started: nothing trained, no checkpoint written")
+        return TrainResult(exit_code=0, completed_steps=start_step, replicas=replicas)
+    interrupts.abandon = supervisor.request_stop
 
     # ---- threads (drafters first: they warm up while everything else waits at the gate)
     remaining = max(0, total_steps - start_step)
@@ -210,17 +241,13 @@ def train(
             "prefetcher", lambda: run_prefetcher(ctx, [r.inputs for r in replicas], pin)
         )
 
-    previous = _install_signal_handlers(term, log) if handle_signals else None
-    try:
-        watch = drafter_threads
-        while any(t.is_alive() for t in watch) and not supervisor.stop.is_set():
-            for thread in watch:
-                thread.join(timeout=0.1)
-        supervisor.request_stop()  # release whatever still waits on a queue or the gate
-        stuck = supervisor.join_all(STOP_GRACE_S)
-    finally:
-        if previous is not None:
-            _restore_signal_handlers(previous)
+    watch = drafter_threads
+    while any(t.is_alive() for t in watch) and not supervisor.stop.is_set():
+        for thread in watch:
+            thread.join(timeout=0.1)
+    supervisor.request_stop()  # release whatever still waits on a queue or the gate
+    stuck = supervisor.join_all(STOP_GRACE_S)
+    interrupts.abandon = None
 
     result = TrainResult(
         exit_code=0,
@@ -245,15 +272,23 @@ def train(
 
     _log_device_summary(cfg, replicas, log)
     lead = replicas[0]
-    if cfg.train.final_checkpoint or lead.completed_steps < total_steps:
-        result.checkpoint = save(lead.completed_steps)
     if lead.completed_steps < total_steps:
         why = "SIGTERM" if term.is_set() else "a stop request"
+        if lead.completed_steps == start_step:
+            log.line(
+                f"stopped by {why} before the first step: nothing trained, no checkpoint written"
+            )
+            return result
+        # Weights, optimizer and schedule only: the drafter export waits for a normal end,
+        # so the checkpoint fits in the grace period the stop gives us.
+        result.checkpoint = save(lead.completed_steps, export=False)
         log.line(
             f"stopped by {why} after step {lead.completed_steps}/{total_steps}; "
             f"resume with --resume (checkpoint {result.checkpoint})"
         )
         return result
+    if cfg.train.final_checkpoint:
+        result.checkpoint = save(lead.completed_steps)
     if ctx.history:
         log.line(f"final loss {ctx.history[-1][1]:.4f}")
     if cfg.eval.enabled:
@@ -287,23 +322,32 @@ def _log_device_summary(cfg: TrainConfig, replicas: list[DrafterReplica], log: R
             log.line(f"peak GPU memory {dev}: {peak:.1f} GiB")
 
 
-def _install_signal_handlers(term: threading.Event, log: RunLog):
-    if threading.current_thread() is not threading.main_thread():
-        return None
+class Interrupts:
+    """SIGTERM/SIGINT: the first asks to stop after the current step and checkpoint; a
+    second abandons the current step (the checkpoint then holds the last finished one)."""
 
-    def on_signal(signum, _frame):
-        if not term.is_set():
-            log.line(
-                f"received {signal.Signals(signum).name}: finishing the current step, then writing a checkpoint"
-            )
-        term.set()
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
+        self.term = threading.Event()
+        self.abandon: Callable[[], None] | None = None
+        self._previous: dict = {}
 
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, on_signal)
-    return previous
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
 
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
-def _restore_signal_handlers(previous) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
+    def _on_signal(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.term.is_set():
+            self.term.set()
+            self.log.line(f"received {name}: finishing the current step, then writing a checkpoint")
+        elif self.abandon is not None:
+            self.log.line(f"received {name} again: abandoning the current step")
+            self.abandon()

@@ -197,7 +197,9 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
         return
     if replica.rank == 0:
         ctx._window_start = time.perf_counter()
-    profile = _ProfileWindow(ctx, replica) if replica.rank == 0 and ctx.cfg.debug.profile_steps else None
+    profile = (
+        _ProfileWindow(ctx, replica) if replica.rank == 0 and ctx.cfg.debug.profile_steps else None
+    )
     for step in range(ctx.start_step, ctx.total_steps):
         inputs = _next_inputs(ctx, replica)
         if inputs.step != step or inputs.shard != replica.rank:
@@ -252,10 +254,14 @@ class _ProfileWindow:
             elif event.name.startswith(("cudaLaunchKernel", "cuLaunchKernel")):
                 kernel_launches += 1
         steps = self.last - self.first + 1
-        self.ctx.log.line(stage_line(
-            self.replica.name, str(self.replica.device),
-            f"profiled steps {self.first}-{self.last}: {graph_launches} CUDA graph launches, "
-            f"{kernel_launches} kernel launches outside graphs ({steps} steps, all threads)"))
+        self.ctx.log.line(
+            stage_line(
+                self.replica.name,
+                str(self.replica.device),
+                f"profiled steps {self.first}-{self.last}: {graph_launches} CUDA graph launches, "
+                f"{kernel_launches} kernel launches outside graphs ({steps} steps, all threads)",
+            )
+        )
         self.profiler = None
         # Collecting the trace took time that is no training: restart the throughput window.
         self.ctx._window_start, self.ctx._window_steps = time.perf_counter(), 0

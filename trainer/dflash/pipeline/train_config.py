@@ -107,7 +107,9 @@ class DebugSection:
     fail_in: str | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
     stop_at_step: int = 0  # act as if SIGTERM arrived after this step (tests, demos)
     nonfinite_at_steps: list[int] = field(default_factory=list)  # poison the loss at these steps
-    profile_steps: list[int] = field(default_factory=list)  # [first, last]: count CUDA graph launches
+    profile_steps: list[int] = field(
+        default_factory=list
+    )  # [first, last]: count CUDA graph launches
 
 
 @dataclass(kw_only=True)
