@@ -45,7 +45,7 @@ def test_tiny_cpu_demo_learns_and_reports(tmp_path):
     ]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.5
     final = next(line for line in lines if line.startswith("final loss "))
-    assert float(final.split()[-1]) == pytest.approx(losses[-1], abs=1e-4)
+    assert float(final.split()[2]) == pytest.approx(losses[-1], abs=1e-4)
     ev = next(line for line in lines if line.startswith("eval | "))
     tau = re.fullmatch(
         r"eval \| tau (\S+) \| lossless yes \| \d+ tokens \| \S+ tokens/target forward", ev

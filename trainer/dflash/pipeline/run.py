@@ -289,8 +289,8 @@ def _train(
         return result
     if cfg.train.final_checkpoint:
         result.checkpoint = save(lead.completed_steps)
-    if ctx.history:
-        log.line(f"final loss {ctx.history[-1][1]:.4f}")
+    if ctx.window_loss is not None:
+        log.line(f"final loss {ctx.window_loss:.4f} (mean of the last {cfg.train.log_every} steps)")
     if cfg.eval.enabled:
         lead.model.eval()
         result.eval_line = workload.evaluate(lead.model)

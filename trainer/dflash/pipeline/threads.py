@@ -71,9 +71,13 @@ class RunContext:
     flops_per_batch: float = 0.0
     peak_flops: float | None = None  # sum over the devices in use
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
+    window_loss: float | None = None  # mean loss of the last logged window
     on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
-    _window_start: float = 0.0
+    _window_start: float = 0.0  # throughput window (restarted after profiling)
     _window_steps: int = 0
+    _window_sums: list[float] = field(
+        default_factory=lambda: [0.0, 0.0, 0.0, 0]
+    )  # loss, acc, tau, n
 
     @property
     def num_drafters(self) -> int:
@@ -390,6 +394,13 @@ def _log_step(
     tokens_per_batch: int,
 ) -> None:
     ctx._window_steps += 1
+    acc = metrics.get("acc", 0.0)
+    acc = acc if isinstance(acc, float) else float(sum(acc) / max(1, len(acc)))
+    sums = ctx._window_sums
+    sums[0] += loss
+    sums[1] += acc
+    sums[2] += ctx.workload.tau_estimate(metrics)
+    sums[3] += 1
     every = ctx.cfg.train.log_every
     if step % every and step != ctx.total_steps:
         return
@@ -400,15 +411,16 @@ def _log_step(
     mfu = None
     if ctx.peak_flops:
         mfu = ctx.flops_per_batch * ctx.num_drafters * steps / elapsed / ctx.peak_flops
-    acc = metrics.get("acc", 0.0)
-    acc = acc if isinstance(acc, float) else float(sum(acc) / max(1, len(acc)))
+    n = sums[3]
+    # Means over the steps since the last line: one step's loss is too noisy to read.
+    ctx.window_loss = sums[0] / n
     ctx.log.line(
         format_step_line(
             step=step,
             total=ctx.total_steps,
-            loss=loss,
-            acc=acc,
-            tau=ctx.workload.tau_estimate(metrics),
+            loss=sums[0] / n,
+            acc=sums[1] / n,
+            tau=sums[2] / n,
             lr=lr,
             tokens_per_s=tokens_per_s,
             mfu=mfu,
@@ -417,3 +429,4 @@ def _log_step(
         )
     )
     ctx._window_start, ctx._window_steps = now, 0
+    ctx._window_sums = [0.0, 0.0, 0.0, 0]
