@@ -12,7 +12,7 @@ from dflash.data import iterate_batches, random_prompts, synthetic_samples
 from dflash.spec_decode import evaluate
 from dflash.target import target_context
 
-STEPS, BATCH, LR = 300, 16, 1e-2
+STEPS, BATCH, LR = 200, 16, 1e-2
 
 
 @pytest.mark.slow
