@@ -123,6 +123,8 @@ class EvalResult:
     tokens_per_target_forward: float  # num_tokens / target forwards (prefills included)
     num_prompts: int
     mismatched_prompts: list[int] = field(default_factory=list)
+    # prompt index -> first generated position where speculative and greedy output differ
+    first_divergence: dict[int, int] = field(default_factory=dict)
 
     def format_line(self) -> str:
         return (
@@ -149,13 +151,20 @@ def evaluate(
     try:
         steps: list[int] = []
         num_tokens = forwards = 0
-        mismatched = []
+        divergence: dict[int, int] = {}
         for index, prompt in enumerate(prompts):
             ids = torch.as_tensor(prompt, dtype=torch.long, device=device).reshape(1, -1)
             spec = speculative_generate(drafter, target, ids, max_new_tokens, stop_token_ids)
             reference, _ = greedy_generate(target, ids, max_new_tokens, stop_token_ids)
             if spec.tokens != reference:
-                mismatched.append(index)
+                divergence[index] = next(
+                    (
+                        i
+                        for i, (a, b) in enumerate(zip(spec.tokens, reference, strict=False))
+                        if a != b
+                    ),
+                    min(len(spec.tokens), len(reference)),
+                )
             steps.extend(spec.acceptance_lengths)
             num_tokens += len(spec.tokens)
             forwards += spec.target_forwards
@@ -163,9 +172,10 @@ def evaluate(
         drafter.train(was_training)
     return EvalResult(
         tau=sum(steps) / len(steps) if steps else 1.0,
-        lossless=not mismatched,
+        lossless=not divergence,
         num_tokens=num_tokens,
         tokens_per_target_forward=num_tokens / forwards,
         num_prompts=len(prompts),
-        mismatched_prompts=mismatched,
+        mismatched_prompts=sorted(divergence),
+        first_divergence=divergence,
     )
