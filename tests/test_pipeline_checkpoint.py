@@ -188,3 +188,12 @@ def test_a_second_signal_abandons_the_current_step():
     interrupts._on_signal(signals.SIGINT, None)
     assert abandoned == [True]
     assert log.lines[-1] == "received SIGINT again: abandoning the current step"
+
+
+def test_resume_names_the_config_keys_that_changed(tmp_path):
+    run_standin(tmp_path, train={"steps": 4, "log_every": 2})
+    result, log = run_standin(
+        tmp_path, resume=True, train={"steps": 6, "log_every": 2}, optim={"lr": 0.01}
+    )
+    assert result.exit_code == 0 and result.history[0][0] == 5
+    assert "resume: config differs from the checkpoint's in optim.lr, train.steps" in log.lines

@@ -58,7 +58,17 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
 
+    import torch
     from dflash.pipeline.run import Interrupts, train
+    from dflash.pipeline.warmup import check_device_layout
+
+    try:
+        check_device_layout(cfg.runtime.drafter_devices, cfg.runtime.compile)
+    except TrainConfigError as exc:  # before minutes of set-up, not after
+        print(f"config error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
 
     log = RunLog()
     # Before the slow set-up (building the target, making data): a stop then is not lost.

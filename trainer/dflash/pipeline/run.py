@@ -64,6 +64,18 @@ def compile_loss(module: torch.nn.Module, mode: str) -> torch.nn.Module:
     raise ValueError(f"unknown compile mode {mode!r}")
 
 
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved configs."""
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changed.append(f"{prefix}{key}")
+    return changed
+
+
 def peak_flops(cfg: TrainConfig) -> float | None:
     devices = list(dict.fromkeys(cfg.runtime.target_devices + cfg.runtime.drafter_devices))
     if cfg.runtime.peak_tflops:
@@ -134,6 +146,9 @@ def _train(
         else:
             resume_state = ckpt.load_checkpoint(found)
             log.line(f"resume: continuing from {found} (step {resume_state.step})")
+            changed = config_differences(resume_state.config, cfg.to_dict())
+            if changed:
+                log.line("resume: config differs from the checkpoint's in " + ", ".join(changed))
 
     supervisor = Supervisor(log)
     term = interrupts.term

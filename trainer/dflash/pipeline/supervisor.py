@@ -91,17 +91,6 @@ class Supervisor:
         thread.start()
         return thread
 
-    def wait(self, poll: Callable[[], None] | None = None) -> None:
-        """Block until every thread ended or a stop was requested; ``poll`` runs between checks
-        on the main thread (signals are delivered there)."""
-        while any(t.is_alive() for t in self.threads) and not self.stop.is_set():
-            for thread in self.threads:
-                thread.join(timeout=0.1)
-                if poll is not None:
-                    poll()
-                if self.stop.is_set():
-                    break
-
     def join_all(self, timeout: float) -> list[str]:
         """Join every thread within ``timeout`` seconds in total; names of those still alive."""
         deadline = time.monotonic() + timeout
