@@ -10,9 +10,15 @@ as the A*B block rows. A row of block a sees:
 Backends (the `attention` option of `drafter_loss`):
   "sdpa_dense": a dense boolean mask [N, 1, A*B, S+A*B] with
                 torch.nn.functional.scaled_dot_product_attention. Exact on any
-                device; the choice on CPU. Memory grows with A*B*(S+A*B).
+                device; the one to use on CPU (flex has no CPU backward).
+                Mask memory grows with A*B*(S+A*B).
   "flex":       torch.nn.attention.flex_attention with a BlockMask built from the
-                same rule; skips fully masked tiles, the choice on GPU (compile it).
+                same rule; skips fully masked tiles. On CUDA the kernel is
+                compiled (once, or inside the caller's torch.compile region).
+Measured on an H200 at the Qwen3-8B drafter shape (1.05B parameters, batch 1 x 3072
+tokens, 192 anchors x 16, eager step): flex 87 ms forward+backward and +5.05 GiB,
+sdpa_dense 86 ms and +5.57 GiB; flex's advantage grows with the sequence length.
+Both trace with torch.compile(fullgraph=True).
 """
 
 from __future__ import annotations
