@@ -110,3 +110,15 @@ def test_entry_point_exits_2_on_unknown_key(tmp_path, capsys):
     path = write(tmp_path, "optim:\n  learning_rate: 1\n")
     assert train_dflash_pipeline.main(["--config", str(path)]) == 2
     assert "unknown key optim.learning_rate" in capsys.readouterr().err
+
+
+def test_header_takes_the_commit_from_the_run_metadata(tmp_path, monkeypatch):
+    import json
+
+    from dflash.pipeline.logging import git_commit
+
+    (tmp_path / "meta.json").write_text(
+        json.dumps({"git_commit": "0123456789abcdef", "git_dirty": True})
+    )
+    monkeypatch.setenv("DFLASH_RUN_DIR", str(tmp_path))
+    assert git_commit(tmp_path) == "0123456789ab (dirty)"

@@ -7,7 +7,9 @@ The line formats are a contract with the crash detector that follows the log:
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -76,7 +78,16 @@ def format_nonfinite_line(*, step: int, total: int, loss: float, count: int, all
 
 
 def git_commit(start: Path) -> str:
-    """The commit of the tree we run from: git if available, else the release manifest."""
+    """The commit of the tree we run from: the run's meta.json (written by dflashctl, which
+    deploys a release without .git), else git, else a GIT_COMMIT file above us."""
+    run_dir = os.environ.get("DFLASH_RUN_DIR")
+    if run_dir:
+        try:
+            meta = json.loads((Path(run_dir) / "meta.json").read_text())
+            if meta.get("git_commit"):
+                return str(meta["git_commit"])[:12] + (" (dirty)" if meta.get("git_dirty") else "")
+        except (OSError, ValueError):
+            pass
     try:
         out = subprocess.run(
             ["git", "-C", str(start), "rev-parse", "--short=12", "HEAD"],
