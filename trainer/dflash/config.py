@@ -173,10 +173,14 @@ class DrafterConfig:
         return cls(**data)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """`config.json` in the layout of the published DFlash drafters (Qwen3 body)."""
+        """`config.json` in the layout of the published DFlash drafters (Qwen3 body).
+
+        Serving engines pick the drafter by `architectures`; the published `auto_map`
+        (remote code for transformers' AutoModel) is left out, since no modeling file
+        ships with our checkpoints.
+        """
         return {
             "architectures": ["DFlashDraftModel"],
-            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
             "model_type": "qwen3",
             "attention_bias": self.attention_bias,
             "attention_dropout": 0.0,
