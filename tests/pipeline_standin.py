@@ -12,7 +12,9 @@ subprocess tests (signals, exit codes):
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -60,7 +62,13 @@ class StandInLoss(nn.Module):
         super().__init__()
         self.drafter = drafter
 
+    calls = 0
+
     def forward(self, context, input_ids, anchors, anchor_valid, loss_mask):
+        StandInLoss.calls += 1
+        stall_at = int(os.environ.get("STANDIN_STALL_AT_CALL", "0"))
+        if StandInLoss.calls == stall_at:  # a call that cannot be interrupted (a long compile)
+            time.sleep(120)
         picked = torch.gather(context, 1, anchors.unsqueeze(-1).expand(-1, -1, context.shape[-1]))
         logits = self.drafter.head(torch.relu(self.drafter.fuse(picked)))  # [B, A, V]
         labels = torch.gather(input_ids, 1, anchors + 1)

@@ -197,3 +197,34 @@ def test_resume_names_the_config_keys_that_changed(tmp_path):
     )
     assert result.exit_code == 0 and result.history[0][0] == 5
     assert "resume: config differs from the checkpoint's in optim.lr, train.steps" in log.lines
+
+
+def test_a_thread_stuck_in_a_call_does_not_hang_the_exit(tmp_path):
+    config = _write_config(tmp_path, steps=50)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "pipeline_standin.py"),
+            "--config",
+            str(config),
+            "--set",
+            "debug.fail_in=prefetcher@step:8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # warm-up is call 1; step 2 (call 3) never returns. Bounded queues hold at most 6
+        # batches, so the prefetcher reaches step 8 only after the drafter took batch 2.
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "STANDIN_STALL_AT_CALL": "3"},
+    )
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert time.monotonic() - started < 40  # the stalled call alone would take 120 s
+    lines = out.splitlines()
+    assert "prefetcher failed:" in lines
+    assert "threads still running 8 s after the stop: drafter-0; exiting" in lines
