@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
+from dflashctl.run_summary import RunSummary
+
 from dflashctl import terminal
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, HostError, UsageError
 
@@ -191,6 +193,9 @@ class FollowResult:
     signal: int | None = None
     interrupted: bool = False  # Ctrl-C stopped the following (the run was left alone)
     source: str | None = None  # a local file classified with --file
+    summary: RunSummary = field(default_factory=RunSummary)  # loss, tau, checkpoint
+    rundir: str | None = None  # workdir/runs/<id> on the target
+    where: str | None = None  # "CT 200 on root@pve:22", "this machine"
 
     @property
     def cli_exit_code(self) -> int:
@@ -209,6 +214,10 @@ class FollowResult:
             data["file"] = self.source
         if self.interrupted:
             data["interrupted"] = True
+        if not self.summary.empty:
+            data["summary"] = self.summary.to_json()
+        if self.rundir is not None:
+            data["run_dir"] = self.rundir
         return data
 
 
@@ -245,6 +254,7 @@ class LineSink:
         from dflashctl.crash import CrashDetector
 
         self.detector = CrashDetector(rules)
+        self.summary = RunSummary()
         self.console = console
         self.show_lines = show_lines
         self.on_crash = on_crash
@@ -256,6 +266,7 @@ class LineSink:
     def line(self, text: str) -> None:
         self.count += 1
         events = self.detector.feed(text)
+        self.summary.feed(text)
         if self.backlog is not None:
             self.backlog.append(text)
             self._held_events.extend(events)
@@ -774,7 +785,18 @@ class _Follower:
             state=run_status,
             signal=signal,
             interrupted=interrupted,
+            summary=self.sink.summary,
+            rundir=self.rundir,
+            where=_describe_target(self.target),
         )
+
+
+def _describe_target(target: Any) -> str | None:
+    describe = getattr(target, "describe", None)
+    try:
+        return describe() if callable(describe) else None
+    except Exception:  # a description is a nicety; never fail the report over it
+        return None
 
 
 def _close_target(target: Any) -> None:
@@ -838,6 +860,7 @@ def classify_log(
         exit_code=exit_code,
         crashes=crashes,
         source=name,
+        summary=sink.summary,
     )
 
 
@@ -859,11 +882,24 @@ def report_result(result: FollowResult, *, json_mode: bool = False) -> int:
     return result.cli_exit_code
 
 
+def _say_where_and_what(result: FollowResult) -> None:
+    """Where the run's files are and what it achieved, as far as the log told us."""
+    lines = []
+    if result.rundir:
+        where = f"  ({result.where})" if result.where else ""
+        lines.append(f"run dir     {result.rundir}{where}")
+        lines.append(f"log         {result.rundir}/train.log")
+    lines.extend(result.summary.describe())
+    for line in lines:
+        terminal.info(f"  {line}")
+
+
 def _say_outcome(result: FollowResult) -> None:
     what = f"run {result.run_id}" if result.run_id else (result.source or "the log")
     if result.status == "finished":
         code = "" if result.exit_code is None else f" (exit code {result.exit_code})"
         terminal.success(f"{what} finished{code}")
+        _say_where_and_what(result)
         return
     if result.status == "running":
         terminal.info(

@@ -114,7 +114,12 @@ def test_follows_a_run_to_a_clean_finish(runs):
     assert step_lines(out) == expected_lines(12)
     assert (result.status, result.exit_code, result.crashes) == ("finished", 0, [])
     assert result.cli_exit_code == 0
-    assert result.to_json() == {"run": "r1", "status": "finished", "exit_code": 0, "crashes": []}
+    data = result.to_json()
+    assert {k: data[k] for k in ("run", "status", "exit_code", "crashes")} == {
+        "run": "r1", "status": "finished", "exit_code": 0, "crashes": []
+    }
+    assert data["run_dir"].endswith("/runs/r1")
+    assert data["summary"]["last_step"] == "12/12"
 
 
 def test_a_thread_crash_is_reported_with_its_thread(runs):
