@@ -51,10 +51,9 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from dflashctl.run_summary import RunSummary
-
 from dflashctl import terminal
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, HostError, UsageError
+from dflashctl.run_summary import RunSummary
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent
