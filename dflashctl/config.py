@@ -243,9 +243,7 @@ def _coerce(value: Any, hint: Any, path: Path, keypath: str) -> Any:
             raise _type_error(path, keypath, "a mapping", value)
         key_hint, value_hint = args
         if value_hint is str:
-            return {
-                str(k): _scalar_text(v, path, f"{keypath}.{k}") for k, v in value.items()
-            }
+            return {str(k): _scalar_text(v, path, f"{keypath}.{k}") for k, v in value.items()}
         return {str(k): v for k, v in value.items()}
     raise AssertionError(f"unsupported config type {hint!r} at {keypath}")
 
@@ -307,7 +305,11 @@ def _check_semantics(config: Config, path: Path) -> None:
 
     host = config.host
     if not host.address.strip():
-        fail("host.address", "must not be empty", "a hostname, an IP, an ~/.ssh/config alias or 'local'")
+        fail(
+            "host.address",
+            "must not be empty",
+            "a hostname, an IP, an ~/.ssh/config alias or 'local'",
+        )
     if host.port is not None and not 1 <= host.port <= 65535:
         fail("host.port", f"expected a port between 1 and 65535, got {host.port}")
     if host.proxy_jump and not _PROXY_JUMP.match(host.proxy_jump):
@@ -326,17 +328,26 @@ def _check_semantics(config: Config, path: Path) -> None:
         if not pve.token_id or not _TOKEN_ID.match(pve.token_id):
             fail("proxmox.token_id", "required with api: https, in the form user@realm!tokenname")
     if not _ENV_NAME.match(pve.token_secret_env):
-        fail("proxmox.token_secret_env", f"not an environment variable name: {pve.token_secret_env!r}")
+        fail(
+            "proxmox.token_secret_env",
+            f"not an environment variable name: {pve.token_secret_env!r}",
+        )
 
     ct = config.container
     if ct.vmid is not None and not 100 <= ct.vmid <= 999_999_999:
-        fail("container.vmid", f"Proxmox vmids run from 100 to 999999999, got {ct.vmid}",
-             "or null to run directly on the host")
+        fail(
+            "container.vmid",
+            f"Proxmox vmids run from 100 to 999999999, got {ct.vmid}",
+            "or null to run directly on the host",
+        )
     if not ct.workdir.startswith("/"):
         fail("container.workdir", f"must be an absolute path, got {ct.workdir!r}")
     if ct.workdir.rstrip("/") in ("", "/root", "/home", "/tmp", "/usr", "/etc"):
-        fail("container.workdir", f"{ct.workdir!r} is too broad: dflashctl manages releases/ and runs/ in it",
-             "use a folder of its own, e.g. /root/dflash")
+        fail(
+            "container.workdir",
+            f"{ct.workdir!r} is too broad: dflashctl manages releases/ and runs/ in it",
+            "use a folder of its own, e.g. /root/dflash",
+        )
     if not ct.python.strip():
         fail("container.python", "must name an interpreter, e.g. python3")
 
@@ -350,7 +361,10 @@ def _check_semantics(config: Config, path: Path) -> None:
     if config.run.stop_grace_s < 0:
         fail("run.stop_grace_s", f"must be 0 or more seconds, got {config.run.stop_grace_s}")
     if config.run.keep_releases < 1:
-        fail("run.keep_releases", f"must be at least 1 (the current release), got {config.run.keep_releases}")
+        fail(
+            "run.keep_releases",
+            f"must be at least 1 (the current release), got {config.run.keep_releases}",
+        )
 
     for i, rule in enumerate(config.crash_patterns):
         if not isinstance(rule, dict):

@@ -79,7 +79,9 @@ class RunSummary:
         if self.final_loss is not None:
             results.append(f"final loss {self.final_loss:.4g}")
         if self.tau is not None:
-            lossless = "" if self.lossless is None else f", lossless {'yes' if self.lossless else 'NO'}"
+            lossless = (
+                "" if self.lossless is None else f", lossless {'yes' if self.lossless else 'NO'}"
+            )
             results.append(f"eval tau {self.tau:.2f}{lossless}")
         if results:
             lines.append("result      " + " · ".join(results))

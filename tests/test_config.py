@@ -31,7 +31,10 @@ def test_template_is_a_valid_config(tmp_path):
 
 
 def test_defaults_and_relative_paths_resolve_against_the_config_folder(tmp_path):
-    path = write(tmp_path, MINIMAL + "trainer:\n  source: ../src\nhost_extra: 1\n".replace("host_extra: 1\n", ""))
+    path = write(
+        tmp_path,
+        MINIMAL + "trainer:\n  source: ../src\nhost_extra: 1\n".replace("host_extra: 1\n", ""),
+    )
     config = load_config(path)
     assert config.host.port is None and config.host.user is None  # left to ~/.ssh/config
     assert config.trainer.source == str(tmp_path.parent / "src")
@@ -66,10 +69,19 @@ def test_local_workdir_is_a_local_path(tmp_path):
         ("host:\n  port: 22\n", "missing required value host.address"),
         (MINIMAL + "  port: twenty\n", "host.port: expected an integer, got str 'twenty'"),
         (MINIMAL + "  port: 70000\n", "host.port: expected a port between 1 and 65535, got 70000"),
-        (MINIMAL + "  accept_new_host_key: 'yes please'\n", "host.accept_new_host_key: expected true or false"),
-        (MINIMAL + "container:\n  vmid: abc\n", "container.vmid: expected an integer, got str 'abc'"),
+        (
+            MINIMAL + "  accept_new_host_key: 'yes please'\n",
+            "host.accept_new_host_key: expected true or false",
+        ),
+        (
+            MINIMAL + "container:\n  vmid: abc\n",
+            "container.vmid: expected an integer, got str 'abc'",
+        ),
         (MINIMAL + "container:\n  vmid: 5\n", "container.vmid: Proxmox vmids run from 100"),
-        (MINIMAL + "container:\n  workdir: relative/dir\n", "container.workdir: must be an absolute path"),
+        (
+            MINIMAL + "container:\n  workdir: relative/dir\n",
+            "container.workdir: must be an absolute path",
+        ),
         (MINIMAL + "container:\n  workdir: /root\n", "container.workdir: '/root' is too broad"),
         (MINIMAL + "proxmox:\n  api: rest\n", "proxmox.api: expected 'ssh' or 'https', got 'rest'"),
         (MINIMAL + "proxmox:\n  api: https\n", "proxmox.url: required with api: https"),
@@ -79,8 +91,14 @@ def test_local_workdir_is_a_local_path(tmp_path):
         ),
         (MINIMAL + "trainer:\n  args: --steps 5\n", "trainer.args: expected a list, got str"),
         (MINIMAL + "trainer:\n  env: [A]\n", "trainer.env: expected a mapping, got a list"),
-        (MINIMAL + "trainer:\n  env: {1BAD: x}\n", "trainer.env.1BAD: not a valid environment variable name"),
-        (MINIMAL + "trainer:\n  entry: ../escape.py\n", "trainer.entry: expected a .py file inside trainer.source"),
+        (
+            MINIMAL + "trainer:\n  env: {1BAD: x}\n",
+            "trainer.env.1BAD: not a valid environment variable name",
+        ),
+        (
+            MINIMAL + "trainer:\n  entry: ../escape.py\n",
+            "trainer.entry: expected a .py file inside trainer.source",
+        ),
         (MINIMAL + "run:\n  keep_releases: 0\n", "run.keep_releases: must be at least 1"),
         (MINIMAL + "run:\n  stop_grace_s: -1\n", "run.stop_grace_s: must be 0 or more seconds"),
         (MINIMAL + "crash_patterns: [oops]\n", "crash_patterns[0]: expected a mapping"),
@@ -99,12 +117,17 @@ def test_bad_config_names_file_and_key(tmp_path, text, expected):
 
 def test_malformed_yaml_reports_its_line(tmp_path):
     path = write(tmp_path, "host:\n  address: pve\n  port: [1, 2\nrun: {}\n")
-    with pytest.raises(ConfigError, match=r"malformed YAML at line 4, column 4: expected .,. or .\]., but got .:."):
+    with pytest.raises(
+        ConfigError, match=r"malformed YAML at line 4, column 4: expected .,. or .\]., but got .:."
+    ):
         load_config(path)
 
 
 def test_numbers_in_args_and_env_become_text(tmp_path):
-    config = parse_config(MINIMAL + "trainer:\n  args: [--steps, 100]\n  env: {N: 2, FLAG: true}\n", tmp_path / "d.yaml")
+    config = parse_config(
+        MINIMAL + "trainer:\n  args: [--steps, 100]\n  env: {N: 2, FLAG: true}\n",
+        tmp_path / "d.yaml",
+    )
     assert config.trainer.args == ["--steps", "100"]
     assert config.trainer.env == {"N": "2", "FLAG": "true"}
 
@@ -117,7 +140,11 @@ def test_digest_changes_with_content(tmp_path):
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dflashctl", *args], cwd=cwd, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "dflashctl", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -144,5 +171,7 @@ def test_help_does_not_import_heavy_modules(tmp_path):
         "heavy=[m for m in ('torch','paramiko','proxmoxer','transformers') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+    )
     assert "HEAVY []" in result.stdout, result.stdout + result.stderr

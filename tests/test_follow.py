@@ -116,7 +116,10 @@ def test_follows_a_run_to_a_clean_finish(runs):
     assert result.cli_exit_code == 0
     data = result.to_json()
     assert {k: data[k] for k in ("run", "status", "exit_code", "crashes")} == {
-        "run": "r1", "status": "finished", "exit_code": 0, "crashes": []
+        "run": "r1",
+        "status": "finished",
+        "exit_code": 0,
+        "crashes": [],
     }
     assert data["run_dir"].endswith("/runs/r1")
     assert data["summary"]["last_step"] == "12/12"

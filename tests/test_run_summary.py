@@ -53,7 +53,9 @@ def test_logs_file_json_carries_the_summary(tmp_path):
     log.write_text(TAIL)
     result = subprocess.run(
         [sys.executable, "-m", "dflashctl", "logs", "--file", str(log), "--json"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
