@@ -1,11 +1,13 @@
-"""From a Config to what a command talks to: the transport, the Proxmox API, the target.
+"""From a Config to what a command talks to: the target, and the Proxmox API.
 
-    with connect(config) as (transport, proxmox, target):
+    with session(config) as target:          # most commands
+        ...
+    with connect(config) as (transport, proxmox, target):   # commands that need the API
         ...
 
 One SSH connection serves everything (exec, SFTP, pvesh). `proxmox` is None when no
 container is configured (container.vmid: null): then there is no Proxmox call at all.
-Any low-level failure inside the block (paramiko, sockets, proxmoxer) leaves it as one
+Any low-level failure inside the block (paramiko, sockets) leaves it as one
 plain-sentence HostError (exit code 3); the connection is always closed.
 """
 
@@ -13,13 +15,50 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from dflashctl.config import Config
 from dflashctl.errors import DflashError, HostError
 from dflashctl.target import Target
 from dflashctl.transport import Transport, open_transport
+
+
+def open_target(config: Config) -> Target:
+    """The target for this config; an SSH connection opens on first use. The caller
+    closes it (target.close()), or uses session() which does."""
+    return Target(open_transport(config.host), config.container.vmid)
+
+
+@contextlib.contextmanager
+def session(config: Config, open_with: Callable[[Config], Any] | None = None) -> Iterator[Target]:
+    """The target for one command, closed at the end; a low-level failure (a socket,
+    paramiko) becomes one plain HostError (exit 3). `open_with` replaces open_target
+    (tests count round trips through it)."""
+    target = (open_with or open_target)(config)
+    try:
+        yield target
+    except DflashError:
+        raise
+    except _low_level_errors() as exc:
+        detail = str(exc).strip() or type(exc).__name__
+        raise HostError(
+            f"talking to {target.transport.description} failed: {detail}",
+            hint="check the host and the network, then run the command again",
+        ) from exc
+    finally:
+        target.close()
+
+
+def _low_level_errors() -> tuple[type[BaseException], ...]:
+    # proxmox.py already turns every API failure into a HostError; what is left is the
+    # connection itself.
+    kinds: list[type[BaseException]] = [EOFError, ConnectionError, socket.timeout]
+    paramiko = sys.modules.get("paramiko")  # never imported just for this
+    if paramiko is not None:
+        kinds.append(paramiko.SSHException)
+    return tuple(kinds)
 
 
 class Connection(NamedTuple):
@@ -39,36 +78,11 @@ def open_proxmox(config: Config, transport: Transport) -> Any:
     return proxmox.ssh_api(transport)
 
 
-def _low_level_errors() -> tuple[type[BaseException], ...]:
-    kinds: list[type[BaseException]] = [EOFError, ConnectionError, socket.timeout]
-    try:  # only when they are already loaded: nothing heavy is imported for this
-        import sys
-
-        if "paramiko" in sys.modules:
-            kinds.append(sys.modules["paramiko"].SSHException)
-        if "proxmoxer.core" in sys.modules:
-            kinds.append(sys.modules["proxmoxer.core"].ResourceException)
-    except AttributeError:
-        pass
-    return tuple(kinds)
-
-
 @contextlib.contextmanager
 def connect(config: Config) -> Iterator[Connection]:
-    transport = open_transport(config.host)
-    try:
-        proxmox = open_proxmox(config, transport)
-        yield Connection(transport, proxmox, Target(transport, config.container.vmid))
-    except DflashError:
-        raise
-    except _low_level_errors() as exc:
-        detail = str(exc).strip() or type(exc).__name__
-        raise HostError(
-            f"talking to {transport.description} failed: {detail}",
-            hint="check the host and the network, then run the command again",
-        ) from exc
-    finally:
-        transport.close()
+    """session() plus the Proxmox API, over the same connection."""
+    with session(config) as target:
+        yield Connection(target.transport, open_proxmox(config, target.transport), target)
 
 
 def ensure_running(connection: Connection, config: Config, *, start: bool = False) -> Any:

@@ -22,13 +22,10 @@ partial releases and abandoned uploads.
 
 from __future__ import annotations
 
-import contextlib
 import shlex
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,53 +33,15 @@ from typing import Any
 
 from dflashctl import pct, releases, runs, sync, terminal
 from dflashctl.config import Config
-from dflashctl.errors import DflashError, HostError, UsageError
+from dflashctl.connect import open_proxmox, open_target, session
+from dflashctl.crash import Rule, rules_for
+from dflashctl.errors import HostError, UsageError
 from dflashctl.resources import template_path
 
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
 ABANDONED_UPLOAD_MIN = 1
 
-# --------------------------------------------------------------------------- connecting
-
-
-def open_target(config: Config) -> Any:
-    from dflashctl.target import Target
-    from dflashctl.transport import open_transport
-
-    return Target(open_transport(config.host), config.container.vmid)
-
-
-@contextlib.contextmanager
-def session(config: Config, connect: Callable[[Config], Any] | None = None) -> Iterator[Any]:
-    """The target for one command; its connection is closed at the end, and a
-    low-level failure (a socket, paramiko) becomes one plain HostError (exit 3)."""
-    target = (connect or open_target)(config)
-    try:
-        yield target
-    except DflashError:
-        raise
-    except _low_level_errors() as exc:
-        detail = str(exc).strip() or type(exc).__name__
-        raise HostError(
-            f"talking to {target.transport.description} failed: {detail}",
-            hint="check the host and the network, then run the command again",
-        ) from exc
-    finally:
-        target.transport.close()
-
-
-def _low_level_errors() -> tuple[type[BaseException], ...]:
-    kinds: list[type[BaseException]] = [EOFError, ConnectionError, socket.timeout]
-    paramiko = sys.modules.get("paramiko")  # never imported just for this
-    if paramiko is not None:
-        kinds.append(paramiko.SSHException)
-    return tuple(kinds)
-
-
-def where(target: Any) -> str:
-    """For step lines: `CT 200 on root@pve:22`, or `this machine`."""
-    describe = getattr(target, "describe", None)
-    return describe() if callable(describe) else runs.describe_target(target)
+# --------------------------------------------------------------------------- the target
 
 
 def process_scope(config: Config) -> str:
@@ -95,7 +54,6 @@ def start_container(config: Config, target: Any) -> None:
     """Start the container through the Proxmox API (pvesh over this connection, or
     HTTPS with a token) and wait for its task; returns once it runs."""
     from dflashctl import proxmox
-    from dflashctl.connect import open_proxmox
 
     api = open_proxmox(config, target.transport)
     proxmox.start_container(api, config.proxmox.node, target.vmid)
@@ -246,7 +204,7 @@ def upload_and_deploy(
         raise
     if result.exit_status == 198 and _UPLOAD_CUT in result.stderr_text:
         raise HostError(
-            f"the upload to {where(target)} arrived incomplete",
+            f"the upload to {target.describe()} arrived incomplete",
             hint="check the connection and the host's free space in /tmp, then deploy again",
         )
     if result.exit_status == 199 and _PUSH_FAILED in result.stderr_text:
@@ -291,7 +249,8 @@ def launch_params(
 
 
 def stop_and_launch(config: Config, target: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """Round trip 3. Waiting out a grace period shows a spinner on a terminal."""
+    """Stop stale runs and launch `params["release"]` (None: the current one) in one
+    round trip: a deploy with nothing to send, and restart."""
     grace = float(params["grace_s"])
     timeout = grace + 120
     try:
@@ -336,30 +295,42 @@ def describe_target_to_stop(item: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- following
 
 
-def follow(
-    config: Config, target: Any, run_id: str, *, json_mode: bool
-) -> tuple[int, dict[str, Any] | None]:
-    """Follow the new run's log as `logs --follow` does; (exit code, result JSON)."""
-    try:
-        from dflashctl.crash import load_rules
-        from dflashctl.follow import follow_run, report_result
-    except ImportError:
-        terminal.info(f"follow the run with `dflashctl logs -f {run_id}`")
-        return 0, None
+def print_launched(
+    launched: dict[str, Any], run_id: str, command: list[str], seconds: float
+) -> None:
+    """The runs the agent stopped, then the one it launched; `seconds` is the time the
+    stop and launch took together."""
+    stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
+    print_stopped(launched["stopped"], stop_s)
+    terminal.step_done(
+        f"launched run {run_id} (pid {launched['run']['pid']}) from release "
+        f"{launched['release']}: {shlex.join(command)}",
+        max(seconds - stop_s, 0.0),
+    )
 
-    def reconnect() -> Any:
-        return open_target(config)
+
+def follow_unless_detached(
+    config: Config, target: Any, rules: list[Rule], summary: dict[str, Any], *, detach: bool
+) -> tuple[int, dict[str, Any]]:
+    """Follow the new run's log as `logs --follow` does; (exit code, summary with the
+    run's result)."""
+    run_id = summary["run_id"]
+    if detach:
+        terminal.info(f"follow it with `dflashctl logs -f {run_id}`")
+        return 0, summary
+    from dflashctl.follow import follow_run, report_result
 
     result = follow_run(
-        reconnect,
+        lambda: open_target(config),
         config.container.workdir,
         run_id,
-        rules=load_rules(extra=config.crash_patterns),
+        rules=rules,
         target=target,
         python=config.container.python,
         from_offset=0,
     )
-    return report_result(result, json_mode=False), result.to_json()
+    summary["result"] = result.to_json()
+    return report_result(result), summary
 
 
 # --------------------------------------------------------------------------- deploy
@@ -370,7 +341,6 @@ class DeployOptions:
     detach: bool = False
     dry_run: bool = False
     start_container: bool = False
-    json_mode: bool = False
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -382,6 +352,8 @@ def deploy(
 ) -> tuple[int, dict[str, Any]]:
     """Run a deploy; returns (exit code, the JSON summary)."""
     started = time.monotonic()
+    # A mistake in crash_patterns is a config error: said before anything is contacted.
+    rules = rules_for(config)
     with terminal.step("checking the trainer source") as step:
         manifest, checked = preflight(config)
         step["done"] = (
@@ -392,19 +364,22 @@ def deploy(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
         git = pool.submit(git_state, Path(config.trainer.source))
         with session(config, connect) as target:
+            summary = None
             last = None if options.dry_run else releases.load_last_deploy(config)
             if last is not None:
                 try:
                     plan = plan_from(config, options, manifest, last.release, last.manifest)
-                    return _execute(config, target, options, plan, meta, git, started, last)
+                    summary = _execute(config, target, plan, meta, git, started, last)
                 except (runs.AgentFailed, pct.ContainerNotRunning) as exc:
                     if isinstance(exc, runs.AgentFailed) and not exc.stale:
                         raise
                     # The container changed since our last deploy (or is stopped): ask it.
-            plan = inspected_plan(config, target, options, manifest)
-            if options.dry_run:
-                return 0, print_plan(config, plan, options)
-            return _execute(config, target, options, plan, meta, git, started, None)
+            if summary is None:
+                plan = inspected_plan(config, target, options, manifest)
+                if options.dry_run:
+                    return 0, print_plan(config, plan)
+                summary = _execute(config, target, plan, meta, git, started, None)
+            return follow_unless_detached(config, target, rules, summary, detach=options.detach)
 
 
 def plan_from(
@@ -430,7 +405,7 @@ def inspected_plan(
     config: Config, target: Any, options: DeployOptions, manifest: sync.Manifest
 ) -> Plan:
     """Round trip 1 when the last deploy's plan is unknown or out of date."""
-    with terminal.step(f"inspecting {where(target)}") as step:
+    with terminal.step(f"inspecting {target.describe()}") as step:
         state = inspect(
             config,
             target,
@@ -444,7 +419,7 @@ def inspected_plan(
         )
         running = [t for t in plan.to_stop if t.get("kind") == "active"]
         step["done"] = (
-            f"inspected {where(target)}: "
+            f"inspected {target.describe()}: "
             + (f"release {base}" if base else "nothing deployed yet")
             + (f", run {running[0]['run_id']} running" if running else "")
             + f", python {state.get('python')}"
@@ -452,10 +427,11 @@ def inspected_plan(
     return plan
 
 
-def _execute(config, target, options, plan, meta, git, started, last):
+def _execute(config, target, plan, meta, git, started, last):
     """Send what changed, stop stale runs, launch: one round trip. With `last` (the
     release this machine deployed there last time), the agent first checks that it
-    is still current and intact, else answers `stale` having changed nothing."""
+    is still current and intact, else answers `stale` having changed nothing.
+    Returns the deploy's JSON summary."""
     diff, manifest = plan.diff, plan.manifest
     run_id = runs.new_run_id()
     command = plan.command
@@ -470,7 +446,7 @@ def _execute(config, target, options, plan, meta, git, started, last):
         archive = sync.make_archive(Path(config.trainer.source), manifest, diff.changed)
         archive_bytes = len(archive)
         size = terminal.human_bytes(plan.bytes_to_send)
-        with _spinner(f"sending {len(diff.changed)} files ({size}){stopping}, launching"):
+        with terminal.spinner(f"sending {len(diff.changed)} files ({size}){stopping}, launching"):
             launched = upload_and_deploy(config, target, plan, archive, params)
         built = launched["build"]
         # One call did it all: what the agent did not spend stopping and launching
@@ -491,23 +467,16 @@ def _execute(config, target, options, plan, meta, git, started, last):
         )
     else:
         synced_s = 0.0
-        with _spinner(f"launching{stopping}"):
+        with terminal.spinner(f"launching{stopping}"):
             launched = stop_and_launch(config, target, params)
         terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
     releases.save_last_deploy(config, launched["release"], manifest)
-    stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
-    print_stopped(launched["stopped"], stop_s)
-    run = launched["run"]
-    terminal.step_done(
-        f"launched run {run_id} (pid {run['pid']}) from release {launched['release']}: "
-        f"{shlex.join(command)}",
-        max(time.monotonic() - t0 - synced_s - stop_s, 0.0),
-    )
+    print_launched(launched, run_id, command, time.monotonic() - t0 - synced_s)
     summary = {
         "release": launched["release"],
         "previous_release": plan.base_release,
         "run_id": run_id,
-        "pid": run["pid"],
+        "pid": launched["run"]["pid"],
         "files_sent": len(diff.changed) if plan.new_release else 0,
         "bytes_sent": plan.bytes_to_send if plan.new_release else 0,
         "archive_bytes": archive_bytes,
@@ -516,24 +485,14 @@ def _execute(config, target, options, plan, meta, git, started, last):
         "runs_stopped": launched["stopped"],
         "releases_removed": launched.get("releases_removed", []),
         "command": command,
-        "target": where(target),
+        "target": target.describe(),
         "seconds": round(time.monotonic() - started, 3),
         "dry_run": False,
     }
-    if options.detach:
-        terminal.info(f"follow it with `dflashctl logs -f {run_id}`")
-        return 0, summary
-    code, result = follow(config, target, run_id, json_mode=options.json_mode)
-    summary["result"] = result
-    return code, summary
+    return summary
 
 
-def _spinner(message: str) -> Any:
-    """A spinner while one long call runs (a terminal only; elsewhere nothing)."""
-    return terminal.err.status(message) if terminal.interactive() else contextlib.nullcontext()
-
-
-def print_plan(config: Config, plan: Plan, options: DeployOptions) -> dict[str, Any]:
+def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
     """The dry run's answer: what would travel, stop and start. Nothing was changed."""
     out = terminal.out
     diff = plan.diff
@@ -578,41 +537,29 @@ def restart(
     config: Config,
     *,
     detach: bool,
-    json_mode: bool,
     extra_args: list[str] | None = None,
     connect: Callable[[Config], Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Stop stale runs and launch the current release again: one round trip, no sync."""
+    rules = rules_for(config)  # config mistakes first, before anything is contacted
     with session(config, connect) as target:
         run_id = runs.new_run_id()
         command = trainer_command(config, extra_args or [])
         meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
         params = launch_params(config, run_id, None, command, meta)
         t0 = time.monotonic()
-        with _spinner("stopping stale runs and launching"):
+        with terminal.spinner("stopping stale runs and launching"):
             launched = stop_and_launch(config, target, params)
-        stop_s = float(launched.get("stop_seconds") or 0.0)
-        print_stopped(launched["stopped"], stop_s)
-        run = launched["run"]
-        terminal.step_done(
-            f"launched run {run_id} (pid {run['pid']}) from release {launched['release']}: "
-            f"{shlex.join(command)}",
-            time.monotonic() - t0 - (stop_s if launched["stopped"] else 0.0),
-        )
+        print_launched(launched, run_id, command, time.monotonic() - t0)
         summary = {
             "release": launched["release"],
             "run_id": run_id,
-            "pid": run["pid"],
+            "pid": launched["run"]["pid"],
             "runs_stopped": launched["stopped"],
             "command": command,
-            "target": where(target),
+            "target": target.describe(),
         }
-        if detach:
-            terminal.info(f"follow it with `dflashctl logs -f {run_id}`")
-            return 0, summary
-        code, result = follow(config, target, run_id, json_mode=json_mode)
-        summary["result"] = result
-        return code, summary
+        return follow_unless_detached(config, target, rules, summary, detach=detach)
 
 
 def stop(
@@ -638,7 +585,7 @@ def stop(
             step["done"] = (
                 f"stopped {len(stopped)} run(s)"
                 if stopped
-                else f"nothing to stop on {where(target)}"
+                else f"nothing to stop on {target.describe()}"
             )
         for item in stopped:
             terminal.info(f"  {describe_stopped(item)}")
@@ -647,4 +594,4 @@ def stop(
                 "a run did not exit even after SIGKILL",
                 hint="check the container with `ps -ef`; the process may be stuck in I/O",
             )
-        return {"stopped": stopped, "target": where(target)}
+        return {"stopped": stopped, "target": target.describe()}

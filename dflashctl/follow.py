@@ -565,7 +565,7 @@ class _Follower:
         finally:
             self._close_stream()
             for target in self._owned:
-                _close_target(target)
+                _close_quietly(target)
         if state.status != "running":
             last = self.splitter.flush()  # a last line without its newline
             if last is not None:
@@ -739,7 +739,7 @@ class _Follower:
                 continue
             if old in self._owned:
                 self._owned.remove(old)
-                _close_target(old)
+                _close_quietly(old)
             return
 
     def _new_target(self):
@@ -786,27 +786,15 @@ class _Follower:
             interrupted=interrupted,
             summary=self.sink.summary,
             rundir=self.rundir,
-            where=_describe_target(self.target),
+            where=self.target.describe() if self.target is not None else None,
         )
 
 
-def _describe_target(target: Any) -> str | None:
-    describe = getattr(target, "describe", None)
+def _close_quietly(target: Any) -> None:
     try:
-        return describe() if callable(describe) else None
-    except Exception:  # a description is a nicety; never fail the report over it
-        return None
-
-
-def _close_target(target: Any) -> None:
-    closer = getattr(target, "close", None) or getattr(
-        getattr(target, "transport", None), "close", None
-    )
-    if closer is not None:
-        try:
-            closer()
-        except Exception:  # closing a dead connection: nothing more to do
-            pass
+        target.close()
+    except Exception:  # closing a dead connection: nothing more to do
+        pass
 
 
 def _reason(exc: BaseException) -> str:

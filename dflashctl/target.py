@@ -68,10 +68,6 @@ class Target:
         self.transport = transport
         self.vmid = vmid
 
-    @property
-    def is_container(self) -> bool:
-        return self.vmid is not None
-
     def describe(self) -> str:
         """For messages: "CT 200 on root@127.0.0.1:2222", or the host alone."""
         if self.vmid is None:
@@ -85,6 +81,9 @@ class Target:
 
     def __str__(self) -> str:
         return self.describe()
+
+    def close(self) -> None:
+        self.transport.close()
 
     def run(
         self,

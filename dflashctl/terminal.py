@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Iterator
 
@@ -62,10 +61,15 @@ def step(message: str) -> Iterator[dict]:
     """
     result: dict = {"done": message}
     start = time.monotonic()
-    status = err.status(message) if interactive() else contextlib.nullcontext()
-    with status:
+    with spinner(message):
         yield result
     step_done(result["done"], time.monotonic() - start)
+
+
+def spinner(message: str) -> contextlib.AbstractContextManager:
+    """A spinner while something runs, on a terminal only (elsewhere nothing, so that
+    logs stay one line per step)."""
+    return err.status(message) if interactive() else contextlib.nullcontext()
 
 
 def human_bytes(n: int) -> str:
@@ -75,7 +79,3 @@ def human_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
-
-
-def is_stdout_terminal() -> bool:
-    return sys.stdout.isatty()

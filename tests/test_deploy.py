@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from dflashctl import deploy as deploy_mod
-from dflashctl.deploy import DeployOptions, deploy
-from dflashctl.errors import HostError, UsageError
+from dflashctl.connect import open_target
+from dflashctl.deploy import DeployOptions, deploy, restart
+from dflashctl.errors import ConfigError, HostError, UsageError
 from dflashctl.runs import list_runs, run_state
 from tests.test_deploy_support import pid_alive, project, wait_for  # noqa: F401
 
@@ -43,7 +45,7 @@ def snapshot(root: Path) -> dict[str, object]:
 
 
 def target(project):
-    return deploy_mod.open_target(project.config())
+    return open_target(project.config())
 
 
 def test_first_deploy_lands_files_swaps_current_and_launches(project):
@@ -184,6 +186,21 @@ def test_syntax_error_refuses_without_contacting_the_host(project):
     assert not project.workdir.exists()
 
 
+def test_a_bad_crash_rule_refuses_without_contacting_the_host(project):
+    config = project.config()
+    config.crash_patterns = [{"name": "mine", "category": "mine", "regex": "(", "hint": "h"}]
+
+    def no_host(config):
+        raise AssertionError("the host was contacted")
+
+    expected = rf"^{re.escape(str(config.path))}: crash_patterns\[0\]\.regex: invalid regular"
+    with pytest.raises(ConfigError, match=expected):
+        deploy(config, DeployOptions(detach=True), connect=no_host)
+    with pytest.raises(ConfigError, match=expected):
+        restart(config, detach=True, connect=no_host)
+    assert not project.workdir.exists()
+
+
 def test_interrupted_upload_leaves_previous_release_and_run(project, monkeypatch):
     _, first = detached(project.config())
     (project.source / "helpers.py").write_text("def greeting():\n    return 'never arrives'\n")
@@ -273,7 +290,7 @@ class CountingTarget:
     """The real local target, counting the commands (round trips) it runs."""
 
     def __init__(self, config) -> None:
-        self.inner = deploy_mod.open_target(config)
+        self.inner = open_target(config)
         self.transport, self.vmid, self.calls = self.inner.transport, self.inner.vmid, []
         original = self.transport.run
 
@@ -288,6 +305,9 @@ class CountingTarget:
 
     def describe(self) -> str:
         return self.inner.describe()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def test_a_redeploy_from_the_same_machine_is_one_round_trip(project):

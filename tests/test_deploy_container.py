@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import deploy as deploy_mod
 from dflashctl.config import load_config
+from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, run_state
@@ -92,7 +92,7 @@ def tree(root: Path) -> dict[str, object]:
 
 def state(path: Path, run_id: str) -> RunState:
     config = load_config(path)
-    target = deploy_mod.open_target(config)
+    target = open_target(config)
     try:
         return run_state(target, WORKDIR, run_id, python=config.container.python)
     finally:

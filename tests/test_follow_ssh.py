@@ -16,8 +16,8 @@ import pytest
 from rich.console import Console
 
 from dflashctl.config import load_config
+from dflashctl.connect import open_target
 from dflashctl.crash import load_rules
-from dflashctl.deploy import open_target
 from dflashctl.errors import HostError
 from dflashctl.follow import follow_run
 from tests.test_follow_support import expected_lines, launch_argv, trainer_argv, wait_for

@@ -115,6 +115,17 @@ def test_file_json_from_stdin(tmp_path):
         assert key in root
 
 
+def test_a_bad_user_crash_rule_is_exit_2_naming_the_config_file(project):
+    config_path = project.root / "dflash.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config["crash_patterns"] = [{"name": "mine", "category": "mine", "regex": "(", "hint": "h"}]
+    config_path.write_text(yaml.safe_dump(config))
+    for args in (["logs"], ["logs", "--file", "-"]):
+        done = dflashctl(*args, cwd=project.root, stdin="")
+        assert done.returncode == 2, done.stderr
+        assert f"{config_path}: crash_patterns[0].regex: invalid regular expression" in done.stderr
+
+
 def test_file_weighs_the_exit_code(tmp_path):
     log = tmp_path / "clean.log"
     log.write_text(CLEAN_LOG)

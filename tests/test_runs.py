@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from dflashctl import deploy as deploy_mod
+from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy, restart
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, active_run, get_run, list_runs, new_run_id, run_state
@@ -32,7 +32,7 @@ def launch(project, *args: str) -> dict:
 
 
 def state_of(project, run_id: str) -> RunState:
-    target = deploy_mod.open_target(project.config())
+    target = open_target(project.config())
     return run_state(target, str(project.workdir), run_id, python=sys.executable)
 
 
@@ -102,7 +102,7 @@ def test_list_runs_and_active_run(quick):
     wait_finished(quick, first["run_id"])
     second = launch(quick, "--exit", "3")
     wait_finished(quick, second["run_id"])
-    target = deploy_mod.open_target(quick.config())
+    target = open_target(quick.config())
     found = list_runs(target, str(quick.workdir), python=sys.executable)
     assert [r.id for r in found] == [first["run_id"], second["run_id"]]
     assert [r.state.describe() for r in found] == ["exited 0", "exited 3"]
@@ -114,7 +114,7 @@ def test_list_runs_and_active_run(quick):
 
 
 def test_active_run_is_none_before_any_deploy(project):
-    target = deploy_mod.open_target(project.config())
+    target = open_target(project.config())
     assert active_run(target, str(project.workdir), python=sys.executable) is None
     assert list_runs(target, str(project.workdir), python=sys.executable) == []
 
@@ -122,7 +122,7 @@ def test_active_run_is_none_before_any_deploy(project):
 def test_restart_relaunches_the_current_release_without_sync(project):
     first = launch(project)
     (project.source / "helpers.py").write_text("def greeting():\n    return 'not deployed'\n")
-    code, summary = restart(project.config(), detach=True, json_mode=False)
+    code, summary = restart(project.config(), detach=True)
     assert code == 0
     assert summary["release"] == first["release"]
     assert summary["run_id"] != first["run_id"]
@@ -133,7 +133,7 @@ def test_restart_relaunches_the_current_release_without_sync(project):
 
 def test_restart_with_nothing_deployed_says_so(project):
     with pytest.raises(HostError, match="nothing is deployed"):
-        restart(project.config(), detach=True, json_mode=False)
+        restart(project.config(), detach=True)
 
 
 def test_cli_runs_table_and_json(quick):

@@ -49,7 +49,6 @@ def deploy(
         detach=detach,
         dry_run=dry_run,
         start_container=start_container,
-        json_mode=json_output,
         extra_args=list(trainer_args or []),
     )
     code, summary = run_deploy(cfg, options)

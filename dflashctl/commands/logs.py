@@ -10,6 +10,7 @@ The following itself (streaming, reconnecting, the end of the run) is dflashctl.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,20 +89,19 @@ def logs(
 def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
     from dflashctl import runs
     from dflashctl.config import load_config
-    from dflashctl.crash import load_rules
-    from dflashctl.deploy import open_target, where
+    from dflashctl.connect import open_target, session
+    from dflashctl.crash import rules_for
     from dflashctl.follow import follow_run
 
     config = load_config(config_path)
-    rules = load_rules(extra=config.crash_patterns)
+    rules = rules_for(config)  # a bad crash rule is a config error, before any contact
     workdir, python = config.container.workdir, config.container.python
-    target = open_target(config)
-    try:
+    with session(config) as target:
         if run_id is None:
             active = runs.active_run(target, workdir, python=python)
             if active is None:
                 raise UsageError(
-                    f"no runs in {workdir} on {where(target)} yet",
+                    f"no runs in {workdir} on {target.describe()} yet",
                     hint="start one with `dflashctl deploy`",
                 )
             run_id = active.id
@@ -118,29 +118,20 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
             show_lines=follow or not json_output,
             reconnect_timeout_s=reconnect_timeout,
         )
-    finally:
-        target.transport.close()
 
 
 def _classify_file(path, exit_code, lines, config_path, *, show_lines):
-    from dflashctl.crash import load_rules
     from dflashctl.follow import classify_log
 
-    rules = load_rules(extra=_user_rules(config_path))
+    rules = _rules(config_path)
     if path == "-":
-        return classify_log(
-            _chunks(sys.stdin.buffer),
-            rules=rules,
-            exit_code=exit_code,
-            lines=lines,
-            name="-",
-            show_lines=show_lines,
-        )
-    try:
-        handle = Path(path).expanduser().open("rb")
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
-    with handle:
+        source = contextlib.nullcontext(sys.stdin.buffer)
+    else:
+        try:
+            source = Path(path).expanduser().open("rb")
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    with source as handle:
         return classify_log(
             _chunks(handle),
             rules=rules,
@@ -151,13 +142,15 @@ def _classify_file(path, exit_code, lines, config_path, *, show_lines):
         )
 
 
-def _user_rules(config_path: str | None) -> list:
-    """crash_patterns of dflash.yaml when there is one: a copied log needs no host."""
+def _rules(config_path: str | None) -> list:
+    """The crash rules, with dflash.yaml's crash_patterns when there is a config: a
+    copied log needs no config and no host."""
     from dflashctl.config import find_config_path, load_config
+    from dflashctl.crash import load_rules, rules_for
 
     if config_path is None and not find_config_path(None).is_file():
-        return []
-    return load_config(config_path).crash_patterns
+        return load_rules()
+    return rules_for(load_config(config_path))
 
 
 def _chunks(handle: BinaryIO) -> Iterator[bytes]:

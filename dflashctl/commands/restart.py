@@ -34,9 +34,7 @@ def restart(
     if json_output:
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
-    code, summary = run_restart(
-        cfg, detach=detach, json_mode=json_output, extra_args=list(trainer_args or [])
-    )
+    code, summary = run_restart(cfg, detach=detach, extra_args=list(trainer_args or []))
     if json_output:
         sys.stdout.write(json.dumps(summary) + "\n")
         sys.stdout.flush()

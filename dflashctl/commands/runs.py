@@ -16,14 +16,14 @@ from dflashctl.config import load_config
 def runs(config: ConfigOption = None, json_output: JsonOption = False) -> None:
     """A table of runs: id, release, started, state (running / exited N / killed by SIG)."""
     from dflashctl import runs as run_records
-    from dflashctl.deploy import session, where
+    from dflashctl.connect import session
 
     if json_output:
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
     with session(cfg) as target:
         found = run_records.list_runs(target, cfg.container.workdir, python=cfg.container.python)
-        place = where(target)
+        place = target.describe()
     if json_output:
         sys.stdout.write(json.dumps({"target": place, "runs": [r.to_json() for r in found]}) + "\n")
         return

@@ -1,6 +1,6 @@
 """Crash-pattern detection for training logs.
 
-rules = load_rules(extra=config.crash_patterns)
+rules = rules_for(config)   # built-in rules + dflash.yaml's crash_patterns
 detector = CrashDetector(rules)
 for line in lines:
     for event in detector.feed(line):
@@ -11,6 +11,6 @@ detector.crashes  # root cause first
 
 from dflashctl.crash.detector import CrashDetector, classify_text
 from dflashctl.crash.events import CrashEvent
-from dflashctl.crash.rules import Rule, load_rules
+from dflashctl.crash.rules import Rule, load_rules, rules_for
 
-__all__ = ["CrashDetector", "CrashEvent", "Rule", "classify_text", "load_rules"]
+__all__ = ["CrashDetector", "CrashEvent", "Rule", "classify_text", "load_rules", "rules_for"]

@@ -86,6 +86,12 @@ def load_rules(
     return user + [rule for rule in builtin if rule.name not in replaced]
 
 
+def rules_for(config: Any) -> list[Rule]:
+    """The rules for a run of this config: the built-in ones plus its crash_patterns,
+    whose mistakes are reported against the config file itself."""
+    return load_rules(extra=config.crash_patterns, source=str(config.path))
+
+
 def _builtin_rules_path() -> Path:
     # templates/ next to the package in a checkout; dflashctl/_templates in a wheel.
     try:
