@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 from dflash.pipeline.logging import RunLog
-from dflash.pipeline.replicas import GradientAverager
-from dflash.pipeline.supervisor import Supervisor
+from dflash.pipeline.replicas import GradientAverager, StopAwareBarrier
+from dflash.pipeline.supervisor import Stopped, Supervisor
 
 from tests.pipeline_standin import run_standin
 
@@ -90,7 +91,7 @@ def test_a_stop_releases_a_rank_waiting_for_the_others():
     def lonely():
         try:
             averager.all_reduce_mean(0, torch.zeros(2))
-        except threading.BrokenBarrierError as exc:
+        except Stopped as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=lonely)
@@ -98,3 +99,26 @@ def test_a_stop_releases_a_rank_waiting_for_the_others():
     supervisor.request_stop()
     thread.join(timeout=5)
     assert not thread.is_alive() and len(errors) == 1
+
+
+def test_a_released_rank_keeps_its_step_when_a_peer_stops_right_after():
+    """A stop requested the moment the meeting completes (here: by the barrier's action,
+    before the waiting party even wakes up) must not take the step from that party."""
+    supervisor = Supervisor(RunLog())
+    barrier = StopAwareBarrier(2, supervisor, supervisor.request_stop)
+    outcome = []
+
+    def waiter():
+        try:
+            barrier.wait()
+            outcome.append("returned")
+        except Stopped:
+            outcome.append("stopped")
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.1)  # the waiter is inside wait()
+    barrier.wait()
+    thread.join(timeout=5)
+    assert supervisor.stop.is_set()
+    assert outcome == ["returned"]

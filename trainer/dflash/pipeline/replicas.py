@@ -10,6 +10,11 @@ shared memory.
 
 The barrier's action also samples the "stop after this step" request (SIGTERM), so
 every replica takes the same decision at the same step.
+
+The barrier is our own rather than ``threading.Barrier``: aborting a
+``threading.Barrier`` to free a replica whose peer died also breaks it for a replica
+that was already released but not yet scheduled, which then loses its step. Here a
+released replica always returns; only one still waiting for a peer gives up on a stop.
 """
 
 from __future__ import annotations
@@ -19,7 +24,36 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dflash.pipeline.supervisor import Supervisor
+from dflash.pipeline.supervisor import POLL_S, Stopped, Supervisor
+
+
+class StopAwareBarrier:
+    """N parties meet; ``action`` runs once per meeting, in the last arriving thread."""
+
+    def __init__(self, parties: int, supervisor: Supervisor, action: Callable[[], None]) -> None:
+        self._parties = parties
+        self._supervisor = supervisor
+        self._action = action
+        self._cond = threading.Condition()
+        self._arrived = 0
+        self._generation = 0
+
+    def wait(self) -> None:
+        """Returns once all parties arrived; raises ``Stopped`` if the run stops first."""
+        with self._cond:
+            generation = self._generation
+            self._arrived += 1
+            if self._arrived == self._parties:
+                self._action()
+                self._arrived = 0
+                self._generation += 1
+                self._cond.notify_all()
+                return
+            while self._generation == generation:
+                if self._supervisor.stop.is_set():
+                    self._arrived -= 1
+                    raise Stopped()
+                self._cond.wait(timeout=POLL_S)
 
 
 class GradientAverager:
@@ -30,8 +64,7 @@ class GradientAverager:
         self._slots: list[torch.Tensor | None] = [None] * num_replicas
         self._stop_requested = stop_requested
         self.stop_after_step = False
-        self._barrier = threading.Barrier(num_replicas, action=self._sample_stop)
-        supervisor.on_stop(self._barrier.abort)
+        self._barrier = StopAwareBarrier(num_replicas, supervisor, self._sample_stop)
 
     def _sample_stop(self) -> None:
         self.stop_after_step = bool(self._stop_requested())
@@ -39,7 +72,7 @@ class GradientAverager:
     def all_reduce_mean(self, rank: int, flat: torch.Tensor) -> torch.Tensor:
         """The mean of every replica's ``flat``, on ``flat``'s device; blocks until all arrive.
 
-        Raises ``threading.BrokenBarrierError`` when the run stops meanwhile."""
+        Raises ``Stopped`` when the run stops before every replica arrived."""
         if self.num_replicas == 1:
             self._sample_stop()
             return flat

@@ -78,11 +78,6 @@ class Supervisor:
                 body()
             except Stopped:
                 pass
-            except threading.BrokenBarrierError:
-                if not self.stop.is_set():  # a barrier broke without a stop: a bug
-                    self.record_failure(
-                        name, RuntimeError("a replica barrier broke without a stop")
-                    )
             except BaseException as exc:  # noqa: BLE001 - every failure must end the run
                 self.record_failure(name, exc)
 
