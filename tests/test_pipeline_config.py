@@ -122,3 +122,11 @@ def test_header_takes_the_commit_from_the_run_metadata(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("DFLASH_RUN_DIR", str(tmp_path))
     assert git_commit(tmp_path) == "0123456789ab (dirty)"
+
+
+def test_compile_auto_is_cuda_graph_trees_on_gpus_and_eager_on_cpu():
+    assert load_train_config(None).runtime.compile == "eager"
+    gpu = load_train_config(
+        None, ["runtime.drafter_devices=[cuda:0]", "runtime.target_devices=[cuda:0]"]
+    )
+    assert gpu.runtime.compile == "reduce-overhead"

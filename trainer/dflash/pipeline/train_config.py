@@ -86,7 +86,9 @@ class TrainSection:
 class RuntimeSection:
     target_devices: list[str] = field(default_factory=lambda: ["cpu"])
     drafter_devices: list[str] = field(default_factory=lambda: ["cpu"])
-    compile: str = "eager"  # eager | default | reduce-overhead | legacy-cudagraphs
+    # auto | eager | default | reduce-overhead | legacy-cudagraphs; auto: reduce-overhead
+    # (CUDA Graph Trees) when the drafters are on GPUs, eager on CPU
+    compile: str = "auto"
     schedule: str = "pipelined"  # pipelined | sequential
     queue_size: int = 8  # hidden-state batches buffered per drafter
     warmup_iters: int = 3  # compiled warm-up iterations (warm-up, record, replay)
@@ -220,6 +222,9 @@ def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def validate(cfg: TrainConfig) -> None:
+    if cfg.runtime.compile == "auto":
+        on_gpu = any(dev.startswith("cuda") for dev in cfg.runtime.drafter_devices)
+        cfg.runtime.compile = "reduce-overhead" if on_gpu else "eager"
     _check_choice("runtime.compile", cfg.runtime.compile, COMPILE_MODES)
     _check_choice("runtime.schedule", cfg.runtime.schedule, SCHEDULES)
     _check_choice("target.dtype", cfg.target.dtype, DTYPES)
