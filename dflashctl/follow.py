@@ -40,8 +40,6 @@ How it works:
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -858,8 +856,7 @@ def report_result(result: FollowResult, *, json_mode: bool = False) -> int:
     """Print the closing word (or the JSON object on stdout); return the exit code."""
     run = result.run_id
     if json_mode:
-        sys.stdout.write(json.dumps(result.to_json()) + "\n")
-        sys.stdout.flush()
+        terminal.print_json(result.to_json())
     if result.interrupted:
         terminal.info(
             f"stopped following; run {run} keeps running. Resume with `dflashctl logs -f {run}`"

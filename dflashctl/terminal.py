@@ -8,7 +8,9 @@ output on stdout is never mixed with progress or step lines.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 
@@ -23,6 +25,13 @@ def set_quiet_stdout(quiet: bool) -> None:
     """With --json, everything human goes to stderr so stdout stays parseable."""
     global out
     out = err if quiet else Console(highlight=False, soft_wrap=True)
+
+
+def print_json(data: object, *, indent: int | None = None) -> None:
+    """The one JSON object of `--json`, on the real stdout (everything human went to
+    stderr), flushed so that a script reading it sees it at once."""
+    sys.stdout.write(json.dumps(data, indent=indent) + "\n")
+    sys.stdout.flush()
 
 
 def interactive() -> bool:

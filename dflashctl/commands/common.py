@@ -18,3 +18,14 @@ ConfigOption = Annotated[
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print one JSON object on stdout instead of text.")
 ]
+TrainerArgsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Extra trainer arguments, after `--`; appended to trainer.args.",
+        metavar="-- TRAINER_ARGS",
+        show_default=False,
+    ),
+]
+DetachOption = Annotated[
+    bool, typer.Option("--detach", "-d", help="Launch and return; do not follow the log.")
+]

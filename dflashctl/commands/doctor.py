@@ -7,7 +7,6 @@ host/SSH/container problem.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -344,15 +343,13 @@ def doctor(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Check the config, SSH, host key, Proxmox, the container, python/torch, GPUs and disk."""
     result = run_checks(config, (lambda check: None) if as_json else print_check)
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "ok": result.exit_code == EXIT_OK,
-                    "exit_code": result.exit_code,
-                    "checks": [_check_json(c) for c in result.checks],
-                },
-                indent=2,
-            )
+        terminal.print_json(
+            {
+                "ok": result.exit_code == EXIT_OK,
+                "exit_code": result.exit_code,
+                "checks": [_check_json(c) for c in result.checks],
+            },
+            indent=2,
         )
     else:
         failed = sum(c.status == FAIL for c in result.checks)

@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from typing import Annotated
-
 import typer
 
 from dflashctl import terminal
-from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.commands.common import (
+    ConfigOption,
+    DetachOption,
+    JsonOption,
+    TrainerArgsArgument,
+)
 from dflashctl.config import load_config
 
 
 def restart(
-    trainer_args: Annotated[
-        list[str] | None,
-        typer.Argument(
-            help="Extra trainer arguments, after `--`; appended to trainer.args.",
-            metavar="-- TRAINER_ARGS",
-            show_default=False,
-        ),
-    ] = None,
+    trainer_args: TrainerArgsArgument = None,
     config: ConfigOption = None,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Launch and return; do not follow the log.")
-    ] = False,
+    detach: DetachOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Stop stale runs and relaunch the current release; follows unless --detach."""
@@ -36,8 +28,7 @@ def restart(
     cfg = load_config(config)
     code, summary = run_restart(cfg, detach=detach, extra_args=list(trainer_args or []))
     if json_output:
-        sys.stdout.write(json.dumps(summary) + "\n")
-        sys.stdout.flush()
+        terminal.print_json(summary)
     if code:
         raise typer.Exit(code)
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import sys
-
 import typer
-from rich.table import Table
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
@@ -25,7 +21,7 @@ def runs(config: ConfigOption = None, json_output: JsonOption = False) -> None:
         found = run_records.list_runs(target, cfg.container.workdir, python=cfg.container.python)
         place = target.describe()
     if json_output:
-        sys.stdout.write(json.dumps({"target": place, "runs": [r.to_json() for r in found]}) + "\n")
+        terminal.print_json({"target": place, "runs": [r.to_json() for r in found]})
         return
     if not found:
         terminal.info(f"no runs in {cfg.container.workdir} on {place} yet")
@@ -41,6 +37,8 @@ def runs(config: ConfigOption = None, json_output: JsonOption = False) -> None:
     ]
     headers = ("  run", "release", "started (UTC)", "state")
     if terminal.out.is_terminal:
+        from rich.table import Table
+
         table = Table(title=f"runs in {cfg.container.workdir} on {place}", title_justify="left")
         # On a narrow terminal the release id gives way; run ids and states never do.
         table.add_column(headers[0], no_wrap=True, min_width=22)

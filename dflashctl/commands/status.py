@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import typer
@@ -93,7 +92,7 @@ def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     loaded = load_config(config)
     report = collect_status(loaded)
     if as_json:
-        print(json.dumps(report, indent=2))
+        terminal.print_json(report, indent=2)
     else:
         print_status(report)
     if report["active_run_error"]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated
 
 import typer
@@ -36,8 +34,7 @@ def stop(
     cfg = load_config(config)
     summary = run_stop(cfg, grace_s=grace)
     if json_output:
-        sys.stdout.write(json.dumps(summary) + "\n")
-        sys.stdout.flush()
+        terminal.print_json(summary)
 
 
 def register(app: typer.Typer) -> None:
