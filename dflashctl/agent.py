@@ -8,11 +8,12 @@ front of this text; each operation prints one JSON object on stdout:
 
 Operations (each one round trip):
   inspect  the current release and its real manifest, runs to stop; changes nothing
-  build    unpack an archive of changed files into releases/<id>.partial, link the
-           unchanged ones from the base release, validate, rename to releases/<id>
   launch   stop stale runs, swap `current` to the release, start the run detached,
-           record it, garbage-collect old releases
-  deploy   build, then launch, in one call (what a deploy with changes uses)
+           record it, garbage-collect old releases (a deploy with nothing to send,
+           and restart)
+  deploy   build the release (unpack an archive of changed files into
+           releases/<id>.partial, link the unchanged ones from the base release,
+           validate, rename to releases/<id>), then launch, in one call
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
 
@@ -572,7 +573,7 @@ def op_inspect(p):
     }
 
 
-def op_build(p):
+def build_release(p):
     workdir, release, archive = p["workdir"], p["release"], p["archive"]
     base = p.get("base")
     lock = lock_workdir(workdir)
@@ -753,7 +754,7 @@ def op_deploy(p):
     """build, then launch, in one call: the new release is complete and validated
     before anything is stopped; a failed build stops nothing."""
     started = time.monotonic()
-    built = op_build(p)
+    built = build_release(p)
     built["seconds"] = round(time.monotonic() - started, 3)
     launch = {k: v for k, v in p.items() if k != "expect"}
     launched = op_launch(dict(launch, release=built["release"]))
@@ -829,7 +830,6 @@ def op_runs(p):
 OPERATIONS = {
     "inspect": op_inspect,
     "deploy": op_deploy,
-    "build": op_build,
     "launch": op_launch,
     "stop": op_stop,
     "runs": op_runs,

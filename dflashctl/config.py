@@ -75,10 +75,6 @@ class TrainerConfig:
         default_factory=lambda: ["__pycache__/", "*.pyc", ".git/", "checkpoints/", "outputs/"]
     )
 
-    @property
-    def source_path(self) -> Path:
-        return Path(self.source)
-
 
 @dataclass
 class RunConfig:

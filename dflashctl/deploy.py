@@ -395,7 +395,7 @@ def plan_from(
         manifest=manifest,
         diff=diff,
         base_release=base,
-        new_release=None if (base and diff.empty) else releases.new_release_id(),
+        new_release=None if (base and diff.empty) else runs.new_id(),
         to_stop=to_stop or [],
         command=trainer_command(config, options.extra_args),
     )
@@ -433,7 +433,7 @@ def _execute(config, target, plan, meta, git, started, last):
     is still current and intact, else answers `stale` having changed nothing.
     Returns the deploy's JSON summary."""
     diff, manifest = plan.diff, plan.manifest
-    run_id = runs.new_run_id()
+    run_id = runs.new_id()
     command = plan.command
     meta.update(git.result())
     params = launch_params(config, run_id, plan.release, command, meta)
@@ -543,7 +543,7 @@ def restart(
     """Stop stale runs and launch the current release again: one round trip, no sync."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
     with session(config, connect) as target:
-        run_id = runs.new_run_id()
+        run_id = runs.new_id()
         command = trainer_command(config, extra_args or [])
         meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
         params = launch_params(config, run_id, None, command, meta)

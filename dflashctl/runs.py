@@ -30,11 +30,9 @@ DEFAULT_PYTHON = "python3"
 
 
 def new_id() -> str:
-    """`20261129-101502-a1b2`: sorts by UTC time, unique enough for one workdir."""
+    """A run or release id, `20261129-101502-a1b2`: sorts by UTC time, unique enough
+    for one workdir."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
-
-
-new_run_id = new_id
 
 
 # --------------------------------------------------------------------------- records

@@ -15,7 +15,7 @@ import pytest
 from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy, restart
 from dflashctl.errors import HostError
-from dflashctl.runs import RunState, active_run, get_run, list_runs, new_run_id, run_state
+from dflashctl.runs import RunState, active_run, get_run, list_runs, new_id, run_state
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,
@@ -110,7 +110,7 @@ def test_list_runs_and_active_run(quick):
     assert found[1].release == second["release"] and found[1].pid == second["pid"]
     assert active_run(target, str(quick.workdir), python=sys.executable).id == second["run_id"]
     with pytest.raises(HostError, match="no run"):
-        get_run(target, str(quick.workdir), new_run_id(), python=sys.executable)
+        get_run(target, str(quick.workdir), new_id(), python=sys.executable)
 
 
 def test_active_run_is_none_before_any_deploy(project):
