@@ -247,7 +247,10 @@ def start_container(
     status = container_status(api, node, vmid)
     if not status.running:
         waited = time.monotonic() - started
-        raise HostError(f"container {vmid} is {status.status} {waited:.0f} s after starting it")
+        raise HostError(
+            f"container {vmid} is {status.status} {waited:.0f} s after starting it",
+            hint=f"see why with `pct start {vmid} --debug` on the host",
+        )
     return status
 
 

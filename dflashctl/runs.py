@@ -190,7 +190,11 @@ def parse_agent_answer(result: Any, python: str, op: str, where: str) -> dict[st
         answer = json.loads(result.stdout_text.strip().splitlines()[-1])
     except (ValueError, IndexError):
         detail = result.last_error_line() or f"exit status {result.exit_status}, no output"
-        raise HostError(f"dflashctl's {op} step failed on {where}: {detail}") from None
+        raise HostError(
+            f"dflashctl's {op} step failed on {where}: {detail}",
+            hint=f"it runs with {python} there (container.python): check that it is "
+            "Python 3.6 or newer",
+        ) from None
     if not answer.get("ok"):
         raise AgentFailed(
             f"{answer.get('error')} (on {where})",

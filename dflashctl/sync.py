@@ -124,7 +124,10 @@ def _walk(folder: Path, prefix: str, excludes: Excludes, seen: frozenset) -> Ite
     try:
         entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
     except OSError as exc:
-        raise UsageError(f"cannot read {folder}: {exc.strerror}") from None
+        raise UsageError(
+            f"cannot read {folder}: {exc.strerror}",
+            hint="make it readable, or leave it out with trainer.exclude",
+        ) from None
     for entry in entries:
         rel = prefix + entry.name
         if entry.is_dir():

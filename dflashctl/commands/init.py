@@ -28,7 +28,10 @@ def init(
             hint="pass --force to replace it, or give another path",
         )
     if not path.parent.is_dir():
-        raise UsageError(f"{path.parent}: no such folder")
+        raise UsageError(
+            f"{path.parent}: no such folder",
+            hint="create it first, or give a path in an existing folder",
+        )
     text = template_path("dflash.yaml").read_text(encoding="utf-8")
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
