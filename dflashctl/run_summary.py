@@ -23,7 +23,7 @@ _EVAL = re.compile(
     r"^eval \| tau (?P<tau>[\d.]+) \| lossless (?P<lossless>\w+) \| (?P<tokens>\d+) tokens"
     r"(?: \| (?P<per_forward>[\d.]+) tokens/target forward)?"
 )
-_CHECKPOINT = re.compile(r"^(?:drafter )?checkpoint: (?P<path>\S.*)$")
+_CHECKPOINT = re.compile(r"^(?:drafter )?checkpoint: (?P<path>\S.*?)(?: \([\d.]+ s\))?$")
 
 
 @dataclass

@@ -40,18 +40,18 @@ def test_tiny_cpu_demo_learns_and_reports(tmp_path):
     assert "drafter-0 on cpu: warming compiled graphs" in lines
     losses = [
         float(m.group(1))
-        for m in map(re.compile(r"^step \d+/240 \| loss (\S+) ").match, lines)
+        for m in map(re.compile(r"^step \d+/600 \| loss (\S+) ").match, lines)
         if m
     ]
-    assert len(losses) == 6 and losses[-1] < losses[0] - 0.5
+    assert len(losses) == 10 and losses[-1] < losses[0] - 1.5
     final = next(line for line in lines if line.startswith("final loss "))
     assert float(final.split()[2]) == pytest.approx(losses[-1], abs=1e-4)
     ev = next(line for line in lines if line.startswith("eval | "))
     tau = re.fullmatch(
         r"eval \| tau (\S+) \| lossless yes \| \d+ tokens \| \S+ tokens/target forward", ev
     )
-    assert tau and float(tau.group(1)) > 1.0
-    checkpoint = run_dir / "outputs" / "checkpoints" / "step-000240"
+    assert tau and float(tau.group(1)) > 1.3
+    checkpoint = run_dir / "outputs" / "checkpoints" / "step-000600"
     assert f"drafter checkpoint: {checkpoint}" in lines
     assert (checkpoint / "drafter" / "model.safetensors").is_file()
     assert (checkpoint / "drafter" / "config.json").is_file()
