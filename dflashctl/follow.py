@@ -8,7 +8,7 @@ Use it right after launching a run (or to look at one):
         reconnect,                      # () -> Target: a fresh connection, used after a drop
         config.container.workdir,
         run_id,
-        rules=load_rules(extra=config.crash_patterns),
+        rules=rules_for(config),        # built-in crash rules + the config's crash_patterns
         target=target,                  # the connection already open; left open for the caller
         python=config.container.python, # runs the small log reader in the container
         from_offset=0,                  # the whole log of a new run (or lines=N: the last N)
@@ -505,46 +505,34 @@ def follow_run(
     return follower.run()
 
 
+@dataclass(kw_only=True, eq=False)
 class _Follower:
-    def __init__(
-        self,
-        *,
-        reconnect,
-        rundir,
-        run_id,
-        workdir,
-        target,
-        python,
-        follow,
-        splitter,
-        sink,
-        backlog_max,
-        reconnect_timeout_s,
-        state_poll_s,
-        stall_s,
-        state_of,
-    ) -> None:
-        self.reconnect = reconnect
-        self.rundir = rundir
-        self.run_id = run_id
-        self.workdir = workdir
-        self.target = target
-        self.python = python
-        self.follow = follow
-        self.splitter = splitter
-        self.sink = sink
-        self.backlog_max = backlog_max
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.state_poll_s = state_poll_s
-        self.stall_s = stall_s
-        self.state_of = state_of
-        self._owned: list[Any] = []  # targets made here, closed at the end
-        self._stream = None
-        self._live_from: int | None = None  # log size when first opened: the backlog ends there
-        self._read_to_end = not follow  # next reader: read to the end of the log and stop
-        self._trouble_since: float | None = None
-        self._attempt = 0
-        self._empty_readers = 0
+    reconnect: Callable[[], Any] | None
+    rundir: str
+    run_id: str
+    workdir: str
+    target: Any
+    python: str
+    follow: bool
+    splitter: LineSplitter
+    sink: LineSink
+    backlog_max: int
+    reconnect_timeout_s: float
+    state_poll_s: float
+    stall_s: float
+    state_of: Callable[[Any, str, str], Any]
+    _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
+    _stream: Any = field(default=None, init=False)
+    # The log's size when first opened: the backlog ends there.
+    _live_from: int | None = field(default=None, init=False)
+    # The next reader reads to the end of the log and stops.
+    _read_to_end: bool = field(default=False, init=False)
+    _trouble_since: float | None = field(default=None, init=False)
+    _attempt: int = field(default=0, init=False)
+    _empty_readers: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._read_to_end = not self.follow
 
     # -- the whole run ---------------------------------------------------------------
 
