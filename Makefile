@@ -39,8 +39,11 @@ test: install system-deps
 demo: install
 	$(BIN)/dflashctl deploy --config templates/demo.yaml
 
+# The same run with a failure injected into the drafter-0 thread at step 3: dflashctl
+# shows the crash panel naming the thread and exits 1 (make then reports "Error 1").
 demo-crash: install
-	$(BIN)/dflashctl deploy --config templates/demo.yaml -- --set debug.fail_in=drafter-0@step:3
+	@$(BIN)/dflashctl deploy --config templates/demo.yaml -- --set debug.fail_in=drafter-0@step:3; \
+	status=$$?; echo "dflashctl exited with $$status (1 = the run crashed, as intended here)"; exit $$status
 
 bench: install system-deps
 	$(BIN)/python bench/run_all.py
