@@ -46,13 +46,7 @@ def _root(
 
 def _register_commands() -> None:
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"dflashctl.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"dflashctl.commands.{name}":
-                continue  # a command not built in this checkout
-            raise
-        module.register(app)
+        importlib.import_module(f"dflashctl.commands.{name}").register(app)
 
 
 _register_commands()

@@ -36,6 +36,7 @@ from dflashctl.config import Config
 from dflashctl.connect import open_proxmox, open_target, session
 from dflashctl.crash import Rule, rules_for
 from dflashctl.errors import HostError, UsageError
+from dflashctl.follow import follow_run, report_result
 from dflashctl.resources import template_path
 
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
@@ -318,8 +319,6 @@ def follow_unless_detached(
     if detach:
         terminal.info(f"follow it with `dflashctl logs -f {run_id}`")
         return 0, summary
-    from dflashctl.follow import follow_run, report_result
-
     result = follow_run(
         lambda: open_target(config),
         config.container.workdir,
