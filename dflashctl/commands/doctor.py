@@ -241,18 +241,16 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
 
-    from dflashctl.connect import open_proxmox
-    from dflashctl.target import Target
-    from dflashctl.transport import open_transport
+    from dflashctl.connect import open_proxmox, open_target
 
     try:
-        transport = open_transport(config.host)
+        target = open_target(config)
     except ConfigError as exc:  # ~/.ssh/config unreadable
         doctor.add(Check("SSH reachable", FAIL, exc.message, exc.hint, True))
         for name in remaining[1:]:
             doctor.skip(name, "needs SSH")
         return doctor
-    with transport:
+    with target.transport as transport:
         if not _connect_checks(doctor, config, transport):
             done = {c.name for c in doctor.checks}
             for name in remaining:
@@ -260,19 +258,19 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
                     doctor.skip(name, "needs a working SSH connection")
             return doctor
         vmid = config.container.vmid
-        target = Target(transport, vmid)
         if vmid is None:
             doctor.skip("Proxmox API answers", "no container configured (container.vmid: null)")
             doctor.skip("container runs", "no container configured: the trainer runs on the host")
         else:
             from dflashctl import proxmox
 
-            api_holder: list[Any] = []
+            api = None
 
             def api_probe() -> str:
-                api_holder.append(open_proxmox(config, transport))
+                nonlocal api
+                api = open_proxmox(config, transport)
                 via = "pvesh over SSH" if config.proxmox.api == "ssh" else config.proxmox.url
-                return f"Proxmox VE {proxmox.api_version(api_holder[0])} ({via})"
+                return f"Proxmox VE {proxmox.api_version(api)} ({via})"
 
             if not doctor.run("Proxmox API answers", api_probe):
                 for name in remaining[4:]:
@@ -282,7 +280,7 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
             def container_probe() -> str:
                 from dflashctl.pct import ContainerNotRunning, not_running_hint
 
-                status = proxmox.container_status(api_holder[0], config.proxmox.node, vmid)
+                status = proxmox.container_status(api, config.proxmox.node, vmid)
                 if not status.running:
                     raise ContainerNotRunning(
                         f"container {vmid} ({status.name}) is {status.status}",
@@ -290,7 +288,7 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
                             "pass --start-container", "deploy with --start-container"
                         ),
                     )
-                return f"container {vmid} ({status.name}) is running, up {format_uptime(status.uptime_s)}"
+                return f"container {vmid} ({status.name}) is running, up {terminal.human_duration(status.uptime_s)}"
 
             if not doctor.run("container runs", container_probe):
                 for name in remaining[5:]:
@@ -305,19 +303,6 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
         doctor.run("GPUs", _gpu_probe(target))
         doctor.run("free disk", _disk_probe(target, config.container.workdir))
     return doctor
-
-
-def format_uptime(seconds: int) -> str:
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
 
 
 # --------------------------------------------------------------------------- output

@@ -45,8 +45,6 @@ def collect_status(config: Any) -> dict[str, Any]:
 
 
 def print_status(status: dict[str, Any]) -> None:
-    from dflashctl.commands.doctor import format_uptime
-
     out = terminal.out
     container = status["container"]
     if container is None:
@@ -56,7 +54,7 @@ def print_status(status: dict[str, Any]) -> None:
         colour = "green" if state == "running" else "yellow"
         line = f"[{colour}]{state}[/{colour}]"
         if state == "running":
-            line += f", up {format_uptime(container['uptime_s'])}"
+            line += f", up {terminal.human_duration(container['uptime_s'])}"
         name = f" ({escape(container['name'])})" if container["name"] else ""
         out.print(
             f"[bold]container[/bold]  {container['vmid']}{name} on node "
