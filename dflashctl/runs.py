@@ -73,13 +73,9 @@ class RunInfo:
     started: str | None = None
     command: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.meta.get("_active"))
+    active: bool = False  # the run workdir/active_run names (launched last)
 
     def to_json(self) -> dict[str, Any]:
-        meta = {k: v for k, v in self.meta.items() if not k.startswith("_")}
         return {
             "id": self.id,
             "release": self.release,
@@ -88,7 +84,7 @@ class RunInfo:
             "state": self.state.describe(),
             **self.state.to_json(),
             "command": self.command,
-            "meta": meta,
+            "meta": self.meta,
         }
 
 
@@ -103,7 +99,6 @@ def signal_name(number: int | None) -> str:
 
 def _run_from_agent(record: dict[str, Any], active_id: str | None) -> RunInfo:
     meta = dict(record.get("meta") or {})
-    meta["_active"] = record["id"] == active_id
     return RunInfo(
         id=record["id"],
         state=RunState(record["status"], record.get("exit_code"), record.get("signal")),
@@ -112,6 +107,7 @@ def _run_from_agent(record: dict[str, Any], active_id: str | None) -> RunInfo:
         started=meta.get("started"),
         command=list(meta.get("command") or []),
         meta=meta,
+        active=record["id"] == active_id,
     )
 
 

@@ -7,6 +7,8 @@ concurrently and the exit status is always collected.
 
 from __future__ import annotations
 
+import posixpath
+import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -180,8 +182,5 @@ def read_local(local: Path | bytes) -> bytes:
 
 def temp_name_for(path: str) -> str:
     """`<dir>/.<name>.tmp-<random>`: hidden, in the same folder so that rename is atomic."""
-    import posixpath
-    import secrets
-
     folder, name = posixpath.split(path)
     return posixpath.join(folder, f".{name}.tmp-{secrets.token_hex(4)}")
