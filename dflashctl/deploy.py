@@ -293,9 +293,6 @@ def describe_target_to_stop(item: dict[str, Any]) -> str:
     return f"pid {item['pid']} ({who}, {scope}): {item.get('cmdline', '')}"
 
 
-# --------------------------------------------------------------------------- following
-
-
 def print_launched(
     launched: dict[str, Any], run_id: str, command: list[str], seconds: float
 ) -> None:
@@ -308,6 +305,9 @@ def print_launched(
         f"{launched['release']}: {shlex.join(command)}",
         max(seconds - stop_s, 0.0),
     )
+
+
+# --------------------------------------------------------------------------- following
 
 
 def follow_unless_detached(
@@ -347,7 +347,7 @@ def deploy(
     config: Config,
     options: DeployOptions,
     *,
-    connect: Callable[[Config], Any] | None = None,
+    open_with: Callable[[Config], Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run a deploy; returns (exit code, the JSON summary)."""
     started = time.monotonic()
@@ -362,7 +362,7 @@ def deploy(
     # Asking git takes a few subprocesses: done while the host answers.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
         git = pool.submit(git_state, Path(config.trainer.source))
-        with session(config, connect) as target:
+        with session(config, open_with) as target:
             summary = None
             last = None if options.dry_run else releases.load_last_deploy(config)
             if last is not None:
@@ -537,11 +537,11 @@ def restart(
     *,
     detach: bool,
     extra_args: list[str] | None = None,
-    connect: Callable[[Config], Any] | None = None,
+    open_with: Callable[[Config], Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Stop stale runs and launch the current release again: one round trip, no sync."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
-    with session(config, connect) as target:
+    with session(config, open_with) as target:
         run_id = runs.new_id()
         command = trainer_command(config, extra_args or [])
         meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
@@ -565,11 +565,11 @@ def stop(
     config: Config,
     *,
     grace_s: float | None = None,
-    connect: Callable[[Config], Any] | None = None,
+    open_with: Callable[[Config], Any] | None = None,
 ) -> dict[str, Any]:
     """Stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
     grace = config.run.stop_grace_s if grace_s is None else grace_s
-    with session(config, connect) as target:
+    with session(config, open_with) as target:
         params = {
             "workdir": config.container.workdir,
             "entry": config.trainer.entry,

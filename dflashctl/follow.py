@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from dflashctl import terminal
@@ -893,11 +894,5 @@ def _say_outcome(result: FollowResult) -> None:
             causes.append(f"exit code {result.exit_code}")
     detail = "; ".join(causes)
     terminal.err.print(
-        f"[bold red]✗[/bold red] {what} crashed" + (f": {_plain(detail)}" if detail else "")
+        f"[bold red]✗[/bold red] {what} crashed" + (f": {escape(detail)}" if detail else "")
     )
-
-
-def _plain(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)

@@ -182,7 +182,7 @@ def test_syntax_error_refuses_without_contacting_the_host(project):
         raise AssertionError("the host was contacted")
 
     with pytest.raises(UsageError, match=r"broken\.py:1: "):
-        deploy(project.config(), DeployOptions(detach=True), connect=no_host)
+        deploy(project.config(), DeployOptions(detach=True), open_with=no_host)
     assert not project.workdir.exists()
 
 
@@ -195,9 +195,9 @@ def test_a_bad_crash_rule_refuses_without_contacting_the_host(project):
 
     expected = rf"^{re.escape(str(config.path))}: crash_patterns\[0\]\.regex: invalid regular"
     with pytest.raises(ConfigError, match=expected):
-        deploy(config, DeployOptions(detach=True), connect=no_host)
+        deploy(config, DeployOptions(detach=True), open_with=no_host)
     with pytest.raises(ConfigError, match=expected):
-        restart(config, detach=True, connect=no_host)
+        restart(config, detach=True, open_with=no_host)
     assert not project.workdir.exists()
 
 
@@ -317,11 +317,11 @@ def test_a_redeploy_from_the_same_machine_is_one_round_trip(project):
         targets.append(CountingTarget(config))
         return targets[-1]
 
-    deploy(project.config(), DeployOptions(detach=True), connect=connect)
+    deploy(project.config(), DeployOptions(detach=True), open_with=connect)
     assert len(targets[0].calls) == 2  # inspect, then send + build + launch
     (project.source / "helpers.py").write_text("def greeting():\n    return 'one trip'\n")
-    _, changed = deploy(project.config(), DeployOptions(detach=True), connect=connect)
-    _, unchanged = deploy(project.config(), DeployOptions(detach=True), connect=connect)
+    _, changed = deploy(project.config(), DeployOptions(detach=True), open_with=connect)
+    _, unchanged = deploy(project.config(), DeployOptions(detach=True), open_with=connect)
     assert [len(t.calls) for t in targets[1:]] == [1, 1]
     assert changed["files_sent"] == 1 and unchanged["files_sent"] == 0
 
