@@ -142,12 +142,15 @@ def test_cli_follow_across_drops_with_json(setup, pve_host):
     )
     dropper.join(timeout=5)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {
+    data = json.loads(done.stdout)
+    assert {k: data[k] for k in ("run", "status", "exit_code", "crashes")} == {
         "run": "ssh-cli",
         "status": "finished",
         "exit_code": 0,
         "crashes": [],
     }
+    assert data["run_dir"] == "/root/dflash/runs/ssh-cli"
+    assert data["summary"]["last_step"] == "80/80"
     assert step_lines(done.stderr) == expected_lines(80)
     assert "reconnecting" in done.stderr
     assert len(dropper.killed) == 2 and all(dropper.killed), dropper.killed
