@@ -116,6 +116,14 @@ def find_config_path(explicit: str | os.PathLike | None) -> Path:
 def load_config(explicit: str | os.PathLike | None = None) -> Config:
     """Find, parse and validate dflash.yaml; raise ConfigError on any problem."""
     path = find_config_path(explicit)
+    if path.is_dir():
+        inside = path / DEFAULT_CONFIG_NAME
+        raise ConfigError(
+            f"{path}: is a folder, not a config file",
+            hint=f"pass the file itself: --config {inside}"
+            if inside.is_file()
+            else "pass the path of a dflash.yaml, or write one there with `dflashctl init`",
+        )
     if not path.is_file():
         origin = (
             "--config"
@@ -132,6 +140,11 @@ def load_config(explicit: str | os.PathLike | None = None) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not a text file (byte {exc.start + 1} is not UTF-8)",
+            hint="a dflash.yaml is UTF-8 YAML text; write a fresh one with `dflashctl init`",
+        ) from exc
     return parse_config(text, path)
 
 

@@ -123,6 +123,25 @@ def test_malformed_yaml_reports_its_line(tmp_path):
         load_config(path)
 
 
+def test_a_folder_as_config_says_so_and_names_the_file_inside(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder, not a config file") as info:
+        load_config(tmp_path)
+    assert "dflashctl init" in info.value.hint
+    inside = write(tmp_path, MINIMAL)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert info.value.exit_code == 2
+    assert f"--config {inside}" in info.value.hint
+
+
+def test_a_binary_config_is_a_config_error_not_a_traceback(tmp_path):
+    path = tmp_path / "dflash.yaml"
+    path.write_bytes(b"host:\n  address: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"not a text file \(byte 18 is not UTF-8\)") as info:
+        load_config(path)
+    assert str(path) in str(info.value) and info.value.exit_code == 2
+
+
 def test_numbers_in_args_and_env_become_text(tmp_path):
     config = parse_config(
         MINIMAL + "trainer:\n  args: [--steps, 100]\n  env: {N: 2, FLAG: true}\n",
