@@ -150,24 +150,31 @@ TORCH_SHAPE_ERROR = Scenario(
     name="torch-thread-error",
     needs_torch=True,
     program="""
-        import threading, traceback, time
+        import sys, threading, traceback, time
         import torch
 
         failures = []
+        # Like the trainer's own log: one write per message under a lock, so lines of
+        # different threads never merge (print() writes text and newline separately).
+        out = threading.Lock()
+
+        def say(text):
+            with out:
+                sys.stdout.write(text + chr(10))
+                sys.stdout.flush()
 
         def drafter(index):
             name = f"drafter-{index}"
             try:
-                print(f"{name} on cpu: warming compiled graphs", flush=True)
+                say(f"{name} on cpu: warming compiled graphs")
                 layer = torch.nn.Linear(16, 4)
                 width = 8 if index == 1 else 16
                 for _ in range(3):
                     layer(torch.randn(4, width)).sum().backward()
                     time.sleep(0.01)
-                print(f"{name} on cpu: ready", flush=True)
+                say(f"{name} on cpu: ready")
             except Exception as exc:
-                print(f"{name} failed:", flush=True)
-                traceback.print_exc()
+                say(f"{name} failed:" + chr(10) + traceback.format_exc().rstrip())
                 failures.append((name, exc))
 
         threads = [threading.Thread(target=drafter, args=(i,), name=f"drafter-{i}") for i in range(3)]
