@@ -431,6 +431,21 @@ def test_pct_options_in_both_spellings():
     assert _split_options(["-perms", "644", "200"], {"perms"}) == (["200"], {"perms": "644"})
 
 
+def test_folders_hidden_by_a_containers_private_root_and_tmp_are_bound_back(tmp_path):
+    # tmp_path lies under /tmp, like a clean clone with its venv in /tmp would.
+    checkout = tmp_path / "checkout"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    candidates = [
+        checkout,
+        checkout / ".venv",
+        checkout / ".venv" / "bin",
+        Path("/usr/bin"),  # visible in the container already
+        Path("/tmp"),  # the private folder itself is never bound over
+        tmp_path / "missing",
+    ]
+    assert fixtures.hidden_in_containers(candidates) == [str(checkout.resolve())]
+
+
 def test_write_config_overrides():
     config = {"host": {"port": 22, "user": "root"}, "run": {"stop_grace_s": 20}}
     merged = apply_overrides(config, {"run.stop_grace_s": 1, "host": {"port": 2222}})

@@ -80,23 +80,36 @@ def require_test_host() -> None:
     pytest.skip(problem)
 
 
+# A container has its own /root and /tmp, which hide whatever the host keeps there.
+PRIVATE_IN_CONTAINERS = (Path("/root"), Path("/tmp"))
+
+
 def _read_only_binds() -> list[str]:
-    """Host folders under /root the containers still need: the container's private /root
-    would hide them (the Python interpreter under /root/.pyenv, a checkout or venv there)."""
-    candidates = [
-        Path("/root/.pyenv"),
-        REPO_ROOT,
-        Path(sys.prefix),
-        Path(sys.base_prefix),
-        Path(sys.executable).resolve().parent,
-    ]
-    under_root = set()
+    """Host folders the containers still need although their private /root or /tmp hides
+    them: the Python interpreter under /root/.pyenv, a checkout or venv under /root or
+    /tmp (a clean clone in /tmp, as CI may make)."""
+    return hidden_in_containers(
+        [
+            Path("/root/.pyenv"),
+            REPO_ROOT,
+            Path(sys.prefix),
+            Path(sys.base_prefix),
+            Path(sys.executable).resolve().parent,
+        ]
+    )
+
+
+def hidden_in_containers(candidates: list[Path]) -> list[str]:
+    """The existing candidates a container's private folders would hide, outermost only."""
+    hidden = set()
     for path in candidates:
         path = path.resolve()
-        if path.exists() and path != Path("/root") and path.is_relative_to("/root"):
-            under_root.add(path)
+        if path.exists() and any(
+            path != private and path.is_relative_to(private) for private in PRIVATE_IN_CONTAINERS
+        ):
+            hidden.add(path)
     # A folder inside another one is bound with it.
-    kept = [p for p in under_root if not any(p != q and p.is_relative_to(q) for q in under_root)]
+    kept = [p for p in hidden if not any(p != q and p.is_relative_to(q) for q in hidden)]
     return sorted(str(p) for p in kept)
 
 
