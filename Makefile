@@ -2,8 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The CPU build of torch that these machines keep on disk; elsewhere pip fetches it.
+# The torch the trainer is tested with. pip finds the CPU build on these machines; on a
+# machine without GPUs elsewhere, ask for it instead of PyPI's CUDA build with
+# TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
 
 .PHONY: install system-deps test demo demo-crash bench lint clean
@@ -12,7 +15,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[trainer,dev]'
 	touch $@
 
