@@ -283,6 +283,18 @@ def test_the_exit_status_adds_nothing_when_the_log_explains_it(rules):
     assert classify(rules, "training complete", 0) == []
 
 
+def test_the_trainers_config_error_is_named_not_just_its_exit_status(rules):
+    # What train_dflash_pipeline.py prints for `--set bogus.key=1`, then exits 2.
+    log = (
+        "config error: configs/tiny-cpu.yaml: unknown key bogus; allowed under the top "
+        "level: seed, output_dir, target, drafter, data, optim, train, runtime, eval, debug"
+    )
+    [event] = classify(rules, log, 2)
+    assert (event.category, event.rule, event.line) == ("config_error", "trainer_config_error", 1)
+    assert "unknown key bogus" in event.message and "--set" in event.hint
+    assert classify(rules, "step 1/10 | loss 2.0 | config error: none", 0) == []
+
+
 def test_non_finite_loss_is_a_crash_only_when_the_trainer_gives_up(rules):
     tolerated = "step 120/10000 | loss nan | non-finite loss (1/3 allowed)"
     assert classify(rules, tolerated, None) == []
