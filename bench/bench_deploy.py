@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from tests.host import fixtures, state  # noqa: E402
+from bench.loopback_host import loopback_host  # noqa: E402
+from bench.loopback_host import problem as loopback_problem  # noqa: E402
+from tests.host import fixtures  # noqa: E402
 from tests.host.containers import Container  # noqa: E402
 from tests.host.sshd import SshServer  # noqa: E402
 from tests.test_deploy_support import write_trainer  # noqa: E402
@@ -134,28 +135,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="deploys timed per case")
     parser.add_argument("--by-hand-runs", type=int, default=1, help="by-hand whole-tree runs")
     args = parser.parse_args()
-    problem = fixtures.host_problem()
-    if problem:
-        print(f"skipped: {problem}")
+    why_not = loopback_problem()
+    if why_not:
+        print(f"skipped: {why_not}")
         return 0
-
-    base = Path(tempfile.mkdtemp(prefix="bench-deploy-"))
-    state_dir = base / "state"
-    state_dir.mkdir()
-    (state_dir / "host.json").write_text(
-        json.dumps({"node": fixtures.NODE, "ro_binds": fixtures._read_only_binds()})
-    )
-    server = SshServer(workdir=base / "ssh", state_dir=state_dir, node=fixtures.NODE)
-    server.start()
-    state.create_container(state_dir, VMID)
-    container = Container(state_dir, VMID)
-    container.start()
-    try:
-        return run(args, base, server, container)
-    finally:
-        container.destroy()
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with loopback_host("bench-deploy-", VMID) as host:
+        return run(args, host.base, host.server, host.container)
 
 
 def run(args, base: Path, server: SshServer, container: Container) -> int:

@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,11 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
+from bench.loopback_host import loopback_host  # noqa: E402
+from bench.loopback_host import problem as loopback_problem  # noqa: E402
 from dflashctl.config import load_config  # noqa: E402
 from dflashctl.crash import CrashDetector, load_rules  # noqa: E402
-from dflashctl.deploy import open_target  # noqa: E402
+from dflashctl.connect import open_target  # noqa: E402
 from dflashctl.follow import follow_run  # noqa: E402
-from tests.host import fixtures, state  # noqa: E402
+from tests.host import fixtures  # noqa: E402
 from tests.host.containers import Container  # noqa: E402
 from tests.host.sshd import SshServer  # noqa: E402
 from tests.test_follow_support import launch_argv  # noqa: E402
@@ -175,28 +175,12 @@ def main() -> int:
         "--step-every", type=float, default=0.5, help="seconds between the main thread's lines"
     )
     args = parser.parse_args()
-    problem = fixtures.host_problem()
-    if problem:
-        print(f"skipped: {problem}")
+    why_not = loopback_problem()
+    if why_not:
+        print(f"skipped: {why_not}")
         return 0
-
-    base = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    state_dir = base / "state"
-    state_dir.mkdir()
-    (state_dir / "host.json").write_text(
-        json.dumps({"node": fixtures.NODE, "ro_binds": fixtures._read_only_binds()})
-    )
-    server = SshServer(workdir=base / "ssh", state_dir=state_dir, node=fixtures.NODE)
-    server.start()
-    state.create_container(state_dir, VMID)
-    container = Container(state_dir, VMID)
-    container.start()
-    try:
-        return run(args, Bench(server, container, base, args.step_every))
-    finally:
-        container.destroy()
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with loopback_host("bench-latency-", VMID) as host:
+        return run(args, Bench(host.server, host.container, host.base, args.step_every))
 
 
 def run(args, bench: Bench) -> int:
