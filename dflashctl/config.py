@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from dflashctl import hints
 from dflashctl.errors import ConfigError
 
 CONFIG_ENV = "DFLASHCTL_CONFIG"
@@ -116,6 +117,7 @@ def find_config_path(explicit: str | os.PathLike | None) -> Path:
 def load_config(explicit: str | os.PathLike | None = None) -> Config:
     """Find, parse and validate dflash.yaml; raise ConfigError on any problem."""
     path = find_config_path(explicit)
+    hints.remember_config(explicit)
     if path.is_dir():
         inside = path / DEFAULT_CONFIG_NAME
         raise ConfigError(

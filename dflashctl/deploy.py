@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflashctl import pct, releases, runs, sync, terminal
+from dflashctl import hints, pct, releases, runs, sync, terminal
 from dflashctl.config import Config
 from dflashctl.connect import open_proxmox, open_target, session
 from dflashctl.crash import Rule, rules_for
@@ -200,7 +200,7 @@ def upload_and_deploy(
             # Once the archive is there, the host finishes the deploy without us.
             exc.hint = (
                 "if the upload had finished, the deploy may have completed on the host: "
-                "`dflashctl runs` shows whether a new run started; otherwise deploy again"
+                f"{hints.command('runs')} shows whether a new run started; otherwise deploy again"
             )
         raise
     if result.exit_status == 198 and _UPLOAD_CUT in result.stderr_text:
@@ -260,7 +260,7 @@ def stop_and_launch(config: Config, target: Any, params: dict[str, Any]) -> dict
         if params.get("release"):
             exc.hint = exc.hint or (
                 f"release {params['release']} is unpacked in {config.container.workdir}/releases; "
-                "`dflashctl restart` launches the current release again"
+                f"{hints.command('restart')} launches the current release again"
             )
         raise
 
@@ -317,7 +317,7 @@ def follow_unless_detached(
     run's result)."""
     run_id = summary["run_id"]
     if detach:
-        terminal.info(f"follow it with `dflashctl logs -f {run_id}`")
+        terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
     result = follow_run(
         lambda: open_target(config),

@@ -50,7 +50,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from dflashctl import terminal
+from dflashctl import hints, terminal
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, HostError, UsageError
 from dflashctl.run_summary import RunSummary
 
@@ -427,7 +427,7 @@ class _Dropped(Exception):
     """The stream went silent or broke: reconnect."""
 
 
-# A stopped or missing container, or a host key that no longer matches, will not come
+# A stopped or missing container, a container.python that cannot run, or a host key that no longer matches, will not come
 # back by retrying: those end the following at once. (Not "auth": a connection cut during
 # the handshake shows up as an authentication failure.)
 _FINAL_CONNECT_REASONS = ("host_key_unknown", "host_key_changed")
@@ -435,8 +435,9 @@ _FINAL_CONNECT_REASONS = ("host_key_unknown", "host_key_changed")
 
 def _is_connection_trouble(exc: BaseException) -> bool:
     from dflashctl.pct import ContainerNotFound, ContainerNotRunning
+    from dflashctl.runs import InterpreterMissing
 
-    if isinstance(exc, (ContainerNotFound, ContainerNotRunning)):
+    if isinstance(exc, (ContainerNotFound, ContainerNotRunning, InterpreterMissing)):
         return False
     if getattr(exc, "reason", None) in _FINAL_CONNECT_REASONS:
         return False
@@ -681,7 +682,7 @@ class _Follower:
         elif kind == "N":
             raise UsageError(
                 f"no run {self.run_id} in {self.workdir}/runs",
-                hint="list the runs with `dflashctl runs`",
+                hint=f"list the runs with {hints.command('runs')}",
             )
         # "H": a heartbeat only proves the connection is alive.
 
@@ -793,7 +794,7 @@ def _lost_error(run_id: str, exc: BaseException, waited: float | None = None) ->
     return HostError(
         f"lost the connection while following run {run_id} and could not get it back{after} "
         f"({_reason(exc)}); the run may still be running",
-        hint=f"check the host, then follow it again with `dflashctl logs -f {run_id}`",
+        hint=f"check the host, then follow it again with {hints.command(f'logs -f {run_id}')}",
     )
 
 
@@ -848,7 +849,7 @@ def report_result(result: FollowResult, *, json_mode: bool = False) -> int:
         terminal.print_json(result.to_json())
     if result.interrupted:
         terminal.info(
-            f"stopped following; run {run} keeps running. Resume with `dflashctl logs -f {run}`"
+            f"stopped following; run {run} keeps running. Resume with {hints.command(f'logs -f {run}')}"
         )
     elif not json_mode:
         _say_outcome(result)
@@ -869,6 +870,14 @@ def _say_where_and_what(result: FollowResult) -> None:
 
 def _say_outcome(result: FollowResult) -> None:
     what = f"run {result.run_id}" if result.run_id else (result.source or "the log")
+    if result.status == "finished" and result.source is not None and result.exit_code is None:
+        # A copied log alone cannot prove the run ended well (it may be cut off).
+        terminal.success(
+            f"no crash found in {what}; its exit status is unknown (pass --exit-code N to weigh it)"
+        )
+        for line in result.summary.describe():
+            terminal.info(f"  {line}")
+        return
     if result.status == "finished":
         code = "" if result.exit_code is None else f" (exit code {result.exit_code})"
         terminal.success(f"{what} finished{code}")
@@ -876,7 +885,7 @@ def _say_outcome(result: FollowResult) -> None:
         return
     if result.status == "running":
         terminal.info(
-            f"{what} is still running; follow it with `dflashctl logs -f {result.run_id}`"
+            f"{what} is still running; follow it with {hints.command(f'logs -f {result.run_id}')}"
         )
         return
     causes = [result.crashes[0].summary] if result.crashes else []

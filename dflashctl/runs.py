@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from dflashctl import hints
 from dflashctl.errors import HostError
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
@@ -132,7 +133,7 @@ def get_run(target: Any, workdir: str, run_id: str, *, python: str = DEFAULT_PYT
     if not answer["runs"]:
         raise HostError(
             f"no run {run_id} in {workdir}/runs",
-            hint="list the runs with `dflashctl runs`",
+            hint=f"list the runs with {hints.command('runs')}",
         )
     return _run_from_agent(answer["runs"][0], answer.get("active_run"))
 
@@ -175,10 +176,14 @@ def agent_argv(python: str, op: str) -> list[str]:
     return [python, "-S", "-", op]
 
 
+class InterpreterMissing(HostError):
+    """container.python cannot be run there: retrying will not help."""
+
+
 def parse_agent_answer(result: Any, python: str, op: str, where: str) -> dict[str, Any]:
     """The agent's JSON answer, or a HostError saying what went wrong and where."""
     if result.exit_status in (126, 127) and not result.stdout.strip():
-        raise HostError(
+        raise InterpreterMissing(
             f"{python}: cannot run it on {where}: {result.last_error_line() or 'not found'}",
             hint="set container.python to the interpreter there, e.g. /usr/bin/python3",
         )

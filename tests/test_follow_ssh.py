@@ -207,3 +207,21 @@ def test_a_container_stopped_mid_run_ends_the_following_with_a_clear_error(setup
         == "container 200 is not running, so run ssh-stop is not running either"
     )
     assert caught.value.exit_code == 3 and "pct start 200" in caught.value.hint
+
+
+def test_a_wrong_container_python_fails_at_once_not_as_a_dropped_connection(
+    tmp_path, container, write_config
+):
+    launch_in(container, "ssh-python", lines=400, delay=0.05)
+    path = write_config(tmp_path, **{"container.python": "/nonexistent/python3"})
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "dflashctl", "logs", "-f", "ssh-python", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert done.returncode == 3, done.stderr
+    assert time.monotonic() - started < 15
+    assert "/nonexistent/python3" in done.stderr and "reconnecting" not in done.stderr

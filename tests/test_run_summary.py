@@ -62,3 +62,17 @@ def test_logs_file_json_carries_the_summary(tmp_path):
     assert data["status"] == "finished"
     assert data["summary"]["tau"] == 1.28
     assert data["summary"]["checkpoint"].endswith("step-000240")
+
+
+def test_a_copied_log_without_exit_code_is_not_called_finished(tmp_path):
+    log = tmp_path / "cut.log"
+    log.write_text("step 1/10 | loss 2.0\nstep 2/10 | loss 1.9\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "dflashctl", "logs", "--file", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no crash found" in result.stderr and "--exit-code" in result.stderr
+    assert "finished" not in result.stderr

@@ -18,7 +18,7 @@ from typing import Annotated, BinaryIO
 
 import typer
 
-from dflashctl import terminal
+from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
 
@@ -102,7 +102,7 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
             if active is None:
                 raise UsageError(
                     f"no runs in {workdir} on {target.describe()} yet",
-                    hint="start one with `dflashctl deploy`",
+                    hint=f"start one with {hints.command('deploy')}",
                 )
             run_id = active.id
         return follow_run(
