@@ -78,15 +78,23 @@ def test_nothing_runs_before_every_drafter_is_warm_and_warm_ups_are_serial(tmp_p
     first_batch = min(t for t, what, _ in events if what == "batch")
     assert first_batch > last_warm
     stages = [line for line in log.lines if " on cpu: " in line]
+    warm_ups, after_gate = stages[:6], stages[6:]
     # Each drafter's warm-up is one uninterrupted pair of lines (the capture lock).
-    assert len(stages) == 6
     names = []
-    for warming, ready in zip(stages[::2], stages[1::2], strict=False):
+    for warming, ready in zip(warm_ups[::2], warm_ups[1::2], strict=False):
         name = warming.split(" on ")[0]
         assert warming == f"{name} on cpu: warming compiled graphs"
         assert re.fullmatch(rf"{name} on cpu: ready \(warm-up \d+\.\d s\)", ready)
         names.append(name)
     assert sorted(names) == ["drafter-0", "drafter-1", "drafter-2"]
+    # Once the gate opens every thread names its new stage, so a failure in a step is
+    # reported in that stage rather than in "ready".
+    assert sorted(after_gate) == [
+        "drafter-0 on cpu: training",
+        "drafter-1 on cpu: training",
+        "drafter-2 on cpu: training",
+        "target-0 on cpu: running target forwards",
+    ]
 
 
 def test_bounded_queues_hold_the_prefetcher_back(tmp_path):
@@ -152,6 +160,11 @@ def test_a_failing_thread_ends_the_run_with_its_traceback(tmp_path, fail_in, dev
     )
     assert not any(line == "training complete" for line in log.lines)
     assert result.completed_steps < 50
+    if "@step" in fail_in and thread != "prefetcher":
+        # The stage the crash detector reports: the thread's last stage line.
+        stages = [line for line in log.lines[:first] if line.startswith(f"{thread} on cpu: ")]
+        expected = "training" if thread.startswith("drafter") else "running target forwards"
+        assert stages[-1] == f"{thread} on cpu: {expected}"
 
 
 def test_sequential_schedule_trains_the_same_as_pipelined(tmp_path):

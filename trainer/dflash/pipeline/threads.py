@@ -128,6 +128,8 @@ def run_target_loop(
     name = f"target-{index}"
     inject(ctx, name, "start")
     ctx.gate.wait_all_warm()
+    # The crash detector takes a thread's stage from its last stage line.
+    ctx.log.line(stage_line(name, _device_text(device), "running target forwards"))
     # A side stream lets target forwards overlap the drafter steps on a shared GPU.
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     for _ in range(num_batches):
@@ -199,6 +201,8 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
     if ctx.term_requested.is_set():  # SIGTERM during warm-up: nothing trained, stop now
         ctx.supervisor.request_stop()
         return
+    # Without this line a failure in a step would be reported in the "ready" stage.
+    ctx.log.line(stage_line(name, device, "training"))
     if replica.rank == 0:
         ctx._window_start = time.perf_counter()
     profile = (
