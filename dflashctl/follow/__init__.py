@@ -1,0 +1,61 @@
+"""Follow a run's log live, with crash detection: the code behind `logs`, `deploy` and `restart`.
+
+Use it right after launching a run (or to look at one):
+
+    from dflashctl.follow import follow_run, report_result
+
+    result = follow_run(
+        reconnect,                      # () -> Target: a fresh connection, used after a drop
+        config.container.workdir,
+        run_id,
+        rules=rules_for(config),        # built-in crash rules + the config's crash_patterns
+        target=target,                  # the connection already open; left open for the caller
+        python=config.container.python, # runs the small log reader in the container
+        from_offset=0,                  # the whole log of a new run (or lines=N: the last N)
+    )
+    sys.exit(report_result(result, json_mode=json_mode))
+
+follow_run prints every line as it comes and a panel for every crash the moment the
+detector is sure of it, and returns a FollowResult once the run has ended (or at the end
+of the log with follow=False, or when Ctrl-C stops the following: `interrupted`, exit
+130; the run is left alone). It raises UsageError for a run that does not exist, and
+HostError (exit 3) when the connection cannot be had back within `reconnect_timeout_s`
+(the run may then still be running) or the container stopped.
+
+How it works:
+- One command through the connection streams the log: a small Python reader in the
+  container (READER, in reader.py) sends framed chunks of `runs/<id>/train.log` from a byte
+  offset, a heartbeat every second of silence, and `E` once the run looks over (its
+  exit_code file exists, or its pid is gone) and the file was read to its end. The reader
+  dies on its next write once nobody reads it, so a dropped connection leaves nothing
+  behind; the run itself is never touched.
+- The follower keeps the offset just past the last complete line it printed. After a drop
+  it reconnects with backoff (0.2, 0.5, 1, 2, then 5 s) and starts a reader at that
+  offset: a partial line is read again whole, no line is printed twice or lost.
+- The end of a run is decided by the run's real state (dflashctl.runs.run_state), asked
+  when the reader says `E`, when its stream ends, and every `state_poll_s` as a safety
+  net; never by the stream ending alone. After the end the log is read to its last byte
+  before the crash detector weighs the exit code.
+
+Modules: reader.py (the reader script and its frames), lines.py (lines out of bytes,
+printed and fed to the crash detector), follower.py (follow_run: streaming, reconnecting,
+the end of the run), report.py (FollowResult, the closing word, classify_log for a copied
+log).
+"""
+
+from dflashctl.follow.follower import follow_run
+from dflashctl.follow.lines import LineSink, LineSplitter
+from dflashctl.follow.reader import READER, FrameParser, ReaderBroken
+from dflashctl.follow.report import FollowResult, classify_log, report_result
+
+__all__ = [
+    "READER",
+    "FollowResult",
+    "FrameParser",
+    "LineSink",
+    "LineSplitter",
+    "ReaderBroken",
+    "classify_log",
+    "follow_run",
+    "report_result",
+]

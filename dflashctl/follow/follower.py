@@ -1,0 +1,405 @@
+"""follow_run: stream a run's log through the reader, reconnect after a drop, and decide
+the end of the run by its real state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from dflashctl import hints, terminal
+from dflashctl.errors import HostError, UsageError
+from dflashctl.follow.lines import LineSink, LineSplitter
+from dflashctl.follow.reader import READER, FrameParser, ReaderBroken
+from dflashctl.follow.report import FollowResult
+
+if TYPE_CHECKING:
+    from dflashctl.crash import CrashEvent
+
+# Reconnect delays after a dropped connection; the last one repeats.
+RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+# Past this much log before the start, only its tail is read (and classified).
+BACKLOG_MAX_BYTES = 64 << 20
+# After this long without new log bytes, an open traceback is taken as complete (the
+# detector otherwise waits a few more lines for a chained one). Python writes a whole
+# traceback, chained parts included, within milliseconds; the reader polls every 50 ms.
+QUIET_S = 0.1
+READ_TIMEOUT_S = 0.05
+
+
+class _Dropped(Exception):
+    """The stream went silent or broke: reconnect."""
+
+
+# A stopped or missing container, a container.python that cannot run, or a host key that no longer matches, will not come
+# back by retrying: those end the following at once. (Not "auth": a connection cut during
+# the handshake shows up as an authentication failure.)
+_FINAL_CONNECT_REASONS = ("host_key_unknown", "host_key_changed")
+
+
+def _is_connection_trouble(exc: BaseException) -> bool:
+    from dflashctl.pct import ContainerNotFound, ContainerNotRunning
+    from dflashctl.runs import InterpreterMissing
+
+    if isinstance(exc, (ContainerNotFound, ContainerNotRunning, InterpreterMissing)):
+        return False
+    if getattr(exc, "reason", None) in _FINAL_CONNECT_REASONS:
+        return False
+    return isinstance(exc, (HostError, OSError, EOFError, _Dropped))
+
+
+def follow_run(
+    reconnect: Callable[[], Any] | None,
+    workdir: str,
+    run_id: str,
+    *,
+    rules: Any,
+    target: Any | None = None,
+    python: str = "python3",
+    follow: bool = True,
+    from_offset: int = 0,
+    lines: int | None = None,
+    console: Console | None = None,
+    show_lines: bool = True,
+    on_crash: Callable[[CrashEvent], None] | None = None,
+    reconnect_timeout_s: float = 120.0,
+    state_poll_s: float = 5.0,
+    stall_s: float = 10.0,
+    state_of: Callable[[Any, str, str], Any] | None = None,
+) -> FollowResult:
+    """Print run `run_id`'s log and crashes; return how the run ended.
+
+    reconnect: makes a new Target after a drop (and the first one when `target` is None);
+      None: a drop is fatal (HostError). Targets it makes are closed here.
+    follow: False reads what the log holds now and returns (status "running" while the
+      run goes on, unless a crash was seen).
+    from_offset / lines: start at a byte offset (0: the whole log), or show only the last
+      `lines` lines that exist at the start (all earlier lines still reach the detector).
+    console: where lines and crash panels go (default terminal.out, which --json turns
+      to stderr). show_lines=False prints nothing; on_crash is called for each crash as
+      soon as it is certain, either way.
+    state_of: (target, workdir, run_id) -> RunState; default dflashctl.runs.run_state.
+    """
+    if state_of is None:
+        from dflashctl.runs import run_state
+
+        def state_of(target: Any, workdir: str, run_id: str) -> Any:
+            return run_state(target, workdir, run_id, python=python)
+
+    follower = _Follower(
+        reconnect=reconnect,
+        rundir=f"{workdir.rstrip('/')}/runs/{run_id}",
+        run_id=run_id,
+        workdir=workdir,
+        target=target,
+        python=python,
+        follow=follow,
+        splitter=LineSplitter(from_offset),
+        sink=LineSink(
+            rules,
+            console if console is not None else terminal.out,
+            keep_last=lines,
+            show_lines=show_lines,
+            on_crash=on_crash,
+        ),
+        backlog_max=BACKLOG_MAX_BYTES if lines is not None else -1,
+        reconnect_timeout_s=reconnect_timeout_s,
+        state_poll_s=state_poll_s,
+        stall_s=stall_s,
+        state_of=state_of,
+    )
+    return follower.run()
+
+
+@dataclass(kw_only=True, eq=False)
+class _Follower:
+    reconnect: Callable[[], Any] | None
+    rundir: str
+    run_id: str
+    workdir: str
+    target: Any
+    python: str
+    follow: bool
+    splitter: LineSplitter
+    sink: LineSink
+    backlog_max: int
+    reconnect_timeout_s: float
+    state_poll_s: float
+    stall_s: float
+    state_of: Callable[[Any, str, str], Any]
+    _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
+    _stream: Any = field(default=None, init=False)
+    # The log's size when first opened: the backlog ends there.
+    _live_from: int | None = field(default=None, init=False)
+    # The next reader reads to the end of the log and stops.
+    _read_to_end: bool = field(default=False, init=False)
+    _trouble_since: float | None = field(default=None, init=False)
+    _attempt: int = field(default=0, init=False)
+    _empty_readers: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._read_to_end = not self.follow
+
+    # -- the whole run ---------------------------------------------------------------
+
+    def run(self) -> FollowResult:
+        try:
+            if self.target is None:
+                if self.reconnect is None:
+                    raise ValueError("follow_run needs a target or a way to connect")
+                self.target = self._new_target()
+            state = self._follow()
+        except KeyboardInterrupt:
+            self._close_stream()
+            self.sink.go_live()
+            self.sink.quiet()
+            return self._result(None, interrupted=True)
+        finally:
+            self._close_stream()
+            for target in self._owned:
+                _close_quietly(target)
+        if state.status != "running":
+            last = self.splitter.flush()  # a last line without its newline
+            if last is not None:
+                self.sink.line(last)
+        self.sink.go_live()
+        if state.status != "running":
+            self.sink.finish(state.exit_code)
+        else:
+            self.sink.quiet()  # the log as it stands: a traceback at its end is complete
+        return self._result(state)
+
+    def _follow(self):
+        while True:
+            try:
+                saw_end = self._pump()
+                state = self.state_of(self.target, self.workdir, self.run_id)
+            except Exception as exc:
+                if not _is_connection_trouble(exc):
+                    final = self._final_error(exc)
+                    if final is exc:
+                        raise
+                    raise final from exc
+                self._recover(exc)
+                continue
+            if state.status != "running":
+                if saw_end:
+                    return state
+                self._read_to_end = True  # the log may hold more: read it to the end first
+                continue
+            if not self.follow and saw_end:
+                return state
+            self._reader_stopped()
+
+    def _final_error(self, exc: Exception) -> Exception:
+        from dflashctl.pct import ContainerNotRunning
+
+        if isinstance(exc, ContainerNotRunning):
+            return HostError(
+                f"{exc.message}, so run {self.run_id} is not running either",
+                hint=exc.hint,
+            )
+        if isinstance(exc, ReaderBroken):
+            return HostError(
+                f"cannot read {self.rundir}/train.log: {exc}",
+                hint="something on the host or in the container prints on stdout first; "
+                "check the shell start-up files there",
+            )
+        return exc
+
+    def _reader_stopped(self) -> None:
+        """The reader stopped while the run goes on: its end check disagreed with the
+        run's state, or it died. Start another, but not forever if it never answers."""
+        self._empty_readers += 1
+        if self._empty_readers >= 3:
+            stderr = self._stream_stderr()
+            raise HostError(
+                f"cannot read {self.rundir}/train.log: the log reader in the container keeps "
+                f"stopping{': ' + stderr if stderr else ''}",
+                hint=f"check that `{self.python}` runs in the container (container.python)",
+            )
+        time.sleep(0.5)
+
+    # -- one reader ------------------------------------------------------------------
+
+    def _pump(self) -> bool:
+        """Run one reader from the current offset; True when it said the log is complete."""
+        once = self._read_to_end
+        argv = [
+            self.python,
+            "-c",
+            READER,
+            self.rundir,
+            str(self.splitter.offset),
+            str(self.backlog_max if self._live_from is None else -1),
+            "once" if once else "follow",
+        ]
+        self._close_stream()
+        self._stream = self.target.stream(argv)
+        parser = FrameParser()
+        last_data = time.monotonic()
+        next_poll = last_data + self.state_poll_s
+        while True:
+            chunk = self._stream.read(READ_TIMEOUT_S)
+            now = time.monotonic()
+            if chunk is None:
+                if now - last_data >= QUIET_S:
+                    self.sink.quiet()
+                if now - last_data > self.stall_s:
+                    raise _Dropped(f"no word from the log reader for {self.stall_s:g} s")
+                if self.follow and not once and now >= next_poll:
+                    next_poll = now + self.state_poll_s
+                    if self.state_of(self.target, self.workdir, self.run_id).status != "running":
+                        return False  # read the rest of the log, then decide
+                continue
+            if chunk == b"":
+                return False
+            last_data = now
+            for kind, numbers, payload in parser.feed(chunk):
+                self._progress()
+                if kind == "E":
+                    self._go_live_if_caught_up(final=True)
+                    return True
+                self._frame(kind, numbers, payload)
+
+    def _frame(self, kind: str, numbers: list[int], payload: bytes) -> None:
+        if kind == "D":
+            for text in self.splitter.feed(payload):
+                self.sink.line(text)
+            self._go_live_if_caught_up()
+        elif kind == "S":
+            start, size = numbers
+            if start != self.splitter.offset:
+                self.splitter.reset(start)  # a huge backlog, read from its tail
+            if self._live_from is None:
+                self._live_from = size
+            self._go_live_if_caught_up()
+        elif kind == "R":
+            terminal.warning(
+                f"{self.rundir}/train.log was truncated or replaced; reading it from the start"
+            )
+            self.splitter.reset(0)
+            self.sink.go_live()
+        elif kind == "W":
+            self._live_from = self._live_from or 0
+            self._go_live_if_caught_up()
+        elif kind == "N":
+            raise UsageError(
+                f"no run {self.run_id} in {self.workdir}/runs",
+                hint=f"list the runs with {hints.command('runs')}",
+            )
+        # "H": a heartbeat only proves the connection is alive.
+
+    def _go_live_if_caught_up(self, final: bool = False) -> None:
+        if self.sink.backlog is None:
+            return
+        if final or (self._live_from is not None and self.splitter.received_end >= self._live_from):
+            self.sink.go_live()
+
+    # -- reconnecting ------------------------------------------------------------------
+
+    def _progress(self) -> None:
+        if self._trouble_since is not None:
+            terminal.info(f"[dim]reconnected; resuming at byte {self.splitter.offset}[/dim]")
+        self._trouble_since = None
+        self._attempt = 0
+        self._empty_readers = 0
+
+    def _recover(self, exc: BaseException) -> None:
+        """After a drop: back off, reconnect, and let the caller start a reader again.
+        Any partial line is forgotten; the next reader sends it again whole."""
+        self._close_stream()
+        self.splitter.reset(self.splitter.offset)
+        if self.reconnect is None:
+            raise _lost_error(self.run_id, exc) from exc
+        now = time.monotonic()
+        if self._trouble_since is None:
+            self._trouble_since = now
+            terminal.warning(f"lost the log stream ({_reason(exc)}); reconnecting")
+        while True:
+            delay = RECONNECT_DELAYS_S[min(self._attempt, len(RECONNECT_DELAYS_S) - 1)]
+            self._attempt += 1
+            if time.monotonic() + delay - self._trouble_since > self.reconnect_timeout_s:
+                raise _lost_error(self.run_id, exc, self.reconnect_timeout_s) from exc
+            time.sleep(delay)
+            try:
+                old, self.target = self.target, self._new_target()
+            except Exception as again:
+                if not _is_connection_trouble(again):
+                    raise
+                exc = again
+                continue
+            if old in self._owned:
+                self._owned.remove(old)
+                _close_quietly(old)
+            return
+
+    def _new_target(self):
+        target = self.reconnect()
+        self._owned.append(target)
+        return target
+
+    def _close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # a dead connection may fail to close; nothing is lost
+                pass
+
+    def _stream_stderr(self) -> str:
+        stream = self._stream
+        try:
+            text = stream.stderr.decode("utf-8", errors="replace") if stream is not None else ""
+        except Exception:
+            return ""
+        lines = [line for line in text.splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+
+    # -- the answer ----------------------------------------------------------------------
+
+    def _result(self, state, *, interrupted: bool = False) -> FollowResult:
+        crashes = self.sink.crashes
+        if state is None or state.status == "running":
+            exit_code, signal = None, None
+            status = "crashed" if crashes else "running"
+            run_status = None if state is None else state.status
+        else:
+            exit_code, signal, run_status = state.exit_code, state.signal, state.status
+            failed = state.status in ("killed", "lost") or exit_code not in (0, None)
+            status = "crashed" if crashes or failed else "finished"
+        return FollowResult(
+            run_id=self.run_id,
+            status=status,
+            exit_code=exit_code,
+            crashes=crashes,
+            state=run_status,
+            signal=signal,
+            interrupted=interrupted,
+            summary=self.sink.summary,
+            rundir=self.rundir,
+            where=self.target.describe() if self.target is not None else None,
+        )
+
+
+def _close_quietly(target: Any) -> None:
+    try:
+        target.close()
+    except Exception:  # closing a dead connection: nothing more to do
+        pass
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _lost_error(run_id: str, exc: BaseException, waited: float | None = None) -> HostError:
+    after = f" for {waited:g} s" if waited else ""
+    return HostError(
+        f"lost the connection while following run {run_id} and could not get it back{after} "
+        f"({_reason(exc)}); the run may still be running",
+        hint=f"check the host, then follow it again with {hints.command(f'logs -f {run_id}')}",
+    )

@@ -1,0 +1,158 @@
+"""Log lines out of bytes (with the offset to resume from), printed and fed to the crash
+detector."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.text import Text
+
+from dflashctl.run_summary import RunSummary
+
+if TYPE_CHECKING:
+    from dflashctl.crash import CrashEvent
+
+
+def _line_style(line: str) -> str | None:
+    lowered = line.lower()
+    if line.startswith("Traceback") or " failed:" in line or "error" in lowered:
+        return "red"
+    if "warning" in lowered or "non-finite" in lowered:
+        return "yellow"
+    return None
+
+
+class LineSink:
+    """Prints log lines and feeds them to the crash detector, rendering each crash panel
+    as soon as the detector is sure of it.
+
+    With `keep_last` set, lines are held back (the backlog) until `go_live()`: then only
+    the last `keep_last` of them are printed, followed by panels for crashes found in
+    all of them, so `-n 50` still reports a crash from line 3.
+    """
+
+    def __init__(
+        self,
+        rules: Any,
+        console: Console,
+        *,
+        keep_last: int | None = None,
+        show_lines: bool = True,
+        on_crash: Callable[[CrashEvent], None] | None = None,
+    ) -> None:
+        from dflashctl.crash import CrashDetector
+
+        self.detector = CrashDetector(rules)
+        self.summary = RunSummary()
+        self.console = console
+        self.show_lines = show_lines
+        self.on_crash = on_crash
+        self.backlog: deque[str] | None = deque(maxlen=keep_last) if keep_last is not None else None
+        self._held_events: list[CrashEvent] = []
+        self.count = 0
+        self._flushed_at = 0
+
+    def line(self, text: str) -> None:
+        self.count += 1
+        events = self.detector.feed(text)
+        self.summary.feed(text)
+        if self.backlog is not None:
+            self.backlog.append(text)
+            self._held_events.extend(events)
+        else:
+            self._print(text)
+            self._render(events)
+        if self.on_crash is not None:
+            for event in events:
+                self.on_crash(event)
+
+    def quiet(self) -> None:
+        """The log went quiet: a traceback that may still continue is final after all
+        (the detector otherwise waits a few lines for a chained traceback)."""
+        if self.backlog is None and self.count != self._flushed_at:
+            self._flushed_at = self.count
+            events = self.detector.flush()
+            self._render(events)
+            if self.on_crash is not None:
+                for event in events:
+                    self.on_crash(event)
+
+    def go_live(self) -> None:
+        if self.backlog is None:
+            return
+        for text in self.backlog:
+            self._print(text)
+        self.backlog = None
+        self._render(self._held_events)
+        self._held_events = []
+
+    def finish(self, exit_code: int | None) -> None:
+        """The run ended: weigh the exit code (a crash may only now be certain)."""
+        self.go_live()
+        events = self.detector.finish(exit_code)
+        self._render(events)
+        if self.on_crash is not None:
+            for event in events:
+                self.on_crash(event)
+
+    @property
+    def crashes(self) -> list[CrashEvent]:
+        return list(self.detector.crashes)
+
+    def _print(self, text: str) -> None:
+        if self.show_lines:
+            self.console.print(Text(text, style=_line_style(text) or ""), soft_wrap=True)
+
+    def _render(self, events: Iterable[CrashEvent]) -> None:
+        if not self.show_lines:
+            return
+        from dflashctl.crash.render import render_crash
+
+        for event in events:
+            render_crash(self.console, event)
+
+
+class LineSplitter:
+    """Cuts a byte stream into lines and remembers the file offset just past the last
+    complete line: the place to resume from after a drop."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+        self._partial = bytearray()
+
+    @property
+    def received_end(self) -> int:
+        """Offset just past the last byte received (complete line or not)."""
+        return self.offset + len(self._partial)
+
+    def reset(self, offset: int) -> None:
+        self.offset = offset
+        self._partial.clear()
+
+    def feed(self, data: bytes) -> list[str]:
+        self._partial += data
+        lines = []
+        start = 0
+        while (end := self._partial.find(b"\n", start)) >= 0:
+            lines.append(_decode(self._partial[start:end]))
+            start = end + 1
+        if start:
+            del self._partial[:start]
+            self.offset += start
+        return lines
+
+    def flush(self) -> str | None:
+        """The last line of a log that does not end with a newline (the run is over)."""
+        if not self._partial:
+            return None
+        text = _decode(self._partial)
+        self.offset += len(self._partial)
+        self._partial.clear()
+        return text
+
+
+def _decode(raw: bytes | bytearray) -> str:
+    return bytes(raw).decode("utf-8", errors="replace").rstrip("\r")

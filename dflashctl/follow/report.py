@@ -1,0 +1,168 @@
+"""How a run stands once following stopped (FollowResult), the closing word printed for
+it, and classify_log for a log copied off a machine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from dflashctl import hints, terminal
+from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK
+from dflashctl.follow.lines import LineSink, LineSplitter
+from dflashctl.run_summary import RunSummary
+
+if TYPE_CHECKING:
+    from dflashctl.crash import CrashEvent
+
+
+@dataclass
+class FollowResult:
+    """How a run stands once following stopped."""
+
+    run_id: str | None
+    status: str  # "finished" | "crashed" | "running"
+    exit_code: int | None
+    crashes: list[CrashEvent] = field(default_factory=list)
+    state: str | None = None  # dflashctl.runs status: running, exited, killed, lost
+    signal: int | None = None
+    interrupted: bool = False  # Ctrl-C stopped the following (the run was left alone)
+    source: str | None = None  # a local file classified with --file
+    summary: RunSummary = field(default_factory=RunSummary)  # loss, tau, checkpoint
+    rundir: str | None = None  # workdir/runs/<id> on the target
+    where: str | None = None  # "CT 200 on root@pve:22", "this machine"
+
+    @property
+    def cli_exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_CRASH if self.status == "crashed" else EXIT_OK
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "run": self.run_id,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "crashes": [event.to_json() for event in self.crashes],
+        }
+        if self.source is not None:
+            data["file"] = self.source
+        if self.interrupted:
+            data["interrupted"] = True
+        if not self.summary.empty:
+            data["summary"] = self.summary.to_json()
+        if self.rundir is not None:
+            data["run_dir"] = self.rundir
+        return data
+
+
+# --------------------------------------------------------------------------- local files
+
+
+def classify_log(
+    source: Iterable[bytes],
+    *,
+    rules: Any,
+    exit_code: int | None = None,
+    lines: int | None = None,
+    name: str | None = None,
+    console: Console | None = None,
+    show_lines: bool = True,
+) -> FollowResult:
+    """Classify a log copied off a machine, the way follow_run would have: print its last
+    `lines` lines (all when None) and its crashes; weigh `exit_code` when known."""
+    sink = LineSink(
+        rules,
+        console if console is not None else terminal.out,
+        keep_last=lines,
+        show_lines=show_lines,
+    )
+    splitter = LineSplitter()
+    for chunk in source:
+        for text in splitter.feed(chunk):
+            sink.line(text)
+    last = splitter.flush()
+    if last is not None:
+        sink.line(last)
+    sink.finish(exit_code)
+    crashes = sink.crashes
+    failed = exit_code not in (0, None)
+    return FollowResult(
+        run_id=None,
+        status="crashed" if crashes or failed else "finished",
+        exit_code=exit_code,
+        crashes=crashes,
+        source=name,
+        summary=sink.summary,
+    )
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def report_result(result: FollowResult, *, json_mode: bool = False) -> int:
+    """Print the closing word (or the JSON object on stdout); return the exit code."""
+    run = result.run_id
+    if json_mode:
+        terminal.print_json(result.to_json())
+    if result.interrupted:
+        terminal.info(
+            f"stopped following; run {run} keeps running. Resume with {hints.command(f'logs -f {run}')}"
+        )
+    elif not json_mode:
+        _say_outcome(result)
+    return result.cli_exit_code
+
+
+def _say_where_and_what(result: FollowResult) -> None:
+    """Where the run's files are and what it achieved, as far as the log told us."""
+    lines = []
+    if result.rundir:
+        where = f"  ({result.where})" if result.where else ""
+        lines.append(f"run dir     {result.rundir}{where}")
+        lines.append(f"log         {result.rundir}/train.log")
+    lines.extend(result.summary.describe())
+    for line in lines:
+        terminal.info(f"  {line}")
+
+
+def _say_outcome(result: FollowResult) -> None:
+    what = f"run {result.run_id}" if result.run_id else (result.source or "the log")
+    if result.status == "finished" and result.source is not None and result.exit_code is None:
+        # A copied log alone cannot prove the run ended well (it may be cut off).
+        terminal.success(
+            f"no crash found in {what}; its exit status is unknown (pass --exit-code N to weigh it)"
+        )
+        for line in result.summary.describe():
+            terminal.info(f"  {line}")
+        return
+    if result.status == "finished":
+        code = "" if result.exit_code is None else f" (exit code {result.exit_code})"
+        terminal.success(f"{what} finished{code}")
+        _say_where_and_what(result)
+        return
+    if result.status == "running":
+        terminal.info(
+            f"{what} is still running; follow it with {hints.command(f'logs -f {result.run_id}')}"
+        )
+        return
+    causes = [result.crashes[0].summary] if result.crashes else []
+    if result.state == "lost":
+        causes.append("the process is gone and left no exit code")
+    elif result.state == "running":
+        causes.append("the process is still running")
+    elif result.signal:
+        from dflashctl.runs import signal_name
+
+        causes.append(f"killed by {signal_name(result.signal)}")
+    elif result.exit_code not in (0, None):
+        # The detector's own exit-status event already says it.
+        if not any(f"exit status {result.exit_code}" in cause for cause in causes):
+            causes.append(f"exit code {result.exit_code}")
+    detail = "; ".join(causes)
+    terminal.err.print(
+        f"[bold red]✗[/bold red] {what} crashed" + (f": {escape(detail)}" if detail else "")
+    )
