@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -88,18 +90,33 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     except TrainConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
-    except Exception:  # setup failed before the threads ran: same report format
+    except Exception:  # set-up or the end of the run failed: same report format
         log.block("main failed:\n" + traceback.format_exc())
-        return EXIT_FAILED
+        exit_without_teardown(EXIT_FAILED)
     finally:
         interrupts.restore()
-    if result.stuck_threads:
-        # A thread is stuck in a call we cannot interrupt (e.g. a long compile):
-        # never hang, exit now without waiting for it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(result.exit_code or EXIT_FAILED)
-    return result.exit_code
+    if result.exit_code != EXIT_OK or result.stuck_threads:
+        # The run has logged why it failed and joined its threads (up to run.STOP_GRACE_S).
+        exit_without_teardown(result.exit_code or EXIT_FAILED)
+    if threading.active_count() > 1:
+        exit_without_teardown(result.exit_code)
+    return result.exit_code  # clean finish (or a stop with its checkpoint written)
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Flush and end the process with ``code``, skipping interpreter teardown.
+
+    A thread may still be alive here: stuck in a call we cannot interrupt (a long
+    compile), or just finishing inside torch's C++ code after a failure. A normal exit
+    finalizes the interpreter under it; the thread is then unwound out of torch's C++
+    frames, which ends in "terminate called without an active exception" and SIGABRT
+    (exit 134) instead of our status. Nothing is lost by skipping teardown: every log
+    line is flushed as it is written and checkpoints are complete (written, then renamed)
+    before train() returns.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Wires a run together: replicas, queues, threads, signals, checkpoints, the end of run.
 
 ``train()`` returns a ``TrainResult`` instead of exiting so tests can run it in process;
-the entry point turns it into an exit status (and exits hard if a thread is stuck).
+the entry point turns it into an exit status (exiting without interpreter teardown after
+a failure or while a thread is still alive: see train_dflash_pipeline.exit_without_teardown).
 """
 
 from __future__ import annotations
