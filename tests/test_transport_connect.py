@@ -14,6 +14,7 @@ from dflashctl.config import HostConfig
 from dflashctl.errors import EXIT_HOST, ConfigError
 from dflashctl.transport import ConnectFailed, open_transport
 from dflashctl.transport.ssh_config import SSH_CONFIG_ENV
+from tests.ssh_support import host_config
 
 
 @pytest.fixture(autouse=True)
@@ -21,20 +22,6 @@ def no_agent_no_user_config(monkeypatch, tmp_path):
     """Only the keys a test names: no ssh-agent, no ~/.ssh/config of this machine."""
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.setenv(SSH_CONFIG_ENV, str(tmp_path / "no-ssh-config"))
-
-
-def host_config(pve_host, **overrides) -> HostConfig:
-    values = dict(
-        address=pve_host.address,
-        port=pve_host.port,
-        user=pve_host.user,
-        identity_file=str(pve_host.identity_file),
-        known_hosts=str(pve_host.known_hosts),
-        connect_timeout_s=10,
-        keepalive_s=15,
-    )
-    values.update(overrides)
-    return HostConfig(**values)
 
 
 def connect_error(config: HostConfig) -> ConnectFailed:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.config import HostConfig
 from dflashctl.errors import HostError
 from dflashctl.transport import (
     CommandFailed,
@@ -17,20 +16,7 @@ from dflashctl.transport import (
     SSHTransport,
     open_transport,
 )
-
-
-def host_config(pve_host, **overrides) -> HostConfig:
-    values = dict(
-        address=pve_host.address,
-        port=pve_host.port,
-        user=pve_host.user,
-        identity_file=str(pve_host.identity_file),
-        known_hosts=str(pve_host.known_hosts),
-        connect_timeout_s=10,
-        keepalive_s=15,
-    )
-    values.update(overrides)
-    return HostConfig(**values)
+from tests.ssh_support import host_config
 
 
 @pytest.fixture
