@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # The torch the trainer is tested with. pip finds the CPU build on these machines; on a
-# machine without GPUs elsewhere, ask for it instead of PyPI's CUDA build with
-# TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
+# machine without GPUs elsewhere, point pip at PyTorch's CPU wheel index instead of
+# PyPI's CUDA build with TORCH_PIP_ARGS='--index-url <that index>'.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
