@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.crash import CrashDetector, classify_text, load_rules
+from tests.crash_support import REQUIRED_CATEGORIES
 
 LOG_DIR = Path(__file__).parent / "data" / "logs"
 LOGS = sorted(p for p in LOG_DIR.glob("*.log") if p.with_suffix(".expected.json").exists())
@@ -31,20 +32,7 @@ def test_the_log_collection_covers_every_required_category():
     categories = set()
     for log in LOGS:
         categories |= {c["category"] for c in _expected(log)[1]}
-    required = {
-        "cudagraph_tls",
-        "cuda_oom",
-        "illegal_memory_access",
-        "device_assert",
-        "nccl_timeout",
-        "nan_loss",
-        "compile_error",
-        "segfault",
-        "killed",
-        "thread_exception",
-        "python_exception",
-    }
-    assert required <= categories
+    assert REQUIRED_CATEGORIES <= categories
     assert any(not _expected(log)[1] for log in LOGS), "a clean log is part of the collection"
 
 

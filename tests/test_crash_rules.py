@@ -9,20 +9,7 @@ import pytest
 from dflashctl.crash import CrashDetector, load_rules
 from dflashctl.crash.rules import parse_rule, required_literals
 from dflashctl.errors import EXIT_USAGE, ConfigError
-
-REQUIRED_CATEGORIES = {
-    "cudagraph_tls",
-    "cuda_oom",
-    "illegal_memory_access",
-    "device_assert",
-    "nccl_timeout",
-    "nan_loss",
-    "compile_error",
-    "segfault",
-    "killed",
-    "thread_exception",
-    "python_exception",
-}
+from tests.crash_support import REQUIRED_CATEGORIES
 
 
 def user_rule(**overrides):
