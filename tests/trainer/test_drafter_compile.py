@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from dflash import drafter_loss, sample_anchors
 from dflash.target import target_context
 
 
-def test_loss_compiles_as_one_graph_and_matches_eager(tiny_target, make_drafter, tiny_cfg):
+@pytest.mark.parametrize("attention", ["sdpa_dense", "sdpa_chunked"])
+def test_loss_compiles_as_one_graph_and_matches_eager(
+    tiny_target, make_drafter, tiny_cfg, attention
+):
     drafter = make_drafter(seed=2)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 500, (2, 32), generator=gen)
@@ -17,7 +21,15 @@ def test_loss_compiles_as_one_graph_and_matches_eager(tiny_target, make_drafter,
 
     def step(context, ids, anchors, valid, loss_mask):
         return drafter_loss(
-            drafter, context, ids, anchors, valid, loss_chunk=2, loss_mask=loss_mask
+            drafter,
+            context,
+            ids,
+            anchors,
+            valid,
+            loss_chunk=2,
+            loss_mask=loss_mask,
+            attention=attention,
+            attention_chunk=2,
         )
 
     eager_loss, eager_metrics = step(context, ids, anchors, valid, loss_mask)

@@ -12,6 +12,12 @@ Backends (the `attention` option of `drafter_loss`):
                 torch.nn.functional.scaled_dot_product_attention. Exact on any
                 device; the one to use on CPU (flex has no CPU backward).
                 Mask memory grows with A*B*(S+A*B).
+  "sdpa_chunked": the same rule, exact, but the block rows go through SDPA in
+                chunks of consecutive anchors, each against only the context
+                prefix its anchors can reach plus its own blocks' keys. Needs
+                the sampler's layout (sorted anchors spaced >= B, <= S - B);
+                see `chunk_plan`. At 512 anchors x 16 over 8192 positions it
+                does about 3.4x less attention work than "sdpa_dense".
   "flex":       torch.nn.attention.flex_attention with a BlockMask built from the
                 same rule; skips fully masked tiles. On CUDA the kernel is
                 compiled (once, or inside the caller's torch.compile region).
@@ -28,7 +34,7 @@ import torch.nn.functional as F
 
 from .model import Attend
 
-ATTENTION_BACKENDS = ("sdpa_dense", "flex")
+ATTENTION_BACKENDS = ("sdpa_dense", "sdpa_chunked", "flex")
 
 
 def _row_owner(num_anchors: int, block_size: int, device) -> torch.Tensor:
@@ -42,7 +48,10 @@ def dense_block_mask(
     block_size: int,
     doc_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Boolean mask [N, 1, A*B, S + A*B]; True = may attend."""
+    """Boolean mask [N, 1, A*B, S + A*B]; True = may attend.
+
+    The keys are the first `seq_len` context positions (a prefix of the sequence:
+    `doc_ids` may be longer) followed by the A blocks' rows."""
     n, num_anchors = anchors.shape
     owner = _row_owner(num_anchors, block_size, anchors.device)  # [Q]
     row_anchor = anchors[:, owner]  # [N, Q]
@@ -51,7 +60,7 @@ def dense_block_mask(
     sees_ctx = (ctx[None, None, :] < row_anchor[:, :, None]) & row_valid[:, :, None]
     if doc_ids is not None:
         anchor_doc = doc_ids.gather(1, anchors)[:, owner]  # [N, Q]
-        sees_ctx = sees_ctx & (doc_ids[:, None, :] == anchor_doc[:, :, None])
+        sees_ctx = sees_ctx & (doc_ids[:, None, :seq_len] == anchor_doc[:, :, None])
     sees_block = (owner[:, None] == owner[None, :]).expand(n, -1, -1)
     return torch.cat([sees_ctx, sees_block], dim=2)[:, None]
 
@@ -122,5 +131,82 @@ def flex_attend(block_mask) -> Attend:
     def attend(q, k, v):
         kernel = _flex_kernel(q.is_cuda)
         return kernel(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+    return attend
+
+
+# -- chunked SDPA: skip the context no anchor of a chunk can see ------------------------------
+def chunk_plan(
+    num_anchors: int, seq_len: int, block_size: int, chunk_anchors: int
+) -> list[tuple[int, int, int]]:
+    """Static (first anchor slot, end slot, context keys) per chunk of anchor slots.
+
+    With valid anchors right-aligned in their slots (see `right_align`), sorted,
+    spaced >= B and <= S - B, the anchor in slot i is at most S - (A - i) * B:
+    the A - 1 - i anchors after it each need B more positions. So rows of slots
+    [lo, hi) never see context at or past S - (A - hi + 1) * B. Shapes depend
+    only on the config, never on the data: CUDA graphs stay valid.
+    """
+    plan = []
+    for lo in range(0, num_anchors, chunk_anchors):
+        hi = min(lo + chunk_anchors, num_anchors)
+        keys = seq_len - (num_anchors - hi + 1) * block_size
+        keys = min(seq_len, max(0, -(-keys // 8) * 8))  # rounded up to 8: aligned mask rows
+        plan.append((lo, hi, keys))
+    return plan
+
+
+def right_align(anchor_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot permutations that move each row's valid anchors (a prefix, as the sampler
+    lays them out) to the end: (to_aligned, from_aligned), both [N, A] indices for gather."""
+    n, num_anchors = anchor_valid.shape
+    count = anchor_valid.sum(1, keepdim=True)  # [N, 1]
+    slots = torch.arange(num_anchors, device=anchor_valid.device).expand(n, -1)
+    return (slots + count) % num_anchors, (slots - count) % num_anchors
+
+
+def chunked_sdpa_attend(
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    seq_len: int,
+    block_size: int,
+    chunk_anchors: int,
+    doc_ids: torch.Tensor | None = None,
+) -> Attend:
+    """SDPA per chunk of anchors; `anchors`/`anchor_valid` must already be right-aligned.
+
+    Exactly the dense rule (same visible keys per row), computed only over the
+    keys a chunk can reach; masks are built once per step, shared by all layers.
+    """
+    n, num_anchors = anchors.shape
+    plan = chunk_plan(num_anchors, seq_len, block_size, chunk_anchors)
+    if not torch.compiler.is_compiling():
+        # The plan is only exact under the sampler's layout; check it where a check
+        # costs nothing (eager), as a device-side assert (no host sync).
+        bound = (
+            seq_len - (num_anchors - torch.arange(num_anchors, device=anchors.device)) * block_size
+        )
+        torch._assert_async(
+            ((anchors <= bound) | ~anchor_valid).all(),
+            "sdpa_chunked needs sorted anchors spaced >= block_size, valid ones right-aligned",
+        )
+    masks = []
+    for lo, hi, keys in plan:
+        sub = slice(lo, hi)
+        masks.append(
+            dense_block_mask(anchors[:, sub], anchor_valid[:, sub], keys, block_size, doc_ids)
+        )
+
+    def attend(q, k, v):
+        groups = q.shape[1] // k.shape[1]
+        k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
+        outs = []
+        for (lo, hi, keys), mask in zip(plan, masks, strict=True):
+            rows = slice(lo * block_size, hi * block_size)
+            own = slice(seq_len + lo * block_size, seq_len + hi * block_size)
+            kc = torch.cat([k[:, :, :keys], k[:, :, own]], dim=2)
+            vc = torch.cat([v[:, :, :keys], v[:, :, own]], dim=2)
+            outs.append(F.scaled_dot_product_attention(q[:, :, rows], kc, vc, attn_mask=mask))
+        return torch.cat(outs, dim=2)
 
     return attend

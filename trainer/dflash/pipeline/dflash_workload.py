@@ -94,11 +94,14 @@ def build_random_target(
 class DrafterLoss(nn.Module):
     """The compiled region: drafter forward over all blocks + weighted chunked loss."""
 
-    def __init__(self, drafter: DFlashDrafter, loss_chunk: int, attention: str) -> None:
+    def __init__(
+        self, drafter: DFlashDrafter, loss_chunk: int, attention: str, attention_chunk: int = 32
+    ) -> None:
         super().__init__()
         self.drafter = drafter
         self.loss_chunk = loss_chunk
         self.attention = attention
+        self.attention_chunk = attention_chunk
 
     def forward(self, context, input_ids, anchors, anchor_valid, loss_mask):
         return drafter_loss(
@@ -109,6 +112,7 @@ class DrafterLoss(nn.Module):
             anchor_valid,
             loss_chunk=self.loss_chunk,
             attention=self.attention,
+            attention_chunk=self.attention_chunk,
             loss_mask=loss_mask,
         )
 
@@ -292,21 +296,29 @@ class DFlashWorkload(Workload):
 
     def loss_module(self, drafter: nn.Module) -> nn.Module:
         chunk = self.cfg.train.loss_chunk or 64
-        return DrafterLoss(drafter, chunk, self.cfg.drafter.attention)
+        d = self.cfg.drafter
+        return DrafterLoss(drafter, chunk, d.attention, d.attention_chunk)
 
     def example_inputs(self, device: torch.device) -> DrafterInputs:
-        """Production shapes: made on the CPU (no GPU random numbers while others may capture)."""
+        """Production shapes: made on the CPU (no GPU random numbers while others may capture).
+
+        The context is the big one (an 8B target at batch 16 x 8192: 2.7G values), so one
+        sequence's worth is drawn, in the drafter's dtype, and repeated on the device:
+        warm-up needs the shapes, not distinct values."""
         b, s, a = self.batch_size, self.seq_len, self.num_anchors
         cfg = self.drafter_cfg
         gen = torch.Generator().manual_seed(12345)
-        context = torch.randn(b, s, cfg.num_context_layers * cfg.hidden_size, generator=gen)
+        one = torch.randn(
+            1, s, cfg.num_context_layers * cfg.hidden_size, generator=gen, dtype=self.drafter_dtype
+        )
+        context = one.to(device).expand(b, -1, -1).contiguous()
         ids = torch.randint(0, cfg.mask_token_id, (b, s), generator=gen)
         loss_mask = torch.ones(b, s, dtype=torch.bool)
         anchors, valid = sample_anchors(loss_mask, cfg.block_size, a, gen)
         return DrafterInputs(
             step=-1,
             shard=-1,
-            context=context.to(device, self.drafter_dtype),
+            context=context,
             input_ids=ids.to(device),
             anchors=anchors.to(device),
             anchor_valid=valid.to(device),

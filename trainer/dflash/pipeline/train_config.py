@@ -41,7 +41,10 @@ class DrafterSection:
     gamma: float = 0.0  # 0 -> the published value for the block size
     intermediate_size: int | None = None  # None -> the target's
     dtype: str = "float32"  # model weights; the optimizer keeps an fp32 master copy
-    attention: str = "sdpa_dense"  # sdpa_dense (any device) | flex (GPU)
+    # sdpa_dense (the reference) | sdpa_chunked (same result, skips context no block
+    # of a chunk can see: the fast one on GPU) | flex (GPU)
+    attention: str = "sdpa_dense"
+    attention_chunk: int = 32  # sdpa_chunked: anchors per chunk
     mask_token_id: int | None = None  # None -> the tokenizer's <|MASK|>, else the last id
 
 
@@ -229,7 +232,9 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("runtime.schedule", cfg.runtime.schedule, SCHEDULES)
     _check_choice("target.dtype", cfg.target.dtype, DTYPES)
     _check_choice("drafter.dtype", cfg.drafter.dtype, DTYPES)
-    _check_choice("drafter.attention", cfg.drafter.attention, ("sdpa_dense", "flex"))
+    _check_choice(
+        "drafter.attention", cfg.drafter.attention, ("sdpa_dense", "sdpa_chunked", "flex")
+    )
     _check_choice("target.preset", cfg.target.preset, ("tiny", "small", "qwen3-8b"))
     positive = {
         "train.steps": cfg.train.steps,
@@ -238,6 +243,7 @@ def validate(cfg: TrainConfig) -> None:
         "data.batch_size": cfg.data.batch_size,
         "data.num_anchors": cfg.data.num_anchors,
         "runtime.queue_size": cfg.runtime.queue_size,
+        "drafter.attention_chunk": cfg.drafter.attention_chunk,
         "drafter.num_layers": cfg.drafter.num_layers,
         "drafter.block_size": cfg.drafter.block_size,
     }
