@@ -184,7 +184,8 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
 
     ctx.gate.acquire_capture()
     try:
-        ctx.log.line(stage_line(name, device, "warming compiled graphs"))
+        warming = "warming up" if ctx.cfg.runtime.compile == "eager" else "warming compiled graphs"
+        ctx.log.line(stage_line(name, device, warming))
         started = time.perf_counter()
         _warm_up(ctx, replica)
         seconds = time.perf_counter() - started
