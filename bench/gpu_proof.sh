@@ -6,13 +6,15 @@
 #                                 recorded and replayed (gpu-smoke.log: "CUDA graphs recorded",
 #                                 profiled cudaGraphLaunch count)
 #   bench/gpu_proof.sh bench   3. compile modes and schedules on the Qwen3-8B-shaped config
-#   bench/gpu_proof.sh all     everything
+#   bench/gpu_proof.sh attention  drafter attention backends, one eager step each (bench_attention.py)
+#   bench/gpu_proof.sh oom     a real CUDA out-of-memory: qwen3-8b.yaml at batch 32 (gpu-cuda-oom.log)
+#   bench/gpu_proof.sh all     proof + bench
 # Logs go to $OUT (default ./gpu-proof-out). Run from the repository root.
 set -u
 MODE=${1:-all}
 OUT=${OUT:-$PWD/gpu-proof-out}
 STEPS=${BENCH_STEPS:-30}
-VARIANTS=${BENCH_VARIANTS:-eager,default,reduce-overhead,legacy-cudagraphs,sequential}
+VARIANTS=${BENCH_VARIANTS:-eager,default,reduce-overhead,legacy-cudagraphs,sequential,reduce-overhead-dense}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ROOT=$PWD
@@ -36,4 +38,19 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   echo "== 3. benchmark: $VARIANTS on qwen3-8b.yaml, $STEPS steps each"
   python3 bench/bench_trainer.py --config trainer/configs/qwen3-8b.yaml --steps "$STEPS" \
     --log-every 5 --variants "$VARIANTS" --timeout 240 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+fi
+
+if [ "$MODE" = attention ]; then
+  echo "== drafter attention backends on qwen3-8b.yaml (eager forward + backward)"
+  python3 bench/bench_attention.py --config trainer/configs/qwen3-8b.yaml 2>&1 | tee "$OUT/attention.txt"
+fi
+
+if [ "$MODE" = oom ]; then
+  cd "$ROOT/trainer"
+  echo "== a real CUDA OOM: the 8B recipe at 32 sequences per step"
+  timeout 240 python3 train_dflash_pipeline.py --config configs/qwen3-8b.yaml \
+    --set runtime.compile=eager --set data.batch_size=32 --set train.steps=5 \
+    --set output_dir=/tmp/proof-oom 2>&1 | tee "$OUT/gpu-cuda-oom.log"
+  echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/gpu-cuda-oom.log"
+  cd "$ROOT"
 fi
