@@ -128,7 +128,8 @@ def real_manifest(release_dir):
     for rel in recorded:
         path = os.path.join(release_dir, rel)
         try:
-            manifest[rel] = [os.stat(path).st_size, sha256_file(path)]
+            st = os.stat(path)
+            manifest[rel] = [st.st_size, sha256_file(path), "755" if st.st_mode & 0o100 else "644"]
         except OSError:
             continue
     return manifest
@@ -631,7 +632,8 @@ def fill_release(partial, archive, base_dir):
     if manifest is None:
         raise AgentError(f"the uploaded archive has no {MANIFEST_NAME}")
     linked = copied = 0
-    for rel, (size, sha) in sorted(manifest.items()):
+    for rel, entry in sorted(manifest.items()):
+        size, sha, mode = entry
         rel = safe_member_path(rel)
         if rel in unpacked:
             if unpacked[rel] != [size, sha]:
@@ -660,10 +662,17 @@ def fill_release(partial, archive, base_dir):
             shutil.copy2(src, dest)
             copied += 1
         # Validate what we reuse: the previous release may have been edited in place.
-        if os.stat(dest).st_size != size or sha256_file(dest) != sha:
+        st = os.stat(dest)
+        if st.st_size != size or sha256_file(dest) != sha:
             raise StaleBase(
                 f"{rel} in the previous release changed since it was inspected", "deploy again"
             )
+        if ("755" if st.st_mode & 0o100 else "644") != mode:
+            # Only a chmod in place since the inspection gets here (a mode change
+            # locally is sent); a link shares the mode, so fix this release's own copy.
+            os.unlink(dest)
+            shutil.copyfile(src, dest)
+            os.chmod(dest, int(mode, 8))
     write_atomic(os.path.join(partial, MANIFEST_NAME), json.dumps(manifest, sort_keys=True))
     return {"files": len(manifest), "unpacked": len(unpacked), "linked": linked, "copied": copied}
 

@@ -1,6 +1,8 @@
 """What to send: the manifest of the local trainer tree, and an archive of what changed.
 
-The manifest maps each file's path (relative, with "/") to [size, sha256] after
+The manifest maps each file's path (relative, with "/") to [size, sha256, mode]
+(mode "755" for a file its owner may execute, else "644": a `chmod +x` alone is a
+change that deploys) after
 `trainer.exclude`, which uses .gitignore syntax: `*` and `?` stay inside one path
 segment, `**` spans segments, a trailing `/` matches folders only, a pattern with a
 `/` before its end is anchored at the tree's top, `!` re-includes what an earlier
@@ -22,7 +24,12 @@ from pathlib import Path
 from dflashctl.errors import UsageError
 
 MANIFEST_NAME = "MANIFEST.json"
-Manifest = dict[str, list]  # path -> [size, sha256]
+Manifest = dict[str, list]  # path -> [size, sha256, mode]
+
+
+def file_mode(st_mode: int) -> str:
+    """The part of a file's permissions a release keeps: executable by its owner or not."""
+    return "755" if st_mode & 0o100 else "644"
 
 
 # --------------------------------------------------------------------------- excludes
@@ -158,7 +165,8 @@ def build_manifest(source: Path, exclude: Iterable[str]) -> Manifest:
     manifest: Manifest = {}
     for rel in iter_files(source, excludes):
         path = source / rel
-        manifest[rel] = [path.stat().st_size, sha256_file(path)]
+        stat = path.stat()
+        manifest[rel] = [stat.st_size, sha256_file(path), file_mode(stat.st_mode)]
     return manifest
 
 
@@ -200,13 +208,13 @@ def make_archive(source: Path, manifest: Manifest, paths: Iterable[str]) -> byte
         for rel in paths:
             path = Path(source) / rel
             data = path.read_bytes()
-            if [len(data), hashlib.sha256(data).hexdigest()] != list(manifest[rel]):
+            size, sha, mode = manifest[rel]
+            if [len(data), hashlib.sha256(data).hexdigest()] != [size, sha]:
                 raise UsageError(
                     f"{path} changed while it was being packed",
                     hint="run the deploy again once your editor has saved",
                 )
-            mode = 0o755 if os.access(path, os.X_OK) else 0o644
-            _add_bytes(tar, rel, data, mode)
+            _add_bytes(tar, rel, data, int(mode, 8))
     return buffer.getvalue()
 
 

@@ -139,6 +139,28 @@ def test_a_file_edited_in_place_in_the_release_is_sent_again(project):
     ).read_bytes()
 
 
+def test_a_chmod_alone_is_deployed_without_touching_the_previous_release(project):
+    _, first = detached(project.config())
+    (project.source / "helpers.py").chmod(0o755)
+    _, second = detached(project.config())
+    assert second["files_sent"] == 1 and second["release"] != first["release"]
+    new = project.workdir / "releases" / second["release"] / "helpers.py"
+    old = project.workdir / "releases" / first["release"] / "helpers.py"
+    assert os.access(new, os.X_OK) and not os.access(old, os.X_OK)
+    assert new.stat().st_ino != old.stat().st_ino  # its own file, not a link to the old one
+    (project.source / "helpers.py").chmod(0o644)
+    _, third = detached(project.config())
+    assert third["files_sent"] == 1 and not os.access(project.current() / "helpers.py", os.X_OK)
+
+
+def test_a_chmod_by_hand_in_the_release_is_undone_by_the_next_deploy(project):
+    detached(project.config())
+    (project.current() / "helpers.py").chmod(0o755)
+    _, second = detached(project.config())
+    assert second["files_sent"] == 1
+    assert not os.access(project.current() / "helpers.py", os.X_OK)
+
+
 def test_a_removed_file_is_left_out_of_the_new_release(project):
     detached(project.config())
     (project.source / "configs" / "tiny.yaml").unlink()

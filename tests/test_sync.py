@@ -74,7 +74,18 @@ def test_manifest_skips_excluded_files_and_folders(tmp_path):
     manifest = build_manifest(src, ["__pycache__/", "*.pyc", "outputs/"])
     assert sorted(manifest) == ["pkg/model.py", "train.py"]
     data = (src / "train.py").read_bytes()
-    assert manifest["train.py"] == [len(data), hashlib.sha256(data).hexdigest()]
+    assert manifest["train.py"] == [len(data), hashlib.sha256(data).hexdigest(), "644"]
+
+
+def test_a_chmod_alone_changes_the_manifest_and_travels_as_the_new_mode(tmp_path):
+    src = tree(tmp_path, {"run.sh": "echo\n", "train.py": "x = 1\n"})
+    before = build_manifest(src, [])
+    (src / "run.sh").chmod(0o755)
+    after = build_manifest(src, [])
+    assert after["run.sh"][2] == "755" and after["run.sh"][:2] == before["run.sh"][:2]
+    assert diff_manifests(after, before).changed == ["run.sh"]
+    with tarfile.open(fileobj=io.BytesIO(make_archive(src, after, ["run.sh"])), mode="r:gz") as tar:
+        assert tar.getmember("run.sh").mode == 0o755
 
 
 def test_manifest_of_a_missing_source_is_a_usage_error(tmp_path):
