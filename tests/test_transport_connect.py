@@ -1,11 +1,13 @@
 """Every way connecting can fail is one plain sentence with exit code 3; host keys are
-verified against known_hosts; ~/.ssh/config and ProxyJump are applied."""
+verified against known_hosts; ~/.ssh/config, ProxyJump and ProxyCommand are applied."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import paramiko
 import pytest
@@ -226,6 +228,64 @@ def test_proxy_jump_to_a_closed_port_names_the_jump_host(pve_host, tmp_path, mon
     assert error.message.startswith(
         f"the jump host root@127.0.0.1:{pve_host.port} could not connect to 127.0.0.1 port {closed}"
     )
+
+
+def _proxy_config(pve_host, tmp_path, command: str) -> Path:
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host gpu-box\n  HostName 127.0.0.1\n  Port {pve_host.port}\n  User root\n"
+        f"  IdentityFile {pve_host.identity_file}\n  ProxyCommand {command}\n"
+    )
+    return ssh_config
+
+
+def test_proxy_command_carries_a_verified_connection(pve_host, tmp_path, monkeypatch):
+    log = tmp_path / "proxy.log"
+    pipe = Path(__file__).parent / "tcp_pipe.py"
+    command = f"{sys.executable} {pipe} %h %p {log}"
+    monkeypatch.setenv(SSH_CONFIG_ENV, str(_proxy_config(pve_host, tmp_path, command)))
+    config = HostConfig(
+        address="gpu-box", port=None, user=None, known_hosts=str(pve_host.known_hosts)
+    )
+    with open_transport(config) as transport:
+        assert transport.run(["echo", "through the proxy"]).stdout_text == "through the proxy\n"
+    assert log.read_text() == f"127.0.0.1 {pve_host.port}\n"  # ran once, tokens expanded
+    # The host key is checked through a proxy like on a direct connection.
+    empty = pve_host.empty_known_hosts(tmp_path)
+    unknown = HostConfig(address="gpu-box", port=None, user=None, known_hosts=str(empty))
+    assert connect_error(unknown).reason == "host_key_unknown"
+
+
+def test_a_failing_proxy_command_says_so_with_its_own_words(pve_host, tmp_path, monkeypatch):
+    # ssh runs `exec <command>` in a shell, and so do we: a failing program, not a script.
+    command = f"{sys.executable} -c \"import sys; sys.exit('bastion: no route to gpu-box')\""
+    monkeypatch.setenv(SSH_CONFIG_ENV, str(_proxy_config(pve_host, tmp_path, command)))
+    error = connect_error(
+        HostConfig(address="gpu-box", port=None, user=None, known_hosts=str(pve_host.known_hosts))
+    )
+    assert error.reason == "proxy"
+    assert error.message == (
+        "the ProxyCommand for gpu-box exited with status 1 before SSH could start: "
+        "bastion: no route to gpu-box"
+    )
+    assert command in error.hint
+
+
+def test_resolve_proxy_command_precedence(tmp_path, monkeypatch):
+    from dflashctl.transport.ssh_config import resolve
+
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host both\n  ProxyJump bastion\n  ProxyCommand nc %h %p\n"
+        "Host cmd\n  HostName 10.0.0.7\n  ProxyCommand ssh -W %h:%p bastion\n"
+        "Host off\n  ProxyCommand none\n"
+    )
+    monkeypatch.setenv(SSH_CONFIG_ENV, str(ssh_config))
+    assert resolve("cmd").proxy_command == "ssh -W 10.0.0.7:22 bastion"
+    both = resolve("both")
+    assert (both.proxy_jump, both.proxy_command) == ("bastion", None)
+    assert resolve("cmd", proxy_jump="me@jump").proxy_command is None  # dflash.yaml wins
+    assert resolve("off").proxy_command is None
 
 
 def test_resolve_defaults_and_precedence(tmp_path, monkeypatch):

@@ -94,7 +94,7 @@ class ConnectFailed(HostError):
     """Connecting failed before any command ran; `reason` says which step failed.
 
     reason is one of: resolve, refused, timeout, unreachable, banner, auth,
-    host_key_unknown, host_key_changed, jump, ssh.
+    host_key_unknown, host_key_changed, jump, proxy, ssh.
     """
 
     def __init__(self, reason: str, message: str, *, hint: str | None = None) -> None:

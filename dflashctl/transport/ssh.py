@@ -8,7 +8,9 @@ ConnectFailed with a plain sentence (exit code 3).
 from __future__ import annotations
 
 import errno
+import os
 import re
+import select
 import shlex
 import signal
 import socket
@@ -193,6 +195,58 @@ def _open_socket(dest: SSHDestination, timeout: float) -> socket.socket:
     ) from failure
 
 
+class _ShellProxy(paramiko.ProxyCommand):
+    """paramiko's ProxyCommand, run through /bin/sh as ssh does (pipes, redirections
+    and `~` work), reading like a socket: whatever is there, b"" at end of stream.
+    (paramiko's own recv spins until its timeout once the command has exited, and its
+    close fails on a command already reaped.)"""
+
+    def recv(self, size: int) -> bytes:
+        ready, _, _ = select.select([self.process.stdout], [], [], self.timeout)
+        if not ready:
+            raise TimeoutError()
+        return os.read(self.process.stdout.fileno(), size)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.terminate()
+            except ProcessLookupError:
+                pass
+
+
+def _proxy_command(dest: SSHDestination, timeout: float) -> paramiko.ProxyCommand:
+    """The ProxyCommand from ssh_config, its stdin/stdout as the connection."""
+    assert dest.proxy_command is not None
+    try:
+        proxy = _ShellProxy(shlex.join(["/bin/sh", "-c", "exec " + dest.proxy_command]))
+    except OSError as exc:
+        raise ConnectFailed(
+            "proxy", f"cannot start the ProxyCommand for {dest.alias}: {exc}"
+        ) from exc
+    proxy.settimeout(timeout)
+    return proxy
+
+
+def _proxy_failure(dest: SSHDestination, proxy: paramiko.ProxyCommand) -> ConnectFailed | None:
+    """What to say when the handshake failed because the ProxyCommand itself ended."""
+    try:
+        code = proxy.process.wait(timeout=0.5)
+    except Exception:  # still running: the failure was the SSH server's, not the proxy's
+        return None
+    if code == -signal.SIGTERM:  # ended by our close after an SSH-level failure
+        return None
+    err = (
+        proxy.process.stderr.read().decode(errors="replace").strip() if proxy.process.stderr else ""
+    )
+    said = f": {err.splitlines()[-1]}" if err else ""
+    return ConnectFailed(
+        "proxy",
+        f"the ProxyCommand for {dest.alias} exited with status {code} before SSH could start{said}",
+        hint=f"run it by hand to see why: {dest.proxy_command}",
+    )
+
+
 def _auth_error(dest: SSHDestination, key_files: list[str], exc: Exception) -> ConnectFailed:
     if isinstance(exc, paramiko.PasswordRequiredException):
         return ConnectFailed(
@@ -366,6 +420,10 @@ class SSHTransport(Transport):
         previous: tuple[paramiko.SSHClient, SSHDestination] | None = None
         try:
             for dest in [*hops, self.destination]:
+                if previous is None and dest.proxy_command:
+                    client = self._connect_by_command(dest, policy)
+                    previous = (client, dest)
+                    continue
                 if previous is None:
                     sock = _open_socket(dest, timeout)
                 else:
@@ -380,6 +438,19 @@ class SSHTransport(Transport):
         self.saved_host_keys = policy.saved
         assert previous is not None
         return previous[0]
+
+    def _connect_by_command(
+        self, dest: SSHDestination, policy: host_keys.VerifyingPolicy
+    ) -> paramiko.SSHClient:
+        proxy = _proxy_command(dest, self.host.connect_timeout_s)
+        try:
+            return _connect_one(dest, self.host, policy, proxy)
+        except ConnectFailed as exc:
+            failure = _proxy_failure(dest, proxy)
+            proxy.close()
+            if failure is not None and exc.reason in ("ssh", "timeout", "banner"):
+                raise failure from exc
+            raise
 
     def _close_jumps(self) -> None:
         for client in reversed(self._jump_clients):

@@ -1,8 +1,11 @@
 """Where to connect, after applying ~/.ssh/config like `ssh` would.
 
 paramiko parses ssh_config but its connect() ignores it, so the alias is resolved here:
-HostName, User, Port, IdentityFile and ProxyJump. Values set in dflash.yaml win; a
-port or user left null there is taken from ssh_config, then from the defaults (22, root).
+HostName, User, Port, IdentityFile, ProxyJump and ProxyCommand. Values set in
+dflash.yaml win; a port or user left null there is taken from ssh_config, then from
+the defaults (22, root). When ssh_config gives both ProxyJump and ProxyCommand for a
+host, ProxyJump is used (OpenSSH takes whichever comes first in the file, an order
+paramiko's lookup does not keep); host.proxy_jump in dflash.yaml overrides both.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class SSHDestination:
     user: str
     identity_files: list[str] = field(default_factory=list)
     proxy_jump: str | None = None
+    proxy_command: str | None = None  # with %h, %p, %r already expanded by paramiko
 
     @property
     def known_hosts_name(self) -> str:
@@ -83,6 +87,9 @@ def resolve(
     jump = proxy_jump or found.get("proxyjump")
     if jump and jump.lower() == "none":
         jump = None
+    command = None if jump or proxy_jump else found.get("proxycommand")
+    if command and command.strip().lower() == "none":
+        command = None
     try:
         config_port = int(found["port"]) if "port" in found else None
     except ValueError as exc:
@@ -96,6 +103,7 @@ def resolve(
         user=user or found.get("user") or DEFAULT_USER,
         identity_files=list(dict.fromkeys(identity_files)),
         proxy_jump=jump,
+        proxy_command=command,
     )
 
 
@@ -105,6 +113,7 @@ def resolve_jumps(spec: str) -> list[SSHDestination]:
     for part in spec.split(","):
         user, host, port = split_user_host_port(part.strip())
         hop = resolve(host, port=port, user=user)
-        hop.proxy_jump = None  # nested jumps are not followed: list every hop in one ProxyJump
+        # Nested jumps or commands are not followed: list every hop in one ProxyJump.
+        hop.proxy_jump = hop.proxy_command = None
         hops.append(hop)
     return hops
