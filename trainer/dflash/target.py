@@ -7,7 +7,9 @@ layer i (index 0 is the embedding output).
 
 from __future__ import annotations
 
+import copy
 import inspect
+import weakref
 from pathlib import Path
 
 import torch
@@ -83,6 +85,44 @@ def _decoder(target: nn.Module) -> nn.Module:
     return body if isinstance(body, nn.Module) else target.base_model
 
 
+_context_bodies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def context_body(target: nn.Module, layer_ids: list[int]) -> nn.Module:
+    """The target's decoder cut after the deepest layer the drafter reads.
+
+    Qwen3-8B with layers [1, 9, 17, 25, 33] runs 34 of its 36 layers: the last two
+    (5.5% of the target forward) would only feed the LM head, which training never
+    calls. The cut copy shares every parameter with the target (no memory). Its final
+    norm becomes the identity, so its last hidden state is the raw output of the deepest
+    layer, exactly `hidden_states[deepest + 1]` of the full model; where the deepest layer
+    is the model's last one, the whole decoder runs as before. A decoder without a
+    `layers` list and a `norm` (not Llama/Qwen-like) also runs whole.
+    """
+    decoder = _decoder(target)
+    keep = max(layer_ids) + 1
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not hasattr(decoder, "norm"):
+        return decoder
+    if keep >= len(layers):
+        return decoder
+    cached = _context_bodies.get(decoder)
+    if cached is not None and cached[0] == keep:
+        return cached[1]
+    body = copy.copy(decoder)  # a new module object sharing the submodules
+    for name, value in vars(decoder).items():
+        if isinstance(value, dict):  # own tables (submodules, hooks, ...): edits stay here
+            setattr(body, name, copy.copy(value))
+    body._modules["layers"] = nn.ModuleList(list(layers)[:keep])
+    body._modules["norm"] = nn.Identity()
+    body.config = copy.copy(decoder.config)
+    body.config.num_hidden_layers = keep
+    if isinstance(getattr(body.config, "layer_types", None), list):
+        body.config.layer_types = body.config.layer_types[:keep]
+    _context_bodies[decoder] = (keep, body)
+    return body
+
+
 @torch.no_grad()
 def target_context(
     target: nn.Module,
@@ -91,13 +131,20 @@ def target_context(
     layer_ids: list[int],
 ) -> torch.Tensor:
     """Concatenated outputs of the selected target layers, [N, S, k*H]."""
-    out = _decoder(target)(
+    out = context_body(target, layer_ids)(
         input_ids=input_ids,
         attention_mask=attention_mask,
         output_hidden_states=True,
         use_cache=False,
     )
     return select_layers(out.hidden_states, layer_ids)
+
+
+def layers_run_for_context(target: nn.Module, layer_ids: list[int]) -> int:
+    """How many decoder layers `target_context` runs (for FLOP counts)."""
+    body = context_body(target, layer_ids)
+    layers = getattr(body, "layers", None)
+    return len(layers) if layers is not None else int(target.config.num_hidden_layers)
 
 
 def select_layers(hidden_states, layer_ids: list[int]) -> torch.Tensor:

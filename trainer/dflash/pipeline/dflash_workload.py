@@ -37,7 +37,7 @@ from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
 from dflash.spec_decode import evaluate
-from dflash.target import build_tiny_target, freeze, load_target
+from dflash.target import build_tiny_target, freeze, layers_run_for_context, load_target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -223,9 +223,12 @@ class DFlashWorkload(Workload):
     def describe(self) -> list[str]:
         cfg = self.drafter_cfg
         trainable = self._count_drafter_params()
+        run = self._target_layers_run()
+        total = self.target_config.num_hidden_layers
+        layers = f"{total} layers" if run == total else f"{total} layers, {run} run for the context"
         return [
             f"target: {self.cfg.target.path or 'random ' + self.cfg.target.preset} "
-            f"({self.target_config.num_hidden_layers} layers, hidden {self.target_config.hidden_size}, "
+            f"({layers}, hidden {self.target_config.hidden_size}, "
             f"vocab {self.target_config.vocab_size}, {self.cfg.target.dtype})",
             f"drafter: {cfg.num_hidden_layers} layers, block {cfg.block_size}, target layers "
             f"{cfg.target_layer_ids}, mask id {cfg.mask_token_id}, gamma {cfg.gamma}, "
@@ -330,16 +333,21 @@ class DFlashWorkload(Workload):
             return float(metrics["accept_len"])
         return expected_acceptance_length(metrics.get("per_slot_acc", []))
 
+    def _target_layers_run(self) -> int:
+        first = torch.device(self.cfg.runtime.target_devices[0])
+        return layers_run_for_context(self.target_for(first), self.drafter_cfg.target_layer_ids)
+
     def flops_per_batch(self) -> float:
         """Useful FLOPs of one drafter batch: target forward (no LM head) + drafter fwd+bwd.
 
         Matmuls count 2 FLOPs per multiply-add; backward counts twice the forward for
         trained weights and once for the frozen LM head (input gradient only); attention
         counts causal (target) and the average visible context (drafter), not masked work.
+        The target counts the layers it runs (up to the deepest one the drafter reads).
         """
         t, d = self.target_config, self.drafter_cfg
         n, s = self.batch_size, self.seq_len
-        h, L = int(t.hidden_size), int(t.num_hidden_layers)
+        h, L = int(t.hidden_size), self._target_layers_run()
         heads, kv = int(t.num_attention_heads), int(t.num_key_value_heads)
         hd = int(getattr(t, "head_dim", None) or h // heads)
         ffn = int(t.intermediate_size)
