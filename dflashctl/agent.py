@@ -16,6 +16,7 @@ Operations (each one round trip):
            validate, rename to releases/<id>), then launch, in one call
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
+  prune    remove ended runs' folders beyond the newest N (never the active or a running one)
 
 Runs on Python 3.6 and later (f-strings, no annotations, no walrus), since the
 container's python may be older than ours.
@@ -836,12 +837,52 @@ def op_runs(p):
     return {"active_run": active_run_id(workdir), "release": current_release(workdir), "runs": runs}
 
 
+def tree_bytes(path):
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def op_prune(p):
+    """Remove the folders of ended runs beyond the newest `keep`. Never the active run
+    (launched last) nor one still running, whatever its age. `only` limits it to the
+    ids a user confirmed (a run launched meanwhile shifts the oldest ones); `dry` only
+    says what would go."""
+    workdir = p["workdir"]
+    keep = int(p["keep"])
+    only = set(p["only"]) if p.get("only") is not None else None
+    table = process_table()
+    active = active_run_id(workdir)
+    ids = run_ids(workdir)
+    older = ids[: max(0, len(ids) - keep)]
+    removed, spared = [], []
+    for rid in older:
+        if only is not None and rid not in only:
+            continue
+        state = run_state(workdir, rid, table)
+        if rid == active or state["status"] == "running":
+            spared.append(rid)
+            continue
+        path = os.path.join(runs_dir(workdir), rid)
+        size = tree_bytes(path)
+        if not p.get("dry"):
+            shutil.rmtree(path)
+        removed.append(dict(state, id=rid, bytes=size))
+    return {"removed": removed, "spared": spared, "runs": len(ids), "dry": bool(p.get("dry"))}
+
+
 OPERATIONS = {
     "inspect": op_inspect,
     "deploy": op_deploy,
     "launch": op_launch,
     "stop": op_stop,
     "runs": op_runs,
+    "prune": op_prune,
 }
 
 

@@ -143,6 +143,33 @@ def run_state(target: Any, workdir: str, run_id: str, *, python: str = DEFAULT_P
     return get_run(target, workdir, run_id, python=python).state
 
 
+@dataclass
+class PruneResult:
+    removed: list[dict]  # {"id", "bytes", "status", "exit_code", "signal"}, oldest first
+    spared: list[str]  # older than the newest N but active or running: kept
+    runs: int  # how many runs there were
+    dry: bool
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(r["bytes"]) for r in self.removed)
+
+
+def prune_runs(
+    target: Any,
+    workdir: str,
+    keep: int,
+    *,
+    dry: bool,
+    only: list[str] | None = None,
+    python: str = DEFAULT_PYTHON,
+) -> PruneResult:
+    """Remove (or with dry, list) the ended runs beyond the newest `keep` (one round trip)."""
+    params = {"workdir": workdir, "keep": keep, "dry": dry, "only": only}
+    answer = call_agent(target, python, "prune", params)
+    return PruneResult(answer["removed"], answer["spared"], answer["runs"], answer["dry"])
+
+
 # The agent resolves this placeholder to the id in workdir/active_run.
 _ACTIVE = "@active"
 

@@ -347,3 +347,59 @@ def test_cli_stop_restart_and_runs_in_the_container(setup):
     assert runs[first["run_id"]]["state"] == "exited 0"  # it checkpointed on SIGTERM
     assert runs[second["run_id"]]["state"] == "exited 0"
     assert not ct_pid_alive(container, second["pid"])
+
+
+def test_runs_prune_removes_ended_runs_and_never_the_running_one(setup):
+    path, _, container = setup
+    launched = [detached(path) for _ in range(3)]  # each deploy stops the run before it
+    wait_started(container, launched[-1])
+    first, second, third = (s["run_id"] for s in launched)
+    runs_dir = container.host_path(f"{WORKDIR}/runs")
+    big = runs_dir / first / "outputs" / "ckpt.bin"
+    big.parent.mkdir()
+    big.write_bytes(b"\0" * 300_000)
+
+    def prune(*args):
+        return subprocess.run(
+            [*DFLASHCTL, "runs", "-c", str(path), "--prune", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    # Off a terminal, nothing goes without --yes; --dry-run only lists.
+    refused = prune("0")
+    assert refused.returncode == 2 and "nothing was removed" in refused.stderr
+    assert "--yes" in refused.stderr
+    dry = prune("0", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert plan["dry_run"] and [r["id"] for r in plan["removed"]] == [first, second]
+    assert plan["spared"] == [third] and plan["bytes"] > 300_000
+    assert sorted(p.name for p in runs_dir.iterdir()) == sorted([first, second, third])
+
+    kept_two = prune("2", "--yes", "--json")
+    assert kept_two.returncode == 0, kept_two.stderr
+    assert [r["id"] for r in json.loads(kept_two.stdout)["removed"]] == [first]
+    assert not (runs_dir / first).exists() and (runs_dir / second).exists()
+
+    # KEEP 0: every ended run goes, the running (active) one stays and keeps running.
+    everything = prune("0", "--yes")
+    assert everything.returncode == 0, everything.stderr
+    assert "removed 1 of 2 runs" in everything.stderr and "kept 1 older" in everything.stderr
+    assert sorted(p.name for p in runs_dir.iterdir()) == [third]
+    assert ct_pid_alive(container, launched[-1]["pid"])
+    nothing = prune("0", "--yes")
+    assert nothing.returncode == 0 and "nothing to prune" in nothing.stderr
+
+
+def test_runs_prune_refuses_bad_input_before_connecting(setup):
+    path, _, _ = setup
+    for args, message in (
+        (["--prune", "-1"], "KEEP must be 0 or more"),
+        (["--yes"], "--yes and --dry-run go with --prune KEEP"),
+    ):
+        result = subprocess.run(
+            [*DFLASHCTL, "runs", "-c", str(path), *args], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr

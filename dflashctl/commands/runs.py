@@ -2,21 +2,55 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Annotated
+
 import typer
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.config import load_config
+from dflashctl.errors import UsageError
+
+PruneOption = Annotated[
+    int | None,
+    typer.Option(
+        "--prune",
+        metavar="KEEP",
+        help="Remove the folders (logs, checkpoints) of ended runs beyond the newest KEEP. "
+        "The active run and running ones always stay.",
+        show_default=False,
+    ),
+]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="With --prune: do not ask.")]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="With --prune: only list what would be removed.")
+]
 
 
-def runs(config: ConfigOption = None, json_output: JsonOption = False) -> None:
-    """A table of runs: id, release, started, state (running / exited N / killed by SIG)."""
+def runs(
+    config: ConfigOption = None,
+    json_output: JsonOption = False,
+    prune: PruneOption = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+) -> None:
+    """A table of runs: id, release, started, state (running / exited N / killed by SIG).
+
+    With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead."""
     from dflashctl import runs as run_records
     from dflashctl.connect import session
 
     if json_output:
         terminal.set_quiet_stdout(True)
+    if prune is None and (yes or dry_run):
+        raise UsageError("--yes and --dry-run go with --prune KEEP", hint="e.g. --prune 5")
+    if prune is not None and prune < 0:
+        raise UsageError(f"--prune {prune}: KEEP must be 0 or more (how many runs to keep)")
     cfg = load_config(config)
+    if prune is not None:
+        _prune(cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output)
+        return
     with session(cfg) as target:
         found = run_records.list_runs(target, cfg.container.workdir, python=cfg.container.python)
         place = target.describe()
@@ -62,6 +96,60 @@ def runs(config: ConfigOption = None, json_output: JsonOption = False) -> None:
 
 
 _STYLES = {"running": "cyan", "exited": "green"}
+
+
+def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> None:
+    """Ask the target what would go, confirm, then remove exactly those runs."""
+    from dflashctl import runs as run_records
+    from dflashctl.connect import session
+
+    workdir, python = cfg.container.workdir, cfg.container.python
+    with session(cfg) as target:
+        place = target.describe()
+        plan = run_records.prune_runs(target, workdir, keep, dry=True, python=python)
+        _show(plan, place, keep, dry=True)
+        if plan.removed and not dry_run:
+            if not yes:
+                if not (sys.stdin.isatty() and terminal.interactive()):
+                    raise UsageError(
+                        f"--prune would remove {len(plan.removed)} run folders; "
+                        "nothing was removed",
+                        hint="add --yes to remove them, or --dry-run to only list them",
+                    )
+                size = terminal.human_bytes(plan.bytes)
+                if not typer.confirm(f"remove {len(plan.removed)} runs ({size})?", err=True):
+                    terminal.info("nothing removed")
+                    return
+            ids = [r["id"] for r in plan.removed]
+            plan = run_records.prune_runs(target, workdir, keep, dry=False, only=ids, python=python)
+            _show(plan, place, keep, dry=False)
+    if json_output:
+        terminal.print_json(
+            {
+                "target": place,
+                "dry_run": plan.dry,
+                "removed": plan.removed,
+                "bytes": plan.bytes,
+                "spared": plan.spared,
+            }
+        )
+
+
+def _show(plan, place: str, keep: int, *, dry: bool) -> None:
+    """On stderr, like every human line: stdout stays free for --json."""
+    if not plan.removed:
+        spared = f" ({len(plan.spared)} older ones are active or running)" if plan.spared else ""
+        terminal.info(f"nothing to prune: {plan.runs} runs on {place}, keeping {keep}{spared}")
+        return
+    verb = "would remove" if dry else "removed"
+    for run in plan.removed:
+        state = run["status"] + (f" {run['exit_code']}" if run.get("exit_code") is not None else "")
+        terminal.info(f"  {run['id']}  {state:<10}  {terminal.human_bytes(int(run['bytes']))}")
+    total = terminal.human_bytes(plan.bytes)
+    message = f"{verb} {len(plan.removed)} of {plan.runs} runs ({total}) on {place}"
+    if plan.spared:
+        message += f"; kept {len(plan.spared)} older active or running ones"
+    (terminal.info if dry else terminal.success)(message)
 
 
 def register(app: typer.Typer) -> None:
