@@ -146,3 +146,17 @@ def test_a_local_host_without_ssh(capsys, monkeypatch, tmp_path):
     assert statuses(checks)["host key known"] == "skip"
     assert statuses(checks)["python"] == "pass"
     assert statuses(checks)["torch"] == "pass"
+
+
+def test_a_nearly_full_disk_fails_and_points_at_pruning_old_runs(
+    capsys, monkeypatch, write_config, tmp_path, pve_host
+):
+    from dflashctl.commands import doctor
+
+    monkeypatch.setattr(doctor, "MIN_FREE_BYTES", 1 << 60)  # no disk has an exbibyte free
+    path = write_config(tmp_path, vmid=None, **{"container.workdir": str(tmp_path / "wd")})
+    code, checks = doctor_json(capsys, monkeypatch, path)
+    assert code == 3
+    assert checks["free disk"]["status"] == "fail"
+    assert checks["free disk"]["detail"].startswith("only ")
+    assert f"`dflashctl runs --prune 5 -c {path}`" in checks["free disk"]["fix"]

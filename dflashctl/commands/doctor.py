@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from dflashctl import terminal
+from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import EXIT_HOST, EXIT_OK, EXIT_USAGE, ConfigError, DflashError, HostError
 
@@ -156,7 +156,9 @@ def _disk_probe(target: Any, workdir: str) -> Callable[[], tuple[str, str]]:
         detail = f"{terminal.human_bytes(free)} free for {workdir} (on {mounted})"
         if free < MIN_FREE_BYTES:
             raise HostError(
-                f"only {detail}", hint="free space there or point container.workdir elsewhere"
+                f"only {detail}",
+                hint="free space there (old runs and their checkpoints go with "
+                f"{hints.command('runs --prune 5')}) or point container.workdir elsewhere",
             )
         return PASS, detail
 
