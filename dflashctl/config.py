@@ -81,6 +81,10 @@ class TrainerConfig:
 class RunConfig:
     stop_grace_s: float = 20.0
     keep_releases: int = 5
+    # A shell command run where the trainer ran once it has ended (exit_code written),
+    # with DFLASH_RUN_ID, DFLASH_RUN_DIR and DFLASH_EXIT_CODE set: a notification
+    # that works with nobody following the log.
+    on_exit: str | None = None
 
 
 @dataclass

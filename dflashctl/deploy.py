@@ -241,7 +241,10 @@ def launch_params(
         "entry": config.trainer.entry,
         "scope": process_scope(config),
         "command": command,
-        "env": dict(config.trainer.env),
+        "env": {
+            **config.trainer.env,
+            **({"DFLASH_ON_EXIT": config.run.on_exit} if config.run.on_exit else {}),
+        },
         "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
         "keep_releases": config.run.keep_releases,
         "meta": meta,

@@ -18,4 +18,10 @@ trap ':' TERM INT HUP
 "$@" </dev/null
 status=$?
 printf '%s\n' "$status" >"$run_dir/exit_code.tmp" && mv -f "$run_dir/exit_code.tmp" "$run_dir/exit_code"
+# run.on_exit: after exit_code, so the run already reads as ended; its output follows
+# the trainer's in train.log, and its own failure never changes the run's status.
+if [ -n "${DFLASH_ON_EXIT:-}" ]; then
+  DFLASH_EXIT_CODE=$status sh -c "$DFLASH_ON_EXIT" </dev/null ||
+    echo "dflashctl: run.on_exit failed with exit status $?"
+fi
 exit "$status"

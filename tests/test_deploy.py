@@ -414,3 +414,26 @@ def test_the_run_gets_trainer_env_and_its_run_variables(project):
     assert os.readlink(f"/proc/{summary['pid']}/fd/0") == "/dev/null"
     assert os.readlink(f"/proc/{summary['pid']}/fd/1") == str(run_dir / "train.log")
     assert os.readlink(f"/proc/{summary['pid']}/fd/2") == str(run_dir / "train.log")
+
+
+def test_run_on_exit_runs_once_the_run_has_ended(project):
+    hook = 'echo "$DFLASH_RUN_ID $DFLASH_EXIT_CODE $DFLASH_RUN_DIR" > "$DFLASH_RUN_DIR/notified"; echo notified'
+    config = project.config(trainer__args=["--exit", "3"], run__on_exit=hook)
+    _, summary = detached(config)
+    run_dir = project.run_dir(summary["run_id"])
+    wait_for(lambda: (run_dir / "notified").exists(), what="the on_exit hook")
+    assert (run_dir / "notified").read_text() == f"{summary['run_id']} 3 {run_dir}\n"
+    assert (run_dir / "exit_code").read_text() == "3\n"
+    wait_for(lambda: "notified" in (run_dir / "train.log").read_text(), what="the hook's output")
+    assert (run_dir / "train.log").read_text().rstrip().endswith("notified")
+
+
+def test_a_failing_on_exit_hook_leaves_the_runs_status_alone(project):
+    config = project.config(trainer__args=[], run__on_exit="echo about to fail; exit 5")
+    _, summary = detached(config)
+    log = project.run_dir(summary["run_id"]) / "train.log"
+    wait_for(lambda: "run.on_exit failed" in log.read_text(), what="the hook to fail")
+    assert "dflashctl: run.on_exit failed with exit status 5" in log.read_text()
+    assert (project.run_dir(summary["run_id"]) / "exit_code").read_text() == "0\n"
+    state = run_state(target(project), str(project.workdir), summary["run_id"])
+    assert state.finished and state.ok
