@@ -19,29 +19,13 @@ from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy, restart
 from dflashctl.errors import ConfigError, HostError, UsageError
 from dflashctl.runs import list_runs, run_state
-from tests.test_deploy_support import pid_alive, project, wait_for  # noqa: F401
+from tests.test_deploy_support import pid_alive, project, snapshot, wait_for  # noqa: F401
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 
 
 def detached(config, **options):
     return deploy(config, DeployOptions(detach=True, **options))
-
-
-def snapshot(root: Path) -> dict[str, object]:
-    """Every path under root with its bytes (files) or link target (symlinks)."""
-    found: dict[str, object] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            rel = str(path.relative_to(root))
-            if path.is_symlink():
-                found[rel] = ("link", os.readlink(path))
-            elif path.is_file():
-                found[rel] = ("file", path.read_bytes())
-            else:
-                found[rel] = ("dir",)
-    return found
 
 
 def target(project):

@@ -19,7 +19,7 @@ from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, run_state
-from tests.test_deploy_support import write_trainer
+from tests.test_deploy_support import snapshot, write_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -73,21 +73,6 @@ def wait_started(container, summary: dict) -> None:
     while "hello" not in log.read_text():
         assert time.monotonic() < deadline, "the trainer did not start"
         time.sleep(0.05)
-
-
-def tree(root: Path) -> dict[str, object]:
-    found: dict[str, object] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            rel = str(path.relative_to(root))
-            if path.is_symlink():
-                found[rel] = os.readlink(path)
-            elif path.is_file():
-                found[rel] = path.read_bytes()
-            else:
-                found[rel] = None
-    return found
 
 
 def state(path: Path, run_id: str) -> RunState:
@@ -166,12 +151,12 @@ def test_dry_run_changes_nothing_in_the_container(setup, capsys):
     first = detached(path)
     wait_started(container, first)
     (source / "helpers.py").write_text("def greeting():\n    return 'planned'\n")
-    before = tree(container.root), tree(container.tmp)
+    before = snapshot(container.root), snapshot(container.tmp)
     capsys.readouterr()
     code, plan = deploy(load_config(path), DeployOptions(dry_run=True))
     out = capsys.readouterr().out
     assert code == 0
-    assert (tree(container.root), tree(container.tmp)) == before
+    assert (snapshot(container.root), snapshot(container.tmp)) == before
     assert ct_pid_alive(container, first["pid"])
     assert "+ helpers.py" in out and f"pid {first['pid']} (run {first['run_id']}" in out
     assert [r["pid"] for r in plan["runs_to_stop"]] == [first["pid"]]

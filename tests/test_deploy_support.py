@@ -121,6 +121,22 @@ class LocalProject:
         return (self.workdir / "current").resolve()
 
 
+def snapshot(root: Path) -> dict[str, object]:
+    """Every path under root with its bytes (files) or link target (symlinks)."""
+    found: dict[str, object] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rel] = ("link", os.readlink(path))
+            elif path.is_file():
+                found[rel] = ("file", path.read_bytes())
+            else:
+                found[rel] = ("dir",)
+    return found
+
+
 def pid_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
