@@ -82,11 +82,7 @@ class StandInLoss(nn.Module):
 
 class StandInWorkload(Workload):
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
-        self.seed = cfg.seed
-        self.batch_size = cfg.data.batch_size
-        self.seq_len = cfg.data.seq_len
-        self.num_anchors = cfg.data.num_anchors
+        super().__init__(cfg)
         gen = torch.Generator().manual_seed(99)
         starts = torch.randint(0, VOCAB, (NUM_SAMPLES,), generator=gen)
         rows = [starts]

@@ -119,11 +119,7 @@ class DrafterLoss(nn.Module):
 
 class DFlashWorkload(Workload):
     def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
-        self.seed = cfg.seed
-        self.batch_size = cfg.data.batch_size
-        self.seq_len = cfg.data.seq_len
-        self.num_anchors = cfg.data.num_anchors
+        super().__init__(cfg)
         self.target_dtype = DTYPES[cfg.target.dtype]
         self.drafter_dtype = DTYPES[cfg.drafter.dtype]
         self._targets: dict[torch.device, nn.Module] = {}

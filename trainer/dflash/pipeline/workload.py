@@ -76,6 +76,14 @@ class Workload:
     seed: int = 0
     batch_size: int = 1
 
+    def __init__(self, cfg: Any) -> None:
+        """The shape of the data every workload shares, from the resolved TrainConfig."""
+        self.cfg = cfg
+        self.seed = cfg.seed
+        self.batch_size = cfg.data.batch_size
+        self.seq_len = cfg.data.seq_len
+        self.num_anchors = cfg.data.num_anchors
+
     # -- data (prefetcher thread; CPU only)
 
     def num_samples(self) -> int:
