@@ -181,21 +181,20 @@ class DFlashDrafter(nn.Module):
         self._target_parts = (embed_tokens, lm_head)
         return self
 
-    @property
-    def embed_tokens(self) -> nn.Module:
+    def _target_part(self, index: int) -> nn.Module:
         if self._target_parts is None:
             raise RuntimeError(
                 "call drafter.bind_target(embed_tokens, lm_head) before running the drafter"
             )
-        return self._target_parts[0]
+        return self._target_parts[index]
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self._target_part(0)
 
     @property
     def lm_head(self) -> nn.Module:
-        if self._target_parts is None:
-            raise RuntimeError(
-                "call drafter.bind_target(embed_tokens, lm_head) before running the drafter"
-            )
-        return self._target_parts[1]
+        return self._target_part(1)
 
     # -- building blocks -------------------------------------------------------------------
     def fuse(self, context: torch.Tensor) -> torch.Tensor:

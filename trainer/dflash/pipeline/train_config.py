@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from dflash.masks import ATTENTION_BACKENDS
+
 COMPILE_MODES = ("eager", "default", "reduce-overhead", "legacy-cudagraphs")
 SCHEDULES = ("pipelined", "sequential")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -232,9 +234,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("runtime.schedule", cfg.runtime.schedule, SCHEDULES)
     _check_choice("target.dtype", cfg.target.dtype, DTYPES)
     _check_choice("drafter.dtype", cfg.drafter.dtype, DTYPES)
-    _check_choice(
-        "drafter.attention", cfg.drafter.attention, ("sdpa_dense", "sdpa_chunked", "flex")
-    )
+    _check_choice("drafter.attention", cfg.drafter.attention, ATTENTION_BACKENDS)
     _check_choice("target.preset", cfg.target.preset, ("tiny", "small", "qwen3-8b"))
     positive = {
         "train.steps": cfg.train.steps,
