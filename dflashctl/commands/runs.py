@@ -99,30 +99,27 @@ _STYLES = {"running": "cyan", "exited": "green"}
 
 
 def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> None:
-    """Ask the target what would go, confirm, then remove exactly those runs."""
+    """With --yes or --dry-run, one round trip; otherwise list, confirm, then remove
+    exactly the runs that were listed."""
     from dflashctl import runs as run_records
     from dflashctl.connect import session
 
     workdir, python = cfg.container.workdir, cfg.container.python
     with session(cfg) as target:
         place = target.describe()
-        plan = run_records.prune_runs(target, workdir, keep, dry=True, python=python)
-        _show(plan, place, keep, dry=True)
-        if plan.removed and not dry_run:
-            if not yes:
-                if not (sys.stdin.isatty() and terminal.interactive()):
-                    raise UsageError(
-                        f"--prune would remove {len(plan.removed)} run folders; "
-                        "nothing was removed",
-                        hint="add --yes to remove them, or --dry-run to only list them",
-                    )
-                size = terminal.human_bytes(plan.bytes)
-                if not typer.confirm(f"remove {len(plan.removed)} runs ({size})?", err=True):
-                    terminal.info("nothing removed")
-                    return
-            ids = [r["id"] for r in plan.removed]
-            plan = run_records.prune_runs(target, workdir, keep, dry=False, only=ids, python=python)
-            _show(plan, place, keep, dry=False)
+        only = None
+        if not (yes or dry_run):
+            plan = run_records.prune_runs(target, workdir, keep, dry=True, python=python)
+            _show(plan, place, keep, dry=True)
+            if plan.removed and not _confirmed(plan):
+                terminal.info("nothing removed")
+                return
+            only = [r["id"] for r in plan.removed]
+        if only != []:
+            plan = run_records.prune_runs(
+                target, workdir, keep, dry=dry_run, only=only, python=python
+            )
+            _show(plan, place, keep, dry=dry_run)
     if json_output:
         terminal.print_json(
             {
@@ -133,6 +130,16 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
                 "spared": plan.spared,
             }
         )
+
+
+def _confirmed(plan) -> bool:
+    if not (sys.stdin.isatty() and terminal.interactive()):
+        raise UsageError(
+            f"--prune would remove {len(plan.removed)} run folders; nothing was removed",
+            hint="add --yes to remove them, or --dry-run to only list them",
+        )
+    size = terminal.human_bytes(plan.bytes)
+    return typer.confirm(f"remove {len(plan.removed)} runs ({size})?", err=True)
 
 
 def _show(plan, place: str, keep: int, *, dry: bool) -> None:
