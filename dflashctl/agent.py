@@ -114,6 +114,11 @@ def current_release(workdir):
     return release
 
 
+def file_mode(st_mode):
+    """What a manifest keeps of a file's permissions (as dflashctl/sync.py does)."""
+    return "755" if st_mode & 0o100 else "644"
+
+
 def real_manifest(release_dir):
     """The release's manifest checked against its files: a file edited in place
     (or removed) since it was deployed gets its real size and hash, or is left out,
@@ -130,7 +135,7 @@ def real_manifest(release_dir):
         path = os.path.join(release_dir, rel)
         try:
             st = os.stat(path)
-            manifest[rel] = [st.st_size, sha256_file(path), "755" if st.st_mode & 0o100 else "644"]
+            manifest[rel] = [st.st_size, sha256_file(path), file_mode(st.st_mode)]
         except OSError:
             continue
     return manifest
@@ -668,7 +673,7 @@ def fill_release(partial, archive, base_dir):
             raise StaleBase(
                 f"{rel} in the previous release changed since it was inspected", "deploy again"
             )
-        if ("755" if st.st_mode & 0o100 else "644") != mode:
+        if file_mode(st.st_mode) != mode:
             # Only a chmod in place since the inspection gets here (a mode change
             # locally is sent); a link shares the mode, so fix this release's own copy.
             os.unlink(dest)
