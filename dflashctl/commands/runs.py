@@ -107,19 +107,20 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
     workdir, python = cfg.container.workdir, cfg.container.python
     with session(cfg) as target:
         place = target.describe()
-        only = None
-        if not (yes or dry_run):
+        if yes or dry_run:
+            plan = run_records.prune_runs(target, workdir, keep, dry=dry_run, python=python)
+        else:
             plan = run_records.prune_runs(target, workdir, keep, dry=True, python=python)
-            _show(plan, place, keep, dry=True)
-            if plan.removed and not _confirmed(plan):
-                terminal.info("nothing removed")
-                return
-            only = [r["id"] for r in plan.removed]
-        if only != []:
-            plan = run_records.prune_runs(
-                target, workdir, keep, dry=dry_run, only=only, python=python
-            )
-            _show(plan, place, keep, dry=dry_run)
+            if plan.removed:
+                _show(plan, place, keep, dry=True)
+                if not _confirmed(plan):
+                    terminal.info("nothing removed")
+                    return
+                ids = [r["id"] for r in plan.removed]
+                plan = run_records.prune_runs(
+                    target, workdir, keep, dry=False, only=ids, python=python
+                )
+        _show(plan, place, keep, dry=plan.dry)
     if json_output:
         terminal.print_json(
             {

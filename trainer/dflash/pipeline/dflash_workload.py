@@ -95,7 +95,7 @@ class DrafterLoss(nn.Module):
     """The compiled region: drafter forward over all blocks + weighted chunked loss."""
 
     def __init__(
-        self, drafter: DFlashDrafter, loss_chunk: int, attention: str, attention_chunk: int = 32
+        self, drafter: DFlashDrafter, loss_chunk: int, attention: str, attention_chunk: int
     ) -> None:
         super().__init__()
         self.drafter = drafter
