@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from dflashctl.config import Config
@@ -32,11 +32,10 @@ def open_target(config: Config) -> Target:
 
 
 @contextlib.contextmanager
-def session(config: Config, open_with: Callable[[Config], Any] | None = None) -> Iterator[Target]:
+def session(config: Config) -> Iterator[Target]:
     """The target for one command, closed at the end; a low-level failure (a socket,
-    paramiko) becomes one plain HostError (exit 3). `open_with` replaces open_target
-    (tests count round trips through it)."""
-    target = (open_with or open_target)(config)
+    paramiko) becomes one plain HostError (exit 3)."""
+    target = open_target(config)
     try:
         yield target
     except DflashError:

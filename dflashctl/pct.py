@@ -66,6 +66,7 @@ def parse_status(stdout: str) -> str:
 
 
 def not_running_hint(vmid: int) -> str:
+    """The one hint for a stopped container, wherever it is found stopped."""
     return f"start it with `pct start {vmid}` on the host, or pass --start-container"
 
 
