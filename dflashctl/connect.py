@@ -82,20 +82,3 @@ def connect(config: Config) -> Iterator[Connection]:
     """session() plus the Proxmox API, over the same connection."""
     with session(config) as target:
         yield Connection(target.transport, open_proxmox(config, target.transport), target)
-
-
-def ensure_running(connection: Connection, config: Config, *, start: bool = False) -> Any:
-    """The container's state, after starting it when allowed (start or
-    container.start_if_stopped). Raises ContainerNotRunning otherwise."""
-    from dflashctl import proxmox
-    from dflashctl.pct import ContainerNotRunning, not_running_hint
-
-    vmid = config.container.vmid
-    if vmid is None or connection.proxmox is None:
-        return None
-    status = proxmox.container_status(connection.proxmox, config.proxmox.node, vmid)
-    if status.running:
-        return status
-    if start or config.container.start_if_stopped:
-        return proxmox.start_container(connection.proxmox, config.proxmox.node, vmid)
-    raise ContainerNotRunning(f"container {vmid} is {status.status}", hint=not_running_hint(vmid))
