@@ -60,17 +60,32 @@ class LaunchParams(_LaunchParams, total=False):
     """The `launch` verb's parameters; `deploy` takes them plus the build's."""
 
     expect: Expectation
+    fresh: bool  # start at step 0 instead of continuing the replaced run's training
+    by: str  # the dflashctl command that stops the old run: "deploy" | "restart"
     # deploy only
     archive: str
     base: str | None
     upload_prefix: str
 
 
-class StartedRun(TypedDict):
+class Resume(TypedDict):
+    """Where a new run continues: the replaced run's latest complete checkpoint."""
+
+    run_id: str
+    checkpoint: str
+    step: int | None
+
+
+class _StartedRun(TypedDict):
     id: str
     pid: int
     run_dir: str
     started: str
+
+
+class StartedRun(_StartedRun, total=False):
+    resume: Resume | None  # None: starts at step 0
+    previous_run: str | None  # the run it replaces (the active one before)
 
 
 class BuildAnswer(TypedDict):
@@ -111,13 +126,17 @@ class StopAnswer(TypedDict):
     all_stopped: bool
 
 
-class RunRecord(TypedDict):
+class _RunRecord(TypedDict):
     id: str
     meta: dict[str, Any]
     pid: int | None
-    status: str  # "running" | "exited" | "killed" | "lost"
+    status: str  # "running" | "exited" | "killed" | "stopped" | "lost"
     exit_code: int | None
     signal: int | None
+
+
+class RunRecord(_RunRecord, total=False):
+    stopped: dict[str, Any]  # status "stopped": {"by", "at", "replaced_by"}
 
 
 class RunsAnswer(TypedDict):

@@ -41,6 +41,7 @@ from dflashctl.launching import (
     describe_target_to_stop,
     follow_unless_detached,
     launch_params,
+    lineage_summary,
     print_launched,
     process_scope,
     stop_and_launch,
@@ -99,6 +100,7 @@ class Plan:
     new_release: str | None  # None: nothing changed, the current release is reused
     to_stop: list[ProcessToStop]
     command: list[str]
+    fresh: bool = False  # the new run starts at step 0 (else it continues the replaced run)
 
     @property
     def bytes_to_send(self) -> int:
@@ -238,6 +240,7 @@ class DeployOptions:
     detach: bool = False
     dry_run: bool = False
     start_container: bool = False
+    fresh: bool = False  # start at step 0, not from the replaced run's checkpoint
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -293,6 +296,7 @@ def plan_from(
         new_release=None if (base and diff.empty) else runs.new_id(),
         to_stop=to_stop or [],
         command=trainer_command(config, options.extra_args),
+        fresh=options.fresh,
     )
 
 
@@ -331,7 +335,9 @@ def _execute(config, target, plan, meta, git, started, last):
     run_id = runs.new_id()
     command = plan.command
     meta.update(git.result())
-    params = launch_params(config, run_id, plan.release, command, meta)
+    params = launch_params(
+        config, run_id, plan.release, command, meta, fresh=plan.fresh
+    )
     if last is not None:
         params["expect"] = {"release": last.release, "manifest": last.manifest}
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
@@ -380,6 +386,7 @@ def _execute(config, target, plan, meta, git, started, last):
         "runs_stopped": launched["stopped"],
         "releases_removed": launched.get("releases_removed", []),
         "command": command,
+        **lineage_summary(launched["run"]),
         "target": target.describe(),
         "seconds": round(time.monotonic() - started, 3),
         "dry_run": False,
@@ -411,6 +418,11 @@ def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
     else:
         out.print("  nothing to stop")
     out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
+    out.print(
+        "  start at step 0 (--fresh)"
+        if plan.fresh
+        else "  continue the replaced run's training from its latest checkpoint (if any)"
+    )
     return {
         "dry_run": True,
         "release": plan.new_release,
@@ -422,4 +434,5 @@ def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
         "bytes_to_send": plan.bytes_to_send if plan.new_release else 0,
         "runs_to_stop": plan.to_stop,
         "command": plan.command,
+        "fresh": plan.fresh,
     }

@@ -8,7 +8,13 @@ import shlex
 from typing import TYPE_CHECKING, Any, cast
 
 from dflashctl import agent_client, hints, terminal
-from dflashctl.agent_messages import LaunchAnswer, LaunchParams, ProcessToStop, StoppedProcess
+from dflashctl.agent_messages import (
+    LaunchAnswer,
+    LaunchParams,
+    ProcessToStop,
+    StartedRun,
+    StoppedProcess,
+)
 from dflashctl.config import Config
 from dflashctl.connect import open_target
 from dflashctl.crash import Rule
@@ -37,8 +43,13 @@ def launch_params(
     command: list[str],
     meta: dict[str, Any],
     grace_s: float | None = None,
+    *,
+    fresh: bool = False,
+    by: str = "deploy",
 ) -> LaunchParams:
     return {
+        "fresh": fresh,
+        "by": by,
         "workdir": config.container.workdir,
         "release": release,
         "run_id": run_id,
@@ -113,6 +124,32 @@ def print_launched(launched: LaunchAnswer, run_id: str, command: list[str], seco
         f"{launched['release']}: {shlex.join(command)}",
         max(seconds - stop_s, 0.0),
     )
+    terminal.info(f"  {describe_lineage(launched['run'])}")
+
+
+def describe_lineage(run: StartedRun) -> str:
+    """Where the new run's training starts, as the agent decided it."""
+    resume = run.get("resume")
+    previous = run.get("previous_run")
+    if resume:
+        step = "" if resume.get("step") is None else f" at step {resume['step']}"
+        return (
+            f"continues run {resume['run_id']}{step} from {resume['checkpoint']} "
+            f"({hints.command('deploy --fresh')} starts at step 0)"
+        )
+    if previous and "resume" in run:
+        return f"starts at step 0 (run {previous} left no checkpoint to continue from)"
+    return "starts at step 0"
+
+
+def lineage_summary(run: StartedRun) -> dict[str, Any]:
+    resume = run.get("resume")
+    return {
+        "resumed_from": resume["run_id"] if resume else None,
+        "resumed_step": resume.get("step") if resume else None,
+        "resumed_checkpoint": resume["checkpoint"] if resume else None,
+        "replaced_run": run.get("previous_run"),
+    }
 
 
 # --------------------------------------------------------------------------- following

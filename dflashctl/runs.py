@@ -8,6 +8,8 @@ one agent call (the `runs` verb, dflashctl/agent/verbs.py) reads them all.
     running   the wrapper's pid is alive and no exit code yet
     exited    exit_code N < 128 (the trainer returned N)
     killed    exit_code 128+N: the trainer died from signal N
+    stopped   a dflashctl command (deploy, restart, stop) stopped it: recorded in the
+              run's stopped.json before the signal went, with when and its successor
     lost      no exit code and no process (the container restarted, or the wrapper
               was killed from outside)
 """
@@ -42,9 +44,10 @@ def new_id() -> str:
 
 @dataclass(frozen=True)
 class RunState:
-    status: str  # "running" | "exited" | "killed" | "lost"
+    status: str  # "running" | "exited" | "killed" | "stopped" | "lost"
     exit_code: int | None = None
     signal: int | None = None
+    stopped: dict[str, Any] | None = None  # status "stopped": {"by", "at", "replaced_by"}
 
     @property
     def finished(self) -> bool:
@@ -52,10 +55,13 @@ class RunState:
 
     @property
     def ok(self) -> bool:
-        return self.status == "exited" and self.exit_code == 0
+        """Ended without a fault: finished with exit 0, or stopped on purpose."""
+        return (self.status == "exited" and self.exit_code == 0) or self.status == "stopped"
 
     def describe(self) -> str:
-        """`running`, `exited 0`, `killed by SIGTERM`, `lost`."""
+        """`running`, `exited 0`, `killed by SIGTERM`, `stopped by deploy`, `lost`."""
+        if self.status == "stopped":
+            return describe_stop(self.stopped or {})
         if self.status == "exited":
             return f"exited {self.exit_code}"
         if self.status == "killed":
@@ -63,7 +69,20 @@ class RunState:
         return self.status
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "exit_code": self.exit_code, "signal": self.signal}
+        data = {"status": self.status, "exit_code": self.exit_code, "signal": self.signal}
+        if self.stopped is not None:
+            data["stopped"] = self.stopped
+        return data
+
+
+def describe_stop(stopped: dict[str, Any]) -> str:
+    """`stopped by deploy at 2026-11-30T18:02:11Z, replaced by run 20261130-...`."""
+    text = f"stopped by {stopped.get('by') or 'dflashctl'}"
+    if stopped.get("at"):
+        text += f" at {stopped['at']}"
+    if stopped.get("replaced_by"):
+        text += f", replaced by run {stopped['replaced_by']}"
+    return text
 
 
 @dataclass
@@ -103,7 +122,9 @@ def _run_from_agent(record: RunRecord, active_id: str | None) -> RunInfo:
     meta = dict(record.get("meta") or {})
     return RunInfo(
         id=record["id"],
-        state=RunState(record["status"], record.get("exit_code"), record.get("signal")),
+        state=RunState(
+            record["status"], record.get("exit_code"), record.get("signal"), record.get("stopped")
+        ),
         pid=record.get("pid") if record.get("pid") is not None else meta.get("pid"),
         release=meta.get("release"),
         started=meta.get("started"),

@@ -4,6 +4,7 @@ round trip to the agent, nothing synced."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, cast
 
 from dflashctl import agent_client, runs, terminal
@@ -11,11 +12,13 @@ from dflashctl.agent_messages import StopAnswer
 from dflashctl.config import Config
 from dflashctl.connect import session
 from dflashctl.crash import rules_for
+from dflashctl.deploy import git_state
 from dflashctl.errors import HostError
 from dflashctl.launching import (
     describe_stopped,
     follow_unless_detached,
     launch_params,
+    lineage_summary,
     print_launched,
     process_scope,
     stop_and_launch,
@@ -28,14 +31,22 @@ def restart(
     *,
     detach: bool,
     extra_args: list[str] | None = None,
+    fresh: bool = False,
 ) -> tuple[int, dict[str, Any]]:
     """Stop stale runs and launch the current release again: one round trip, no sync."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
     with session(config) as target:
         run_id = runs.new_id()
         command = trainer_command(config, extra_args or [])
-        meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
-        params = launch_params(config, run_id, None, command, meta)
+        meta = {
+            "config_digest": config.digest,
+            "config_path": str(config.path),
+            "restart": True,
+            # The provenance of the release: the source as it is here now (restart sends
+            # nothing, so this says what the user would deploy, which is usually it).
+            **git_state(Path(config.trainer.source)),
+        }
+        params = launch_params(config, run_id, None, command, meta, fresh=fresh, by="restart")
         t0 = time.monotonic()
         with terminal.spinner("stopping stale runs and launching"):
             launched = stop_and_launch(config, target, params)
@@ -46,6 +57,7 @@ def restart(
             "pid": launched["run"]["pid"],
             "runs_stopped": launched["stopped"],
             "command": command,
+            **lineage_summary(launched["run"]),
             "target": target.describe(),
         }
         return follow_unless_detached(config, target, rules, summary, detach=detach)

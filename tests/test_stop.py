@@ -5,6 +5,7 @@ alone."""
 # ruff: noqa: F811  (the `project` fixture is imported, and then asked for by name)
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -85,7 +86,11 @@ def test_stop_gives_a_sigterm_handler_its_grace_period(project):
     run_dir = project.run_dir(summary["run_id"])
     assert (run_dir / "checkpointed").read_text() == "yes\n"
     assert "SIGTERM: writing a checkpoint" in (run_dir / "train.log").read_text()
-    assert state_of(project, summary["run_id"]) == RunState("exited", 0, None)
+    # Stopped on purpose: recorded as such, never "finished" nor a crash.
+    state = state_of(project, summary["run_id"])
+    assert (state.status, state.exit_code, state.signal) == ("stopped", 0, None)
+    assert state.stopped["by"] == "stop" and state.stopped["replaced_by"] is None
+    assert state.ok and state.describe().startswith("stopped by stop at ")
 
 
 def test_a_run_that_ignores_sigterm_is_killed_after_the_grace_period(project):
@@ -97,7 +102,20 @@ def test_a_run_that_ignores_sigterm_is_killed_after_the_grace_period(project):
     assert stopped["ended"] == "killed" and stopped["seconds"] >= 0.5
     assert not pid_alive(summary["pid"])
     # SIGKILL took the wrapper too; stop wrote the exit code it could not.
-    assert state_of(project, summary["run_id"]) == RunState("killed", 137, signal.SIGKILL)
+    state = state_of(project, summary["run_id"])
+    assert (state.status, state.exit_code, state.signal) == ("stopped", 137, signal.SIGKILL)
+    # `logs` reports the stop, not a crash killed (and exits 0).
+    done = subprocess.run(
+        [sys.executable, "-m", "dflashctl", "logs", summary["run_id"], "--json"],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["status"] == "stopped" and answer["stopped"]["by"] == "stop"
+    assert answer["crashes"] == []
 
 
 def test_stop_with_nothing_running(project):

@@ -1,7 +1,10 @@
 """Train a DFlash drafter: threaded, compiled, TLS-safe CUDA Graph Trees warm-up.
 
     cd trainer && python train_dflash_pipeline.py --config configs/tiny-cpu.yaml \
-        [--set train.steps=200 --set output_dir=/tmp/out] [--resume]
+        [--set train.steps=200 --set output_dir=/tmp/out] [--resume | --resume-from CKPT]
+
+dflashctl continues a replaced run by setting DFLASH_RESUME_FROM to its latest
+checkpoint folder (see dflash/pipeline/resuming.py).
 
 Exit status: 0 finished (or stopped by SIGTERM after writing a checkpoint), 1 a thread
 failed (its traceback is in the log), 2 the config is wrong.
@@ -43,6 +46,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--resume", action="store_true", help="continue from the latest checkpoint in output_dir"
     )
+    parser.add_argument(
+        "--resume-from",
+        metavar="CHECKPOINT",
+        help="continue from this checkpoint folder (default: $DFLASH_RESUME_FROM; empty: none)",
+    )
     return parser.parse_args(argv)
 
 
@@ -72,7 +80,20 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
 
+    from dflash.pipeline.resuming import load_for_resume, resume_folder, resume_line
+
+    resume_state = None
+    folder = None if args.resume else resume_folder(args.resume_from)
+    if folder is not None:
+        try:  # before minutes of set-up: a checkpoint that does not fit fails in seconds
+            resume_state = load_for_resume(folder, cfg)
+        except TrainConfigError as exc:
+            print(f"config error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_CONFIG
+
     log = RunLog()
+    if resume_state is not None:
+        log.line(resume_line(folder, resume_state))
     # Before the slow set-up (building the target, making data): a stop then is not lost.
     interrupts = Interrupts(log)
     interrupts.install()
@@ -83,6 +104,8 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
             workload,
             log,
             resume=args.resume,
+            resume_state=resume_state,
+            resume_folder=folder,
             source_dir=HERE,
             handle_signals=False,
             interrupts=interrupts,

@@ -104,6 +104,10 @@ def runs_entry(argv, entry):
     return script == entry or script.endswith("/" + entry)
 
 
+def path_inside(path, folder):
+    return os.path.realpath(path).startswith(os.path.realpath(folder).rstrip("/") + "/")
+
+
 def script_inside(proc, workdir):
     """Does the script `proc` runs live under workdir (resolved against its cwd)?"""
     script = script_of(proc.argv)
@@ -111,5 +115,20 @@ def script_inside(proc, workdir):
         cwd = os.readlink(f"/proc/{proc.pid}/cwd")
     except OSError:
         return False
-    path = os.path.realpath(os.path.join(cwd, script))
-    return path.startswith(os.path.realpath(workdir).rstrip("/") + "/")
+    return path_inside(os.path.join(cwd, script), workdir)
+
+
+def belongs_to_workdir(proc, workdir):
+    """Is this trainer process one of this workdir's? Its script or its working
+    directory lies under the workdir, and it is no run that another workdir launched
+    (two experiments may share a container; neither may stop the other's runs)."""
+    owner = process_env(proc.pid, "DFLASH_RUN_DIR")
+    if owner and not path_inside(owner, workdir):
+        return False
+    if script_inside(proc, workdir):
+        return True
+    try:
+        cwd = os.readlink(f"/proc/{proc.pid}/cwd")
+    except OSError:
+        return False
+    return cwd == os.path.realpath(workdir) or path_inside(cwd, workdir)

@@ -29,8 +29,30 @@ def run_pid_alive(pid, run_id, table=None):
     return any(run_id in arg for arg in proc.argv)
 
 
+STOPPED_FILE = "stopped.json"
+
+
+def record_stop(workdir, run_id, how):
+    """Say in the run's folder who stops it, before the signal goes: the run then reads
+    as `stopped` (never finished or crashed), whatever exit status the stop leaves."""
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    if not os.path.isdir(run_dir):
+        return
+    record = dict(how, at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    write_atomic(os.path.join(run_dir, STOPPED_FILE), json.dumps(record, sort_keys=True))
+
+
+def stop_record(workdir, run_id):
+    text = read_text(os.path.join(runs_dir(workdir), run_id, STOPPED_FILE))
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
 def run_state(workdir, run_id, table=None):
-    """{"status": running|exited|killed|lost, "exit_code", "signal"} from the real state."""
+    """{"status": running|exited|killed|stopped|lost, "exit_code", "signal"} from the
+    real state; a stopped run also has "stopped": {"by", "at", "replaced_by"}."""
     run_dir = os.path.join(runs_dir(workdir), run_id)
     code = read_int(os.path.join(run_dir, "exit_code"))
     if code is None:
@@ -40,8 +62,12 @@ def run_state(workdir, run_id, table=None):
         code = read_int(os.path.join(run_dir, "exit_code"))
     if code is None:
         return {"status": "lost", "exit_code": None, "signal": None}
-    if 128 < code < 128 + 65:
-        return {"status": "killed", "exit_code": code, "signal": code - 128}
+    sig = code - 128 if 128 < code < 128 + 65 else None
+    stopped = stop_record(workdir, run_id)
+    if stopped is not None:
+        return {"status": "stopped", "exit_code": code, "signal": sig, "stopped": stopped}
+    if sig is not None:
+        return {"status": "killed", "exit_code": code, "signal": sig}
     return {"status": "exited", "exit_code": code, "signal": None}
 
 

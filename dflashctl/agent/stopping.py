@@ -9,13 +9,13 @@ from .files import read_int, read_text
 from .processes import (
     alive,
     ancestors,
+    belongs_to_workdir,
     descendants,
     process_env,
     process_table,
     runs_entry,
-    script_inside,
 )
-from .runs import active_run_id, run_ids, run_pid_alive, runs_dir, settle_exit_code
+from .runs import active_run_id, record_stop, run_ids, run_pid_alive, runs_dir, settle_exit_code
 
 KILL_WAIT_S = 5.0
 POLL_MIN_S = 0.005
@@ -24,13 +24,12 @@ POLL_MAX_S = 0.1
 
 def find_targets(workdir, entry, scope="container"):
     """Process groups (or single processes) to stop: our running runs, then any other
-    process whose command line runs the entry script. Nothing else, and never the
-    agent itself or its ancestors.
+    process whose command line runs the entry script from under this workdir (its
+    script or its working directory lies there). Nothing else: never a run another
+    workdir launched, never the agent itself or its ancestors.
 
-    scope "container": the container is the trainer's own, so the entry script run
-    from anywhere is a stale run. scope "workdir" (no container: this machine or a
-    shared host): only a script under the workdir is ours; another project's script
-    of the same name is left alone."""
+    `scope` is accepted from older clients; the rule is the same everywhere, since one
+    container may hold several workdirs (experiments) that must not stop each other."""
     table = process_table()
     mine = ancestors(os.getpid(), table)
     my_groups = set(table[p].pgid for p in mine if p in table)
@@ -64,7 +63,7 @@ def find_targets(workdir, entry, scope="container"):
             continue
         if not runs_entry(proc.argv, entry):
             continue
-        if scope != "container" and not script_inside(proc, workdir):
+        if not belongs_to_workdir(proc, workdir):
             continue
         members = [p.pid for p in table.values() if p.pgid == proc.pgid and alive(p)]
         family = descendants(proc.pid, table) | set([proc.pid])
@@ -131,10 +130,14 @@ def wait_gone(targets, deadline):
     return pending
 
 
-def stop_targets(workdir, targets, grace_s):
-    """SIGTERM to each group, `grace_s` to exit, then SIGKILL. Reports how each ended."""
+def stop_targets(workdir, targets, grace_s, how=None):
+    """SIGTERM to each group, `grace_s` to exit, then SIGKILL. Reports how each ended.
+    `how` ({"by": command, "replaced_by": run id}) is recorded in each run's folder first."""
     if not targets:
         return []
+    for target in targets:
+        if target.get("run_id") and how is not None:
+            record_stop(workdir, target["run_id"], how)
     started = time.monotonic()
     for target in targets:
         send(target, signal.SIGTERM)

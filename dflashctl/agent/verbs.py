@@ -24,6 +24,7 @@ import time
 
 from .errors import AgentError, StaleBase
 from .files import lock_workdir, tree_bytes
+from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
 from .manifest import real_manifest
 from .processes import process_table
 from .releases import build_release, current_release, gc_releases, releases_dir, swap_current
@@ -59,6 +60,7 @@ def op_stop(p):
             workdir,
             find_targets(workdir, p["entry"], p.get("scope", "container")),
             float(p["grace_s"]),
+            {"by": "stop", "replaced_by": None},
         )
     finally:
         os.close(lock)
@@ -122,11 +124,14 @@ def launch(p):
         )
     if expect is not None and real_manifest(release_dir) != expect["manifest"]:
         raise StaleBase(f"release {release} was changed in place")
+    # The run this one replaces: its training continues here unless `fresh`.
+    previous = active_run_id(workdir)
     t0 = time.monotonic()
     stopped = stop_targets(
         workdir,
         find_targets(workdir, p["entry"], p.get("scope", "container")),
         float(p["grace_s"]),
+        {"by": p.get("by") or "deploy", "replaced_by": run_id},
     )
     stop_s = time.monotonic() - t0
     if any(s["ended"] == "still running after SIGKILL" for s in stopped):
@@ -137,7 +142,17 @@ def launch(p):
     launch_started = time.monotonic()
     if current_release(workdir) != release:
         swap_current(workdir, release)
+    # Asked after the stop: a stopped run writes its last checkpoint on the way out.
+    resume = None if p.get("fresh") or not previous else latest_checkpoint(workdir, previous)
+    p = dict(
+        p,
+        command=fill_placeholders(p["command"], resume),
+        env=dict(p.get("env") or {}, **resume_env(resume)),
+        meta=dict(p.get("meta") or {}, **lineage_meta(resume, previous)),
+    )
     run = start_run(workdir, run_id, release, p)
+    run["resume"] = resume
+    run["previous_run"] = previous
     protect = [release] + [
         (r.get("meta") or {}).get("release")
         for r in (run_record(workdir, rid) for rid in run_ids(workdir) if rid != run_id)

@@ -30,6 +30,14 @@ def deploy(
     start_container: Annotated[
         bool, typer.Option("--start-container", help="Start the container if it is stopped.")
     ] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start training at step 0 instead of continuing the replaced run's "
+            "latest checkpoint.",
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Send the changed trainer files, stop stale runs, launch and follow the new run."""
@@ -43,6 +51,7 @@ def deploy(
         detach=detach,
         dry_run=dry_run,
         start_container=start_container,
+        fresh=fresh,
         extra_args=list(trainer_args or []),
     )
     code, summary = run_deploy(cfg, options)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from dflashctl import terminal
@@ -18,6 +20,14 @@ def restart(
     trainer_args: TrainerArgsArgument = None,
     config: ConfigOption = None,
     detach: DetachOption = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start training at step 0 instead of continuing the replaced run's "
+            "latest checkpoint.",
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Stop stale runs and relaunch the current release; follows unless --detach."""
@@ -26,7 +36,9 @@ def restart(
     if json_output:
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
-    code, summary = run_restart(cfg, detach=detach, extra_args=list(trainer_args or []))
+    code, summary = run_restart(
+        cfg, detach=detach, extra_args=list(trainer_args or []), fresh=fresh
+    )
     if json_output:
         terminal.print_json(summary)
     if code:

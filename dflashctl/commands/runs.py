@@ -35,7 +35,8 @@ def runs(
     yes: YesOption = False,
     dry_run: DryRunOption = False,
 ) -> None:
-    """A table of runs: id, release, started, state (running / exited N / killed by SIG).
+    """A table of runs: id, release, started, where its training started (the run and
+    step it continues, or step 0), state (running / exited N / killed by SIG / stopped).
 
     With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead."""
     from dflashctl import runs as run_records
@@ -65,11 +66,12 @@ def runs(
             ("* " if run.active else "  ") + run.id,
             run.release or "-",
             (run.started or "-").replace("T", " ").rstrip("Z"),
+            continues(run.meta),
             run.state,
         )
         for run in found
     ]
-    headers = ("  run", "release", "started (UTC)", "state")
+    headers = ("  run", "release", "started (UTC)", "continues", "state")
     if terminal.out.is_terminal:
         from rich.table import Table
 
@@ -78,24 +80,35 @@ def runs(
         table.add_column(headers[0], no_wrap=True, min_width=22)
         table.add_column(headers[1], no_wrap=True, overflow="ellipsis")
         table.add_column(headers[2], no_wrap=True)
-        table.add_column(headers[3], no_wrap=True, min_width=17)
-        for run_id, release, started, state in rows:
+        table.add_column(headers[3], no_wrap=True)
+        table.add_column(headers[4], no_wrap=True, min_width=17)
+        for run_id, release, started, lineage, state in rows:
             style = _STYLES.get(state.status, "red")
             if state.status == "exited" and not state.ok:
                 style = "red"
-            table.add_row(run_id, release, started, f"[{style}]{state.describe()}[/{style}]")
+            table.add_row(
+                run_id, release, started, lineage, f"[{style}]{state.describe()}[/{style}]"
+            )
         terminal.out.print(table)
     else:
         # Plain aligned columns off a terminal: nothing is cut short or wrapped.
-        lines = [headers] + [(a, b, c, d.describe()) for a, b, c, d in rows]
-        widths = [max(len(line[i]) for line in lines) for i in range(3)]
+        lines = [headers] + [(a, b, c, d, e.describe()) for a, b, c, d, e in rows]
+        widths = [max(len(line[i]) for line in lines) for i in range(4)]
         for line in lines:
-            cells = [cell.ljust(width) for cell, width in zip(line[:3], widths, strict=True)]
-            terminal.out.print("  ".join([*cells, line[3]]), markup=False)
+            cells = [cell.ljust(width) for cell, width in zip(line[:4], widths, strict=True)]
+            terminal.out.print("  ".join([*cells, line[4]]), markup=False)
     terminal.info("* the active run (launched last)")
 
 
-_STYLES = {"running": "cyan", "exited": "green"}
+def continues(meta: dict) -> str:
+    """`<run>@<step>` for a run that continued another's training, `-` for step 0."""
+    if not meta.get("resumed_from"):
+        return "-"
+    step = meta.get("resumed_step")
+    return str(meta["resumed_from"]) + ("" if step is None else f"@{step}")
+
+
+_STYLES = {"running": "cyan", "exited": "green", "stopped": "yellow"}
 
 
 def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> None:

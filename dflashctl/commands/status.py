@@ -70,7 +70,11 @@ def print_status(status: dict[str, Any]) -> None:
         else:
             out.print(f"[bold]run[/bold]        none launched yet in {escape(status['workdir'])}")
         return
-    colour = {"running": "green", "exited": "green" if run["exit_code"] == 0 else "red"}.get(
+    colour = {
+        "running": "green",
+        "exited": "green" if run["exit_code"] == 0 else "red",
+        "stopped": "yellow",
+    }.get(
         run["status"], "red"
     )
     details = [f"[{colour}]{escape(run['state'])}[/{colour}]"]

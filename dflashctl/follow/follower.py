@@ -168,7 +168,11 @@ class _Follower:
             if last is not None:
                 self.sink.line(last)
         self.sink.go_live()
-        if state.status != "running":
+        if state.status == "stopped":
+            # The exit status a stop leaves (SIGKILL after the grace period, say) is
+            # the stop's doing, not the trainer's: not weighed as a crash.
+            self.sink.finish(None)
+        elif state.status != "running":
             self.sink.finish(state.exit_code)
         else:
             self.sink.quiet()  # the log as it stands: a traceback at its end is complete
@@ -374,6 +378,9 @@ class _Follower:
             exit_code, signal = None, None
             status = "crashed" if crashes else "running"
             run_status = None if state is None else state.status
+        elif state.status == "stopped":
+            exit_code, signal, run_status = state.exit_code, state.signal, state.status
+            status = "stopped"
         else:
             exit_code, signal, run_status = state.exit_code, state.signal, state.status
             failed = state.status in ("killed", "lost") or exit_code not in (0, None)
@@ -385,6 +392,7 @@ class _Follower:
             crashes=crashes,
             state=run_status,
             signal=signal,
+            stopped=getattr(state, "stopped", None),
             interrupted=interrupted,
             summary=self.sink.summary,
             rundir=self.rundir,

@@ -24,11 +24,12 @@ class FollowResult:
     """How a run stands once following stopped."""
 
     run_id: str | None
-    status: str  # "finished" | "crashed" | "running"
+    status: str  # "finished" | "crashed" | "stopped" | "running"
     exit_code: int | None
     crashes: list[CrashEvent] = field(default_factory=list)
     state: str | None = None  # dflashctl.runs status: running, exited, killed, lost
     signal: int | None = None
+    stopped: dict[str, Any] | None = None  # status "stopped": by which command, when, successor
     interrupted: bool = False  # Ctrl-C stopped the following (the run was left alone)
     source: str | None = None  # a local file classified with --file
     summary: RunSummary = field(default_factory=RunSummary)  # loss, tau, checkpoint
@@ -48,6 +49,8 @@ class FollowResult:
             "exit_code": self.exit_code,
             "crashes": [event.to_json() for event in self.crashes],
         }
+        if self.stopped is not None:
+            data["stopped"] = self.stopped
         if self.source is not None:
             data["file"] = self.source
         if self.interrupted:
@@ -142,6 +145,12 @@ def _say_outcome(result: FollowResult) -> None:
     if result.status == "finished":
         code = "" if result.exit_code is None else f" (exit code {result.exit_code})"
         terminal.success(f"{what} finished{code}")
+        _say_where_and_what(result)
+        return
+    if result.status == "stopped":
+        from dflashctl.runs import describe_stop
+
+        terminal.info(f"{what} was {describe_stop(result.stopped or {})}")
         _say_where_and_what(result)
         return
     if result.status == "running":

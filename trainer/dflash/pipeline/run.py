@@ -99,6 +99,8 @@ def train(
     log: RunLog,
     *,
     resume: bool = False,
+    resume_state: ckpt.TrainingState | None = None,
+    resume_folder: Path | None = None,
     source_dir: Path | None = None,
     handle_signals: bool = True,
     interrupts: Interrupts | None = None,
@@ -110,7 +112,14 @@ def train(
         interrupts.install()
     try:
         return _train(
-            cfg, workload, log, resume=resume, source_dir=source_dir, interrupts=interrupts
+            cfg,
+            workload,
+            log,
+            resume=resume,
+            resume_state=resume_state,
+            resume_folder=resume_folder,
+            source_dir=source_dir,
+            interrupts=interrupts,
         )
     finally:
         if handle_signals:
@@ -125,6 +134,8 @@ def _train(
     resume: bool,
     source_dir: Path | None,
     interrupts: Interrupts,
+    resume_state: ckpt.TrainingState | None = None,
+    resume_folder: Path | None = None,
 ) -> TrainResult:
     runtime = cfg.runtime
     check_device_layout(runtime.drafter_devices, runtime.compile)
@@ -139,17 +150,19 @@ def _train(
         log.line(row)
     log.line(f"output_dir: {output_dir}")
 
-    resume_state = None
-    if resume:
+    if resume_state is None and resume:
         found = ckpt.latest_checkpoint(output_dir)
         if found is None:
             log.line(f"resume: no checkpoint under {output_dir}; starting at step 0")
         else:
             resume_state = ckpt.load_checkpoint(found)
             log.line(f"resume: continuing from {found} (step {resume_state.step})")
-            changed = config_differences(resume_state.config, cfg.to_dict())
-            if changed:
-                log.line("resume: config differs from the checkpoint's in " + ", ".join(changed))
+    if resume_state is not None:
+        if resume_folder is not None:
+            log.line(f"resume: continuing from {resume_folder} (step {resume_state.step})")
+        changed = config_differences(resume_state.config, cfg.to_dict())
+        if changed:
+            log.line("resume: config differs from the checkpoint's in " + ", ".join(changed))
 
     supervisor = Supervisor(log)
     term = interrupts.term
@@ -300,7 +313,7 @@ def _train(
         result.checkpoint = save(lead.completed_steps, export=False)
         log.line(
             f"stopped by {why} after step {lead.completed_steps}/{total_steps}; "
-            f"resume with --resume (checkpoint {result.checkpoint})"
+            f"a redeploy continues from it (checkpoint {result.checkpoint})"
         )
         return result
     if cfg.train.final_checkpoint:

@@ -223,11 +223,23 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
             profile.after(step + 1)
         if stop:
             break
+        if step + 1 == ctx.cfg.debug.hold_at_step and step + 1 < ctx.total_steps:
+            _hold_until_stopped(ctx, replica, step + 1)
+            break
     if ctx.cfg.runtime.compile == "reduce-overhead" and replica.device.type == "cuda":
         replica.graphs_recorded = tls.recorded_graph_count()
     if replica.completed_steps < ctx.total_steps:
         # Stopped early on request: release the threads still feeding us.
         ctx.supervisor.request_stop()
+
+
+def _hold_until_stopped(ctx: RunContext, replica: DrafterReplica, step: int) -> None:
+    """debug.hold_at_step: train no further until a stop arrives, so a test can stop or
+    redeploy the run at a known step (no timing involved)."""
+    if replica.rank == 0:
+        ctx.log.line(f"debug: holding after step {step} until SIGTERM")
+    while not ctx.term_requested.wait(0.05) and not ctx.supervisor.stop.is_set():
+        pass
 
 
 class _ProfileWindow:

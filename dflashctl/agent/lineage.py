@@ -1,0 +1,97 @@
+"""Resume lineage: which checkpoint a new run continues from.
+
+A run's checkpoints are where the bundled trainer writes them (any trainer may do the
+same): `runs/<id>/outputs/checkpoints/`, with a file `latest` naming the newest
+complete checkpoint folder, written only after that folder is complete. A run that
+wrote none (stopped or crashed before its first checkpoint) hands on the checkpoint it
+had itself resumed from, so a lineage never falls back to step 0 by accident.
+
+`latest_checkpoint` is the one place that answers "where does this run's training
+stand"; deploy, restart (and later automatic retries) all ask it.
+"""
+
+import json
+import os
+import re
+
+from .files import read_text
+from .runs import runs_dir
+
+CHECKPOINTS = os.path.join("outputs", "checkpoints")
+LATEST = "latest"
+STEP_NAME = re.compile(r"(?:^|[^0-9])0*([0-9]+)$")
+
+
+def checkpoint_step(folder):
+    """The step a checkpoint folder holds, from its name (`step-000120`), else None."""
+    match = STEP_NAME.search(os.path.basename(folder.rstrip("/")))
+    return int(match.group(1)) if match else None
+
+
+def own_checkpoint(workdir, run_id):
+    """The newest complete checkpoint this run wrote itself, or None."""
+    base = os.path.join(runs_dir(workdir), run_id, CHECKPOINTS)
+    name = (read_text(os.path.join(base, LATEST)) or "").strip()
+    if not name or name.startswith(".") or "/" in name:
+        return None
+    folder = os.path.join(base, name)
+    return folder if os.path.isdir(folder) else None
+
+
+def run_meta(workdir, run_id):
+    text = read_text(os.path.join(runs_dir(workdir), run_id, "meta.json"))
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {}
+
+
+def latest_checkpoint(workdir, run_id):
+    """Where run `run_id`'s training stands: {"run_id", "checkpoint", "step"} for the
+    newest complete checkpoint of its lineage (its own, else the one it resumed from,
+    if that still exists), or None (nothing to continue: start at step 0)."""
+    seen = set()
+    while run_id and run_id not in seen:
+        seen.add(run_id)
+        folder = own_checkpoint(workdir, run_id)
+        if folder is not None:
+            return {"run_id": run_id, "checkpoint": folder, "step": checkpoint_step(folder)}
+        meta = run_meta(workdir, run_id)
+        inherited = meta.get("resumed_checkpoint")
+        if inherited and os.path.isdir(inherited):
+            return {
+                "run_id": meta.get("resumed_from") or run_id,
+                "checkpoint": inherited,
+                "step": meta.get("resumed_step"),
+            }
+        run_id = meta.get("resumed_from")
+    return None
+
+
+def fill_placeholders(command, resume):
+    """`{resume_from}` in the command becomes the checkpoint folder (empty with none)."""
+    value = resume["checkpoint"] if resume else ""
+    return [arg.replace("{resume_from}", value) for arg in command]
+
+
+def resume_env(resume):
+    """What a trainer that is not ours reads: the folder (empty: start fresh) and the run."""
+    if not resume:
+        return {"DFLASH_RESUME_FROM": ""}
+    return {
+        "DFLASH_RESUME_FROM": resume["checkpoint"],
+        "DFLASH_RESUMED_RUN": resume["run_id"],
+        "DFLASH_RESUMED_STEP": "" if resume["step"] is None else str(resume["step"]),
+    }
+
+
+def lineage_meta(resume, previous_run):
+    """meta.json's record of where the run started (`runs show` joins curves by it)."""
+    if not resume:
+        return {"resumed_from": None, "replaced_run": previous_run}
+    return {
+        "resumed_from": resume["run_id"],
+        "resumed_step": resume["step"],
+        "resumed_checkpoint": resume["checkpoint"],
+        "replaced_run": previous_run,
+    }
