@@ -19,6 +19,7 @@ from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, run_state
+from dflashctl.stop_restart import stop
 from tests.test_deploy_support import snapshot, write_trainer
 
 pytestmark = pytest.mark.slow
@@ -116,10 +117,13 @@ def test_second_deploy_stops_first_and_hand_started_runs_only(setup):
     path, source, container = setup
     first = detached(path)
     wait_started(container, first)
-    # By hand, as in the old loop: a copy of the trainer run from /root.
-    container.exec(["cp", "-r", f"{WORKDIR}/current/.", "/root/by-hand"])
+    # By hand, as in the old loop: a copy of the trainer run from under the workdir...
+    container.exec(["cp", "-r", f"{WORKDIR}/current/.", f"{WORKDIR}/by-hand"])
+    stale = ct_spawn(container, f"{sys.executable} {WORKDIR}/by-hand/train.py --sleep 60")
+    # ...and another experiment's copy of the same script elsewhere: not ours to stop.
+    container.exec(["cp", "-r", f"{WORKDIR}/current/.", "/root/other-experiment"])
+    elsewhere = ct_spawn(container, f"{sys.executable} /root/other-experiment/train.py --sleep 60")
     (container.root / "other.py").write_text("import time\ntime.sleep(60)\n")
-    stale = ct_spawn(container, f"{sys.executable} /root/by-hand/train.py --sleep 60")
     sleeper = ct_spawn(container, "sleep 60")
     other = ct_spawn(container, f"{sys.executable} /root/other.py")
     (source / "helpers.py").write_text("def greeting():\n    return 'second'\n")
@@ -132,6 +136,8 @@ def test_second_deploy_stops_first_and_hand_started_runs_only(setup):
     assert stopped[stale]["run_id"] is None
     assert not ct_pid_alive(container, first["pid"]) and not ct_pid_alive(container, stale)
     assert ct_pid_alive(container, sleeper) and ct_pid_alive(container, other)
+    assert ct_pid_alive(container, elsewhere)
+    container.exec(["kill", str(elsewhere)])
     assert ct_pid_alive(container, second["pid"])
     run_dir = container.host_path(f"{WORKDIR}/runs/{first['run_id']}")
     assert (run_dir / "checkpointed").exists()  # it had its grace period
@@ -388,3 +394,31 @@ def test_runs_prune_refuses_bad_input_before_connecting(setup):
             [*DFLASHCTL, "runs", "-c", str(path), *args], capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_two_workdirs_in_one_container_never_stop_each_others_runs(setup, write_config):
+    """`stop -c other.yaml` (another workdir, nothing deployed there) stops nothing of
+    /root/dflash; a deploy there stops only its own runs."""
+    path, source, container = setup
+    mine = detached(path)
+    wait_started(container, mine)
+    other = write_config(
+        path.parent / "other.yaml",
+        trainer_source=source,
+        **{
+            "container.workdir": "/root/fresh",
+            "trainer.entry": "train.py",
+            "trainer.args": ["--sleep", "60", "--on-term", "checkpoint"],
+            "run.stop_grace_s": 3,
+        },
+    )
+    assert stop(load_config(other))["stopped"] == []
+    assert ct_pid_alive(container, mine["pid"])
+
+    theirs = detached(other)
+    assert theirs["runs_stopped"] == []
+    again = detached(path)
+    assert [s["pid"] for s in again["runs_stopped"]] == [mine["pid"]]
+    assert ct_pid_alive(container, theirs["pid"])
+    assert [s["pid"] for s in stop(load_config(other))["stopped"]] == [theirs["pid"]]
+    assert ct_pid_alive(container, again["pid"])

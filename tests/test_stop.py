@@ -19,6 +19,8 @@ from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.runs import RunState
 from dflashctl.stop_restart import stop
 from tests.test_deploy_support import (  # noqa: F401
+    LocalProject,
+    kill_runs,
     pid_alive,
     project,
     wait_for,
@@ -258,3 +260,25 @@ def test_worker_processes_go_with_their_trainer_and_are_reported_once(project, s
     assert by_kind["stale"]["group"] is False  # its group holds the shell and a sleep
     wait_for(lambda: not any(pid_alive(w) for w in workers), what="the workers to go")
     assert pid_alive(shell.pid)
+
+
+def test_two_workdirs_in_one_machine_never_stop_each_others_runs(project, tmp_path):
+    """Two experiments, the same entry script name, one machine: each deploy and stop
+    touches its own workdir's runs only (a run of another workdir is never "stale")."""
+    other = LocalProject(tmp_path / "other")
+    try:
+        mine = launch(project)
+        theirs = launch(other)
+        wait_started(project, mine)
+        wait_started(other, theirs)
+
+        again = launch(project)
+        assert [s["pid"] for s in again["runs_stopped"]] == [mine["pid"]]
+        assert pid_alive(theirs["pid"])
+
+        result = stop(other.config())
+        assert [s["pid"] for s in result["stopped"]] == [theirs["pid"]]
+        assert pid_alive(again["pid"])
+        assert state_of(other, theirs["run_id"]).stopped["by"] == "stop"
+    finally:
+        kill_runs(other.workdir)
