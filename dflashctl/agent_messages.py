@@ -62,6 +62,8 @@ class LaunchParams(_LaunchParams, total=False):
     expect: Expectation
     fresh: bool  # start at step 0 instead of continuing the replaced run's training
     by: str  # the dflashctl command that stops the old run: "deploy" | "restart"
+    holder: dict[str, Any]  # {"command", "machine", "pid"}: named to a deploy refused meanwhile
+    wait: bool  # queue behind a deploy in flight instead of being refused
     # deploy only
     archive: str
     base: str | None

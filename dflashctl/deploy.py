@@ -51,6 +51,9 @@ from dflashctl.launching import (
 if TYPE_CHECKING:
     from dflashctl.target import Target
 
+# How long a `--wait` deploy may queue behind another before the call gives up.
+QUEUED_WAIT_S = 24 * 3600
+
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
 ABANDONED_UPLOAD_MIN = 1
 
@@ -101,6 +104,7 @@ class Plan:
     to_stop: list[ProcessToStop]
     command: list[str]
     fresh: bool = False  # the new run starts at step 0 (else it continues the replaced run)
+    wait: bool = False  # queue behind a deploy in flight
 
     @property
     def bytes_to_send(self) -> int:
@@ -196,7 +200,7 @@ def upload_and_deploy(
         f"exec {run_agent}\n"
     )
     stdin = archive + agent_client.agent_input("deploy", params)
-    timeout = 600 + float(params["grace_s"])
+    timeout = 600 + float(params["grace_s"]) + (QUEUED_WAIT_S if params.get("wait") else 0)
     try:
         result = target.transport.run(
             ["sh", "-c", script], stdin=stdin, timeout=timeout, check=False
@@ -241,6 +245,7 @@ class DeployOptions:
     dry_run: bool = False
     start_container: bool = False
     fresh: bool = False  # start at step 0, not from the replaced run's checkpoint
+    wait: bool = False  # queue behind a deploy in flight instead of being refused
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -297,6 +302,7 @@ def plan_from(
         to_stop=to_stop or [],
         command=trainer_command(config, options.extra_args),
         fresh=options.fresh,
+        wait=options.wait,
     )
 
 
@@ -336,7 +342,7 @@ def _execute(config, target, plan, meta, git, started, last):
     command = plan.command
     meta.update(git.result())
     params = launch_params(
-        config, run_id, plan.release, command, meta, fresh=plan.fresh
+        config, run_id, plan.release, command, meta, fresh=plan.fresh, wait=plan.wait
     )
     if last is not None:
         params["expect"] = {"release": last.release, "manifest": last.manifest}

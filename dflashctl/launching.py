@@ -4,7 +4,9 @@ reported and followed."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
 from typing import TYPE_CHECKING, Any, cast
 
 from dflashctl import agent_client, hints, terminal
@@ -32,6 +34,11 @@ def process_scope(config: Config) -> str:
     return "container" if config.container.vmid is not None else "workdir"
 
 
+def lock_holder(command: str) -> dict[str, Any]:
+    """Who holds the workdir's lock while this command runs: said to anyone refused."""
+    return {"command": command, "machine": socket.gethostname(), "pid": os.getpid()}
+
+
 def trainer_command(config: Config, extra_args: list[str]) -> list[str]:
     return [config.container.python, config.trainer.entry, *config.trainer.args, *extra_args]
 
@@ -46,10 +53,13 @@ def launch_params(
     *,
     fresh: bool = False,
     by: str = "deploy",
+    wait: bool = False,
 ) -> LaunchParams:
     return {
         "fresh": fresh,
         "by": by,
+        "holder": lock_holder(by),
+        "wait": wait,
         "workdir": config.container.workdir,
         "release": release,
         "run_id": run_id,
@@ -71,7 +81,7 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
     """Stop stale runs and launch `params["release"]` (None: the current one) in one
     round trip: a deploy with nothing to send, and restart."""
     grace = float(params["grace_s"])
-    timeout = grace + 120
+    timeout = grace + 120 + (24 * 3600 if params.get("wait") else 0)
     try:
         answer = agent_client.call_agent(
             target, config.container.python, "launch", params, timeout=timeout

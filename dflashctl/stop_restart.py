@@ -32,6 +32,7 @@ def restart(
     detach: bool,
     extra_args: list[str] | None = None,
     fresh: bool = False,
+    wait: bool = False,
 ) -> tuple[int, dict[str, Any]]:
     """Stop stale runs and launch the current release again: one round trip, no sync."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
@@ -46,7 +47,9 @@ def restart(
             # nothing, so this says what the user would deploy, which is usually it).
             **git_state(Path(config.trainer.source)),
         }
-        params = launch_params(config, run_id, None, command, meta, fresh=fresh, by="restart")
+        params = launch_params(
+            config, run_id, None, command, meta, fresh=fresh, by="restart", wait=wait
+        )
         t0 = time.monotonic()
         with terminal.spinner("stopping stale runs and launching"):
             launched = stop_and_launch(config, target, params)

@@ -226,9 +226,11 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
 
 
 def check_syntax(source: Path, manifest: Manifest) -> int:
-    """Compile every .py file; the first syntax error becomes a UsageError naming
-    file:line with the offending line and a caret. Returns how many were checked."""
+    """Compile every .py file; syntax errors become one UsageError naming each
+    file:line with the offending line and a caret (all of them: one deploy, not one
+    per broken file, to find them). Returns how many were checked."""
     checked = 0
+    problems: list[str] = []
     for rel in sorted(manifest):
         if not rel.endswith(".py"):
             continue
@@ -237,10 +239,17 @@ def check_syntax(source: Path, manifest: Manifest) -> int:
         try:
             compile(text, str(path), "exec", dont_inherit=True)
         except SyntaxError as exc:
-            raise UsageError(_syntax_message(path, exc), hint="fix it, then deploy again") from None
+            problems.append(_syntax_message(path, exc))
         except ValueError as exc:  # e.g. null bytes in the source
-            raise UsageError(f"{path}: cannot compile: {exc}") from None
+            problems.append(f"{path}: cannot compile: {exc}")
         checked += 1
+    if len(problems) == 1:
+        raise UsageError(problems[0], hint="fix it, then deploy again")
+    if problems:
+        raise UsageError(
+            f"{len(problems)} files do not compile:\n" + "\n".join(problems),
+            hint="fix them, then deploy again",
+        )
     return checked
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 
@@ -135,10 +136,14 @@ def test_without_a_container_there_is_no_proxmox_and_the_host_is_checked(
 
 
 def test_a_local_host_without_ssh(capsys, monkeypatch, tmp_path):
+    from tests.test_deploy_support import write_trainer
+
+    write_trainer(tmp_path / "trainer")  # deploy's local checks are doctor's too
     config = tmp_path / "dflash.yaml"
     config.write_text(
         f"host: {{address: local}}\n"
         f"container: {{vmid: null, workdir: {tmp_path}/work, python: {sys.executable}}}\n"
+        "trainer: {entry: train.py}\n"
     )
     code, checks = doctor_json(capsys, monkeypatch, config)
     assert code == 0, checks
@@ -160,3 +165,34 @@ def test_a_nearly_full_disk_fails_and_points_at_pruning_old_runs(
     assert checks["free disk"]["status"] == "fail"
     assert checks["free disk"]["detail"].startswith("only ")
     assert f"`dflashctl runs --prune 5 -c {path}`" in checks["free disk"]["fix"]
+
+
+def test_doctor_runs_deploys_local_checks_and_reports_every_syntax_error(tmp_path):
+    """ "all checks passed" means a deploy will start: doctor fails (exit 2) on what
+    deploy refuses before contacting anything, and names every broken file at once."""
+    from dflashctl.commands.doctor import run_checks
+    from tests.test_deploy_support import write_local_config, write_trainer
+
+    project = tmp_path / "p"
+    write_trainer(project / "src")
+    (project / "src" / "broken_a.py").write_text("def f(:\n")
+    (project / "src" / "broken_b.py").write_text("x = = 1\n")
+    config = write_local_config(project)
+    doctor = run_checks(str(config), lambda check: None)
+    [source] = [c for c in doctor.checks if c.name == "trainer source"]
+    assert source.status == "fail" and source.config_problem
+    assert "2 files do not compile" in source.detail
+    assert "broken_a.py:1" in source.detail and "broken_b.py:1" in source.detail
+    assert doctor.exit_code == 2
+
+    (project / "src" / "broken_a.py").unlink()
+    (project / "src" / "broken_b.py").unlink()
+    (project / "src" / "train.py").unlink()
+    doctor = run_checks(str(config), lambda check: None)
+    [source] = [c for c in doctor.checks if c.name == "trainer source"]
+    assert source.status == "fail" and "trainer.entry train.py is not in" in source.detail
+
+    shutil.rmtree(project / "src")
+    doctor = run_checks(str(config), lambda check: None)
+    [source] = [c for c in doctor.checks if c.name == "trainer source"]
+    assert source.status == "fail" and doctor.exit_code == 2

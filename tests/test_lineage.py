@@ -81,7 +81,9 @@ def meta_of(project, run_id: str) -> dict:
 
 def deploy_holding(project, hold: int | None, **options) -> dict:
     extra = ["--set", f"debug.hold_at_step={hold}"] if hold else []
-    code, summary = deploy(project.config(), DeployOptions(detach=True, extra_args=extra, **options))
+    code, summary = deploy(
+        project.config(), DeployOptions(detach=True, extra_args=extra, **options)
+    )
     assert code == 0
     return summary
 
@@ -164,7 +166,7 @@ def test_two_redeploys_mid_training_continue_bit_for_bit(project, uninterrupted)
     rows = {line.lstrip("* ").split()[0]: line for line in listing.stdout.splitlines()[1:]}
     assert f"{second['run_id']}@8" in rows[third["run_id"]]
     assert rows[third["run_id"]].endswith("exited 0")
-    assert f"stopped by deploy at " in rows[first["run_id"]]
+    assert "stopped by deploy at " in rows[first["run_id"]]
     assert rows[first["run_id"]].endswith(f"replaced by run {second['run_id']}")
 
 
@@ -219,7 +221,9 @@ def test_a_trainer_not_ours_gets_the_checkpoint_in_env_and_placeholder(project):
 
     def launch(*extra, fresh=False, again=False):
         if again:
-            code, summary = restart(project.config(), detach=True, extra_args=list(extra), fresh=fresh)
+            code, summary = restart(
+                project.config(), detach=True, extra_args=list(extra), fresh=fresh
+            )
         else:
             code, summary = deploy(
                 project.config(), DeployOptions(detach=True, extra_args=list(extra), fresh=fresh)

@@ -16,7 +16,6 @@ import pytest
 
 from dflashctl.agent import processes
 from dflashctl.deploy import DeployOptions, deploy
-from dflashctl.runs import RunState
 from dflashctl.stop_restart import stop
 from tests.test_deploy_support import (  # noqa: F401
     LocalProject,

@@ -124,7 +124,7 @@ def test_a_missing_known_hosts_file_trusts_nothing(pve_host, tmp_path):
     assert not (tmp_path / "none").exists()
 
 
-def test_accept_new_saves_the_key_and_then_verifies_it(pve_host, tmp_path):
+def test_accept_new_saves_the_key_and_then_verifies_it(pve_host, tmp_path, capfd):
     known_hosts = tmp_path / "fresh" / "known_hosts"
     with open_transport(
         host_config(pve_host, known_hosts=str(known_hosts), accept_new_host_key=True)
@@ -133,6 +133,10 @@ def test_accept_new_saves_the_key_and_then_verifies_it(pve_host, tmp_path):
         assert transport.saved_host_keys == [f"[127.0.0.1]:{pve_host.port}"]
     assert known_hosts.read_text() == pve_host.host_key_line + "\n"
     assert known_hosts.stat().st_mode & 0o777 == 0o600
+    # Announced the way OpenSSH announces it, never added silently.
+    said = capfd.readouterr().err
+    assert f"Warning: Permanently added '[127.0.0.1]:{pve_host.port}' (" in said
+    assert "to the list of known hosts" in said and str(known_hosts) in said
     # Now known: a strict connection (and the system ssh) accept it.
     with open_transport(host_config(pve_host, known_hosts=str(known_hosts))) as transport:
         transport.run(["true"])

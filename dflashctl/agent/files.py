@@ -2,7 +2,9 @@
 
 import fcntl
 import hashlib
+import json
 import os
+import time
 
 from .errors import AgentError
 
@@ -31,18 +33,44 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def lock_workdir(workdir):
-    """One deploy/stop at a time per workdir; the lock dies with the process."""
+def lock_workdir(workdir, holder=None, wait=False):
+    """One deploy/restart/stop at a time per workdir; the lock dies with the process.
+    The holder ({"command", "machine", "pid"} of the dflashctl that asked) is written
+    into the lock file, so a refused caller can say who holds it; `wait` queues."""
     os.makedirs(workdir, exist_ok=True)
     fd = os.open(os.path.join(workdir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        raise AgentError(
-            f"another dflashctl deploy, restart or stop is running on {workdir}",
-            "wait for it to finish, then try again",
-        ) from None
+        if not wait:
+            who = describe_holder(os.pread(fd, 4096, 0))
+            os.close(fd)
+            raise AgentError(
+                f"another dflashctl {who} is in flight on {workdir}",
+                "wait for it to finish (or pass --wait to queue behind it), then try again",
+            ) from None
+        fcntl.flock(fd, fcntl.LOCK_EX)  # queued: blocks until the holder is done
+    record = dict(holder or {}, since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record, sort_keys=True).encode("utf-8"), 0)
     return fd
+
+
+def describe_holder(raw):
+    """`deploy (machine laptop, pid 4242, since 2026-11-30T18:02:11Z)` from the lock file."""
+    try:
+        holder = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return "deploy, restart or stop"
+    parts = []
+    if holder.get("machine"):
+        parts.append(f"machine {holder['machine']}")
+    if holder.get("pid"):
+        parts.append(f"pid {holder['pid']}")
+    if holder.get("since"):
+        parts.append(f"since {holder['since']}")
+    what = holder.get("command") or "deploy, restart or stop"
+    return what + (f" ({', '.join(parts)})" if parts else "")
 
 
 def read_int(path):

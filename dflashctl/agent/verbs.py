@@ -54,7 +54,7 @@ def op_inspect(p):
 
 def op_stop(p):
     workdir = p["workdir"]
-    lock = lock_workdir(workdir)
+    lock = lock_workdir(workdir, p.get("holder"), bool(p.get("wait")))
     try:
         stopped = stop_targets(
             workdir,
@@ -72,7 +72,7 @@ def op_stop(p):
 
 def op_launch(p):
     """Stop what runs, point `current` at the release, start the run, record it, clean up."""
-    lock = lock_workdir(p["workdir"])
+    lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
     try:
         return launch(p)
     finally:
@@ -83,7 +83,7 @@ def op_deploy(p):
     """build, then launch, under one lock: the new release is complete and validated
     before anything is stopped; a failed build stops nothing, and no other deploy,
     restart or stop can come between the two."""
-    lock = lock_workdir(p["workdir"])
+    lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
     try:
         started = time.monotonic()
         built = build_release(p)

@@ -38,6 +38,14 @@ def deploy(
             "latest checkpoint.",
         ),
     ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="If another deploy, restart or stop is in flight on this workdir, queue "
+            "behind it instead of being refused.",
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Send the changed trainer files, stop stale runs, launch and follow the new run."""
@@ -52,6 +60,7 @@ def deploy(
         dry_run=dry_run,
         start_container=start_container,
         fresh=fresh,
+        wait=wait,
         extra_args=list(trainer_args or []),
     )
     code, summary = run_deploy(cfg, options)

@@ -222,6 +222,28 @@ def _gpu_probe(target: Target) -> Callable[[], tuple[str, str]]:
     return probe
 
 
+def _source_check(doctor: Doctor, config: Any) -> None:
+    """What deploy checks before it contacts anything (trainer.source, the entry, every
+    .py compiles): "all checks passed" then means a deploy will start."""
+    from dflashctl.deploy import preflight
+
+    start = time.monotonic()
+    try:
+        manifest, checked = preflight(config)
+    except DflashError as exc:
+        doctor.add(Check("trainer source", FAIL, exc.message, exc.hint, True, 0.0))
+        return
+    doctor.add(
+        Check(
+            "trainer source",
+            PASS,
+            f"{config.trainer.source}: {len(manifest)} files, {checked} Python files compile, "
+            f"entry {config.trainer.entry}",
+            seconds=time.monotonic() - start,
+        )
+    )
+
+
 def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Doctor:
     from dflashctl.config import load_config
 
@@ -245,6 +267,7 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
             doctor.skip(name, "needs a valid config")
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
+    _source_check(doctor, config)
 
     from dflashctl.connect import open_proxmox, open_target
 

@@ -28,6 +28,14 @@ def restart(
             "latest checkpoint.",
         ),
     ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="If another deploy, restart or stop is in flight on this workdir, queue "
+            "behind it instead of being refused.",
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Stop stale runs and relaunch the current release; follows unless --detach."""
@@ -37,7 +45,7 @@ def restart(
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
     code, summary = run_restart(
-        cfg, detach=detach, extra_args=list(trainer_args or []), fresh=fresh
+        cfg, detach=detach, extra_args=list(trainer_args or []), fresh=fresh, wait=wait
     )
     if json_output:
         terminal.print_json(summary)

@@ -74,9 +74,7 @@ def print_status(status: dict[str, Any]) -> None:
         "running": "green",
         "exited": "green" if run["exit_code"] == 0 else "red",
         "stopped": "yellow",
-    }.get(
-        run["status"], "red"
-    )
+    }.get(run["status"], "red")
     details = [f"[{colour}]{escape(run['state'])}[/{colour}]"]
     if run["status"] == "running" and run["pid"]:
         details.append(f"pid {run['pid']}")

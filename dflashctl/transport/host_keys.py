@@ -11,6 +11,7 @@ import base64
 import hashlib
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import paramiko
@@ -24,6 +25,14 @@ def fingerprint(key: paramiko.PKey) -> str:
     """The SHA256 fingerprint as `ssh` and `ssh-keygen -l` print it."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def key_type(key: paramiko.PKey) -> str:
+    """OpenSSH's short name: ssh-ed25519 -> ED25519, ecdsa-sha2-nistp256 -> ECDSA."""
+    name = key.get_name()
+    if name.startswith("ecdsa-"):
+        return "ECDSA"
+    return name.removeprefix("ssh-").upper()
 
 
 def load_known_hosts(path: Path) -> paramiko.HostKeys:
@@ -141,3 +150,10 @@ class VerifyingPolicy(paramiko.MissingHostKeyPolicy):
             ) from exc
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.saved.append(hostname)
+        # Said as OpenSSH says it: a key trusted on first use is never added silently.
+        print(
+            f"Warning: Permanently added '{hostname}' ({key_type(key)}) to the list of "
+            f"known hosts ({self.path}; {fingerprint(key)}).",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -113,7 +113,9 @@ class DebugSection:
     tls_fix: bool = True  # False reproduces the CUDA Graph Trees AssertionError on torch <= 2.12
     fail_in: str | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
     stop_at_step: int = 0  # act as if SIGTERM arrived after this step (tests, demos)
-    hold_at_step: int = 0  # after this step, train no further until SIGTERM (tests: redeploy at a known step)
+    hold_at_step: int = (
+        0  # after this step, train no further until SIGTERM (tests: redeploy at a known step)
+    )
     nonfinite_at_steps: list[int] = field(default_factory=list)  # poison the loss at these steps
     profile_steps: list[int] = field(
         default_factory=list
