@@ -52,18 +52,29 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """Was --json given to dflashctl (not among the trainer's arguments after `--`)?"""
+    mine = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in mine
+
+
 def main() -> None:
     debug = os.environ.get("DFLASHCTL_DEBUG") == "1"
+    as_json = _wants_json(sys.argv[1:])
     try:
         # Without standalone mode, click returns a `typer.Exit(code)` raised by a command.
         code = app(standalone_mode=False)
     except DflashError as exc:
         terminal.error(exc.message, exc.hint)
+        if as_json:
+            terminal.print_json_error(exc.message, exc.exit_code, exc.hint)
         if debug:
             raise
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         terminal.err.print("[yellow]interrupted[/yellow]")
+        if as_json:
+            terminal.print_json_error("interrupted", EXIT_INTERRUPTED)
         sys.exit(EXIT_INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -74,6 +85,9 @@ def main() -> None:
         # typer vendors click (typer._click), so match click's exception by its interface.
         if callable(getattr(exc, "show", None)) and hasattr(exc, "exit_code"):
             exc.show()
+            if as_json:
+                message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+                terminal.print_json_error(message, 2, "see --help")
             sys.exit(2)
         raise
     if isinstance(code, int) and code:

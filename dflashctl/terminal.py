@@ -27,11 +27,23 @@ def set_quiet_stdout(quiet: bool) -> None:
     out = err if quiet else Console(highlight=False, soft_wrap=True)
 
 
+_json_printed = False
+
+
 def print_json(data: object, *, indent: int | None = None) -> None:
     """The one JSON object of `--json`, on the real stdout (everything human went to
     stderr), flushed so that a script reading it sees it at once."""
+    global _json_printed
+    _json_printed = True
     sys.stdout.write(json.dumps(data, indent=indent) + "\n")
     sys.stdout.flush()
+
+
+def print_json_error(message: str, exit_code: int, hint: str | None = None) -> None:
+    """A `--json` command that failed still answers with one JSON object on stdout
+    (unless it already printed its own)."""
+    if not _json_printed:
+        print_json({"error": message, "exit_code": exit_code, "hint": hint})
 
 
 def interactive() -> bool:

@@ -56,7 +56,9 @@ def test_a_second_deploy_is_refused_naming_the_holder_and_wait_queues(project):
         )
         assert refused.returncode == 3, refused.stderr
         said = refused.stderr
-        assert f"another dflashctl deploy (machine {socket.gethostname()}, pid {os.getpid()}" in said
+        assert (
+            f"another dflashctl deploy (machine {socket.gethostname()}, pid {os.getpid()}" in said
+        )
         assert "since 20" in said and "--wait" in said
 
         queued = subprocess.Popen(
@@ -77,3 +79,23 @@ def test_a_second_deploy_is_refused_naming_the_holder_and_wait_queues(project):
     assert queued.returncode == 0, err
     third = json.loads(out)
     assert [s["run_id"] for s in third["runs_stopped"]] == [second["run_id"]]
+
+
+def test_json_errors_are_one_object_on_stdout(project, tmp_path):
+    """deploy, status and logs with --json answer a failure on stdout too."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("host: {address: local}\ncontainer: {workdir: 12\n")
+    for argv in (
+        ["deploy", "--json", "-c", str(bad)],
+        ["status", "--json", "-c", str(bad)],
+        ["logs", "--json", "-c", str(bad)],
+        ["logs", "no-such-run", "--json"],
+        ["restart", "--json"],
+    ):
+        done = subprocess.run(
+            [*DFLASHCTL, *argv], cwd=project.root, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode in (2, 3), (argv, done.stderr)
+        answer = json.loads(done.stdout)
+        assert answer["exit_code"] == done.returncode, argv
+        assert answer["error"] and "hint" in answer, argv
