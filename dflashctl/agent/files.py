@@ -20,9 +20,16 @@ def read_text(path, default=None):
 def write_atomic(path, text):
     """Write via a temporary name and rename, so a reader never sees half a file."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # a full disk leaves no half-written temporary behind
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def sha256_file(path):

@@ -125,10 +125,11 @@ def start_run(workdir, run_id, release, p):
     import subprocess
 
     run_dir = os.path.join(runs_dir(workdir), run_id)
-    os.makedirs(run_dir)
     wrapper = os.path.join(run_dir, "launch.sh")
-    with open(wrapper, "w", encoding="utf-8") as f:
-        f.write(p["launch_script"])
+    if not os.path.isfile(wrapper):  # else made before the stop (transaction.prepare_run)
+        os.makedirs(run_dir, exist_ok=True)
+        with open(wrapper, "w", encoding="utf-8") as f:
+            f.write(p["launch_script"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
     env.update(p.get("env") or {})
     env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
@@ -153,14 +154,33 @@ def start_run(workdir, run_id, release, p):
         log.close()
     proc.returncode = 0  # never waited for here: the run outlives this script
     started = time.time()
-    write_atomic(os.path.join(run_dir, "pid"), f"{proc.pid}\n")
+    try:
+        record_started(workdir, run_id, release, p, command, proc.pid, started)
+    except OSError:
+        # A run we cannot record is a run nobody could find or stop: end it now.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        raise
+    return {
+        "id": run_id,
+        "pid": proc.pid,
+        "run_dir": run_dir,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+    }
+
+
+def record_started(workdir, run_id, release, p, command, pid, started):
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    write_atomic(os.path.join(run_dir, "pid"), f"{pid}\n")
     meta = dict(p.get("meta") or {})
     meta.update(
         {
             "run_id": run_id,
             "release": release,
             "command": command,
-            "pid": proc.pid,
+            "pid": pid,
             "cwd": os.path.join(workdir, "current"),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "started_unix": round(started, 3),
@@ -168,4 +188,3 @@ def start_run(workdir, run_id, release, p):
     )
     write_atomic(os.path.join(run_dir, "meta.json"), json.dumps(meta, indent=2, sort_keys=True))
     write_atomic(os.path.join(workdir, "active_run"), run_id + "\n")
-    return {"id": run_id, "pid": proc.pid, "run_dir": run_dir, "started": meta["started"]}

@@ -24,7 +24,6 @@ import time
 
 from .errors import AgentError, StaleBase
 from .files import lock_workdir, tree_bytes
-from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
 from .manifest import real_manifest
 from .processes import process_table
 from .releases import build_release, current_release, gc_releases, releases_dir, swap_current
@@ -34,9 +33,9 @@ from .runs import (
     run_record,
     run_state,
     runs_dir,
-    start_run,
 )
 from .stopping import find_targets, stop_targets
+from .transaction import detached, launch_run, prepare_run, relaunch_previous
 
 
 def op_inspect(p):
@@ -126,6 +125,19 @@ def launch(p):
         raise StaleBase(f"release {release} was changed in place")
     # The run this one replaces: its training continues here unless `fresh`.
     previous = active_run_id(workdir)
+    previous_release = current_release(workdir)
+    run_dir = prepare_run(workdir, run_id, p)  # before anything is stopped
+    try:
+        return detached(lambda: transaction(p, release, previous, previous_release))
+    except AgentError:
+        if os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, "pid")):
+            shutil.rmtree(run_dir, ignore_errors=True)  # never a half-made run folder
+        raise
+
+
+def transaction(p, release, previous, previous_release):
+    """Stop, swap, launch, record: in a child that outlives the caller (detached)."""
+    workdir, run_id = p["workdir"], p["run_id"]
     t0 = time.monotonic()
     stopped = stop_targets(
         workdir,
@@ -140,19 +152,19 @@ def launch(p):
             "check the container with `ps -ef`; the process may be stuck in I/O",
         )
     launch_started = time.monotonic()
-    if current_release(workdir) != release:
-        swap_current(workdir, release)
-    # Asked after the stop: a stopped run writes its last checkpoint on the way out.
-    resume = None if p.get("fresh") or not previous else latest_checkpoint(workdir, previous)
-    p = dict(
-        p,
-        command=fill_placeholders(p["command"], resume),
-        env=dict(p.get("env") or {}, **resume_env(resume)),
-        meta=dict(p.get("meta") or {}, **lineage_meta(resume, previous)),
-    )
-    run = start_run(workdir, run_id, release, p)
-    run["resume"] = resume
-    run["previous_run"] = previous
+    try:
+        run = launch_run(workdir, run_id, release, previous, p)
+    except (AgentError, OSError) as exc:
+        why = exc.message if isinstance(exc, AgentError) else (exc.strerror or str(exc))
+        if previous_release and current_release(workdir) != previous_release:
+            try:
+                swap_current(workdir, previous_release)
+            except OSError:
+                pass
+        raise AgentError(
+            relaunch_previous(workdir, run_id, previous, previous_release, p, why),
+            "free some space or fix the cause, then deploy again",
+        ) from None
     protect = [release] + [
         (r.get("meta") or {}).get("release")
         for r in (run_record(workdir, rid) for rid in run_ids(workdir) if rid != run_id)
