@@ -44,6 +44,7 @@ from dflashctl.launching import (
     lineage_summary,
     print_launched,
     process_scope,
+    report_interrupted,
     stop_and_launch,
     trainer_command,
 )
@@ -337,15 +338,22 @@ def _execute(config, target, plan, meta, git, started, last):
     release this machine deployed there last time), the agent first checks that it
     is still current and intact, else answers `stale` having changed nothing.
     Returns the deploy's JSON summary."""
-    diff, manifest = plan.diff, plan.manifest
     run_id = runs.new_id()
-    command = plan.command
     meta.update(git.result())
     params = launch_params(
-        config, run_id, plan.release, command, meta, fresh=plan.fresh, wait=plan.wait
+        config, run_id, plan.release, plan.command, meta, fresh=plan.fresh, wait=plan.wait
     )
     if last is not None:
         params["expect"] = {"release": last.release, "manifest": last.manifest}
+    try:
+        return _send_and_launch(config, target, plan, params, run_id, started)
+    except KeyboardInterrupt:
+        report_interrupted(config, run_id, float(params["grace_s"]))
+        raise
+
+
+def _send_and_launch(config, target, plan, params, run_id, started):
+    diff, manifest, command = plan.diff, plan.manifest, plan.command
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
     archive_bytes = 0
     t0 = time.monotonic()

@@ -185,3 +185,56 @@ def follow_unless_detached(
     )
     summary["result"] = result.to_json()
     return report_result(result), summary
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def report_interrupted(config: Config, run_id: str, grace_s: float) -> None:
+    """Ctrl-C during a deploy or restart: say what it left. The container-side launch
+    runs on without us once it began, so ask the workdir (a fresh connection) after it
+    settled: the new run launched, or the old one still running."""
+    say = terminal.warning
+    try:
+        target = open_target(config)
+        try:
+            answer = agent_client.call_agent(
+                target,
+                config.container.python,
+                "settle",
+                {"workdir": config.container.workdir, "run_id": run_id, "wait_s": grace_s + 60},
+                timeout=grace_s + 120,
+            )
+        finally:
+            target.close()
+    except (HostError, KeyboardInterrupt) as exc:
+        reason = exc.message if isinstance(exc, HostError) else "interrupted again"
+        say(
+            f"interrupted; could not learn what the deploy left ({reason}): "
+            f"{hints.command('runs')} shows which run is running"
+        )
+        return
+    launched, active = answer.get("launched"), answer.get("active_run")
+    if launched is not None:
+        say(
+            f"interrupted, but the launch had begun and finished in the container: run "
+            f"{run_id} launched (pid {launched.get('pid')}), release {answer.get('release')}; "
+            f"follow it with {hints.command(f'logs -f {run_id}')}"
+        )
+    elif answer.get("busy"):
+        say(
+            "interrupted; the container is still stopping the old run and launching: "
+            f"{hints.command('runs')} shows the outcome shortly"
+        )
+    elif active is not None and active.get("status") == "running":
+        say(
+            f"interrupted before anything was stopped: run {active['id']} still running "
+            f"(release {answer.get('release')}); nothing changed"
+        )
+    elif active is not None:
+        say(
+            f"interrupted: run {run_id} was not launched; the last run {active['id']} "
+            f"is {active.get('status')} and nothing is running; deploy again"
+        )
+    else:
+        say("interrupted before anything was launched; nothing is running")

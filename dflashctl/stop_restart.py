@@ -21,6 +21,7 @@ from dflashctl.launching import (
     lineage_summary,
     print_launched,
     process_scope,
+    report_interrupted,
     stop_and_launch,
     trainer_command,
 )
@@ -51,8 +52,12 @@ def restart(
             config, run_id, None, command, meta, fresh=fresh, by="restart", wait=wait
         )
         t0 = time.monotonic()
-        with terminal.spinner("stopping stale runs and launching"):
-            launched = stop_and_launch(config, target, params)
+        try:
+            with terminal.spinner("stopping stale runs and launching"):
+                launched = stop_and_launch(config, target, params)
+        except KeyboardInterrupt:
+            report_interrupted(config, run_id, float(params["grace_s"]))
+            raise
         print_launched(launched, run_id, command, time.monotonic() - t0)
         summary = {
             "release": launched["release"],

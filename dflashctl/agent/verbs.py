@@ -10,6 +10,7 @@
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
   prune    remove ended runs' folders beyond the newest N (never the active or a running one)
+  settle   after an interrupted deploy: wait for a launch in flight, then say what runs
   hello    nothing: the container keeps the agent (see dflashctl/agent_client.py)
   log      stream a run's train.log in frames (logreader.py; main.py runs it directly)
 
@@ -17,6 +18,7 @@ Every verb that changes the workdir holds its lock from its first check to its l
 change, so what it checked is still true when it acts.
 """
 
+import fcntl
 import os
 import platform
 import shutil
@@ -88,7 +90,15 @@ def op_deploy(p):
         built = build_release(p)
         built["seconds"] = round(time.monotonic() - started, 3)
         launch_params = {k: v for k, v in p.items() if k != "expect"}
-        launched = launch(dict(launch_params, release=built["release"]))
+        try:
+            launched = launch(dict(launch_params, release=built["release"]))
+        except AgentError:
+            # Refused (or undone) before it became current: no orphan release left.
+            if current_release(p["workdir"]) != built["release"]:
+                shutil.rmtree(
+                    os.path.join(releases_dir(p["workdir"]), built["release"]), ignore_errors=True
+                )
+            raise
     finally:
         os.close(lock)
     launched["build"] = built
@@ -227,6 +237,41 @@ def op_prune(p):
     return {"removed": removed, "spared": spared, "runs": len(ids), "dry": bool(p.get("dry"))}
 
 
+def op_settle(p):
+    """After a client was interrupted mid-deploy: wait (up to `wait_s`) for a launch
+    in flight to end (it holds the workdir lock), then say what runs: the run that
+    deploy was launching (`run_id`), and the active one."""
+    workdir = p["workdir"]
+    deadline = time.monotonic() + float(p.get("wait_s", 60))
+    busy = True
+    if os.path.isdir(workdir):
+        fd = os.open(os.path.join(workdir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    busy = False
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.05)
+        finally:
+            os.close(fd)
+    else:
+        busy = False
+    table = process_table()
+    active = active_run_id(workdir)
+    launched = p.get("run_id")
+    exists = launched and os.path.isfile(os.path.join(runs_dir(workdir), launched, "pid"))
+    return {
+        "busy": busy,
+        "active_run": run_record(workdir, active, table) if active else None,
+        "launched": run_record(workdir, launched, table) if exists else None,
+        "release": current_release(workdir),
+    }
+
+
 def op_hello(p):
     """Nothing but the answer: a call that makes the container keep the agent."""
     return {"python": platform.python_version()}
@@ -240,5 +285,6 @@ OPERATIONS = {
     "stop": op_stop,
     "runs": op_runs,
     "prune": op_prune,
+    "settle": op_settle,
     "hello": op_hello,
 }
