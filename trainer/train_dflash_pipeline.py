@@ -60,15 +60,12 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
 
+    # Every check of the config itself (device layout included) has run by now; what is
+    # left needs the target's config.json or the data, and the workload checks those
+    # before it builds the target.
     import torch
     from dflash.pipeline.run import Interrupts, train
-    from dflash.pipeline.warmup import check_device_layout
 
-    try:
-        check_device_layout(cfg.runtime.drafter_devices, cfg.runtime.compile)
-    except TrainConfigError as exc:  # before minutes of set-up, not after
-        print(f"config error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
 
