@@ -77,9 +77,10 @@ def translate(
         parent, key = loc[:-1], str(loc[-1])
         allowed = _field_names(model, parent)
         # A near spelling, else a longer key that starts with this one (keep -> keep_releases).
-        close = difflib.get_close_matches(key, allowed, n=1) or [
-            name for name in allowed if len(key) >= 3 and name.startswith(key)
-        ][:1]
+        close = (
+            difflib.get_close_matches(key, allowed, n=1)
+            or [name for name in allowed if len(key) >= 3 and name.startswith(key)][:1]
+        )
         prefix = key_path(parent) + "." if parent else ""
         suggestion = f" (did you mean {prefix}{close[0]}?)" if close else ""
         text = f"unknown key {prefix}{key}{suggestion}"
