@@ -238,3 +238,39 @@ def test_a_target_folder_without_config_json_is_a_config_error(tmp_path):
     cfg = load_train_config(None, [f"target.path={tmp_path / 'empty'}"])
     with pytest.raises(TrainConfigError, match="target.path: cannot read the model config"):
         DFlashWorkload(cfg)
+
+
+def test_the_trainer_needs_only_its_declared_packages():
+    """The container has torch, transformers, safetensors, pydantic and PyYAML (the
+    `trainer` extra) and what they bring (numpy, tokenizers, pydantic_core): nothing more."""
+    import ast
+
+    declared = {"torch", "transformers", "safetensors", "pydantic", "yaml"}
+    brought = {"numpy", "tokenizers", "pydantic_core"}
+    imported = set()
+    for file in TRAINER.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"dflash"}
+    assert third_party <= declared | brought, third_party - declared - brought
+    pyproject = (TRAINER.parent / "pyproject.toml").read_text()
+    extra = next(line for line in pyproject.splitlines() if line.startswith("trainer = "))
+    for package in ("torch", "transformers", "safetensors", "pydantic", "pyyaml"):
+        assert f'"{package}' in extra, package
+
+
+def test_a_container_without_pydantic_gets_a_sentence_not_a_traceback(tmp_path):
+    probe = (
+        "import sys, runpy; sys.modules['pydantic'] = None; "
+        f"sys.argv = ['train_dflash_pipeline.py', '--config', 'x.yaml']; "
+        f"runpy.run_path({str(TRAINER / 'train_dflash_pipeline.py')!r}, run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode == 1
+    assert "cannot import pydantic, which the trainer needs" in result.stderr
+    assert "Traceback" not in result.stderr

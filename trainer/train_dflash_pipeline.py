@@ -22,8 +22,17 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from dflash.pipeline.logging import RunLog  # noqa: E402
-from dflash.pipeline.train_config import TrainConfig, TrainConfigError, load_train_config  # noqa: E402
+try:
+    from dflash.pipeline.logging import RunLog
+    from dflash.pipeline.train_config import TrainConfig, TrainConfigError, load_train_config
+except ModuleNotFoundError as exc:  # the container's python lacks a trainer dependency
+    if exc.name not in ("pydantic", "pydantic_core", "yaml", "torch", "transformers"):
+        raise
+    sys.exit(
+        f"setup error: {sys.executable} cannot import {exc.name}, which the trainer needs; "
+        f"install the trainer's dependencies there: {sys.executable} -m pip install "
+        "torch transformers safetensors 'pydantic>=2.6' pyyaml"
+    )
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
