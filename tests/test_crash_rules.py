@@ -170,7 +170,10 @@ def test_every_line_a_builtin_rule_matches_holds_one_of_its_keywords():
     ("overrides", "message"),
     [
         ({"keywords": ["shard  "]}, r"regex .* neither contains nor matches any of \['shard  '\]"),
-        ({"keywords": "corrupt", "regex": r"(?i)shard \d+ is corrupt"}, "regex is case-insensitive"),
+        (
+            {"keywords": "corrupt", "regex": r"(?i)shard \d+ is corrupt"},
+            "regex is case-insensitive",
+        ),
         ({"keywords": [3]}, "expected a non-empty string or a list of them"),
         ({"keywords": []}, "expected a non-empty string or a list of them"),
     ],
