@@ -150,6 +150,11 @@ def test_compile_auto_is_cuda_graph_trees_on_gpus_and_eager_on_cpu():
             "c.yaml, --set train.steps=many: train.steps: expected an integer, got 'many'",
         ),
         (
+            "",
+            ["trian.steps=3"],
+            "c.yaml, --set trian.steps=3: unknown key trian (did you mean train?)",
+        ),
+        (
             "runtime:\n  queue_size: 0\n",
             [],
             "c.yaml, line 2, column 3: runtime.queue_size: must be at least 1, got 0",

@@ -385,7 +385,11 @@ def _validated(data: dict, source: str, places: dict, set_by: dict) -> TrainConf
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
         loc, sentence = first_mistake(exc, TrainConfig)
-    override = next((text for key, text in set_by.items() if loc[: len(key)] == key), None)
+    # The --set that gave the value, or the section it created (``--set trian.steps=3``).
+    override = next(
+        (text for key, text in set_by.items() if key[: len(loc)] == loc or loc[: len(key)] == key),
+        None,
+    )
     if override is not None:
         where = f"{source}, --set {override}"
     elif loc in places:
