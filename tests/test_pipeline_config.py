@@ -279,3 +279,29 @@ def test_a_container_without_pydantic_gets_a_sentence_not_a_traceback(tmp_path):
     assert result.returncode == 1
     assert "cannot import pydantic, which the trainer needs" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_drafter_config_derives_its_context_layers_and_gamma_when_built():
+    from dflash.config import DrafterConfig
+
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        num_target_layers=6,
+        mask_token_id=511,
+        block_size=8,
+    )
+    cfg = DrafterConfig(**shape)
+    assert cfg.target_layer_ids == [1, 3] and cfg.gamma == 4.0
+    assert DrafterConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown DrafterConfig key num_layers"):
+        DrafterConfig.from_dict({**cfg.to_dict(), "num_layers": 2})
+    with pytest.raises(ValueError, match=r"^DrafterConfig.target_layer_ids \[6\] are outside"):
+        DrafterConfig(**shape, target_layer_ids=[6])
+    with pytest.raises(ValueError, match="a target with 6 layers has too few layers"):
+        DrafterConfig(**{**shape, "num_hidden_layers": 5})
