@@ -68,8 +68,21 @@ class RunState:
             return f"killed by {signal_name(self.signal)}"
         return self.status
 
+    @property
+    def outcome(self) -> str:
+        """running | finished (ended by itself, exit 0) | crashed (non-zero, or a signal
+        nobody of ours sent) | stopped (by a dflashctl command) | lost."""
+        if self.status in ("running", "stopped", "lost"):
+            return self.status
+        return "finished" if self.ok else "crashed"
+
     def to_json(self) -> dict[str, Any]:
-        data = {"status": self.status, "exit_code": self.exit_code, "signal": self.signal}
+        data: dict[str, Any] = {
+            "status": self.status,
+            "outcome": self.outcome,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+        }
         if self.stopped is not None:
             data["stopped"] = self.stopped
         return data

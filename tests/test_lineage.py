@@ -270,3 +270,21 @@ def test_lineage_follows_runs_without_checkpoints_to_the_last_one(tmp_path):
     shutil.rmtree(ckpt)
     (runs / "a" / "meta.json").write_text(json.dumps({"resumed_from": "c"}))
     assert lineage.latest_checkpoint(str(workdir), "c") is None
+
+
+def test_restart_keeps_the_git_provenance(project):
+    git = ["git", "-C", str(project.source), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    code, deployed = deploy(project.config(), DeployOptions(detach=True))
+    assert code == 0
+    code, restarted = restart(project.config(), detach=True)
+    assert code == 0
+    for summary in (deployed, restarted):
+        meta = meta_of(project, summary["run_id"])
+        assert (meta["git_commit"], meta["git_dirty"]) == (head, False)
+    assert meta_of(project, restarted["run_id"])["restart"] is True
