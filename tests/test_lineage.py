@@ -288,3 +288,22 @@ def test_restart_keeps_the_git_provenance(project):
         meta = meta_of(project, summary["run_id"])
         assert (meta["git_commit"], meta["git_dirty"]) == (head, False)
     assert meta_of(project, restarted["run_id"])["restart"] is True
+
+
+def test_prune_spares_the_checkpoint_the_next_deploy_continues_from(tmp_path):
+    from dflashctl.agent.verbs import op_prune
+
+    workdir = tmp_path / "w"
+    a, b, c = "20260101-000001-aaaa", "20260101-000002-bbbb", "20260101-000003-cccc"
+    for rid in (a, b, c):
+        (workdir / "runs" / rid).mkdir(parents=True)
+        (workdir / "runs" / rid / "exit_code").write_text("0\n")
+    ckpt = workdir / "runs" / a / "outputs" / "checkpoints"
+    (ckpt / "step-000050").mkdir(parents=True)
+    (ckpt / "latest").write_text("step-000050\n")
+    # c (active) continued from a and wrote nothing yet; b is an unrelated fresh run.
+    (workdir / "runs" / c / "meta.json").write_text(json.dumps({"resumed_from": a}))
+    (workdir / "active_run").write_text(c + "\n")
+    answer = op_prune({"workdir": str(workdir), "keep": 0})
+    assert [r["id"] for r in answer["removed"]] == [b]
+    assert sorted(answer["spared"]) == [a, c]

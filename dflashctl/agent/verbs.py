@@ -26,6 +26,7 @@ import time
 
 from .errors import AgentError, StaleBase
 from .files import lock_workdir, tree_bytes
+from .lineage import latest_checkpoint
 from .manifest import real_manifest
 from .processes import process_table
 from .releases import build_release, current_release, gc_releases, releases_dir, swap_current
@@ -211,7 +212,8 @@ def op_runs(p):
 
 def op_prune(p):
     """Remove the folders of ended runs beyond the newest `keep`. Never the active run
-    (launched last) nor one still running, whatever its age. `only` limits it to the
+    (launched last), one still running, nor the run holding the checkpoint the next
+    deploy would continue from, whatever its age. `only` limits it to the
     ids a user confirmed (a run launched meanwhile shifts the oldest ones); `dry` only
     says what would go."""
     workdir = p["workdir"]
@@ -219,6 +221,7 @@ def op_prune(p):
     only = set(p["only"]) if p.get("only") is not None else None
     table = process_table()
     active = active_run_id(workdir)
+    head = latest_checkpoint(workdir, active) if active else None
     ids = run_ids(workdir)
     older = ids[: max(0, len(ids) - keep)]
     removed, spared = [], []
@@ -226,7 +229,7 @@ def op_prune(p):
         if only is not None and rid not in only:
             continue
         state = run_state(workdir, rid, table)
-        if rid == active or state["status"] == "running":
+        if rid == active or state["status"] == "running" or (head and head["run_id"] == rid):
             spared.append(rid)
             continue
         path = os.path.join(runs_dir(workdir), rid)
