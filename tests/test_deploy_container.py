@@ -335,8 +335,15 @@ def test_cli_stop_restart_and_runs_in_the_container(setup):
         [*run, "runs", "-c", str(path), "--json"], capture_output=True, text=True, timeout=60
     )
     runs = {r["id"]: r for r in json.loads(listed.stdout)["runs"]}
-    assert runs[first["run_id"]]["state"] == "exited 0"  # it checkpointed on SIGTERM
-    assert runs[second["run_id"]]["state"] == "exited 0"
+    # Both checkpointed on SIGTERM and exited 0, and both read as stopped: by whom,
+    # when, for which run (a stopped run is never "finished").
+    first_state, second_state = runs[first["run_id"]], runs[second["run_id"]]
+    assert (first_state["status"], first_state["exit_code"]) == ("stopped", 0)
+    assert first_state["stopped"]["by"] == "restart"
+    assert first_state["stopped"]["replaced_by"] == second["run_id"]
+    assert first_state["state"].startswith("stopped by restart at ")
+    assert (second_state["status"], second_state["outcome"]) == ("stopped", "stopped")
+    assert second_state["stopped"]["by"] == "stop"
     assert not ct_pid_alive(container, second["pid"])
 
 
