@@ -66,15 +66,28 @@ class ContainerConfig:
     start_if_stopped: bool = False
 
 
+# Left out of a deploy unless trainer.exclude says otherwise: caches, version control,
+# and the weights, data and run outputs that a trainer folder often holds (a deploy
+# names what it left out).
+DEFAULT_EXCLUDE = [
+    "__pycache__/", "*.pyc", ".git/", ".venv/", "venv/", ".ipynb_checkpoints/",
+    "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.onnx", "*.h5",
+    "*.npy", "*.npz", "*.arrow", "*.parquet",
+    "checkpoints/", "outputs/", "data/", "datasets/", "wandb/", "runs/", "mlruns/",
+    "lightning_logs/",
+]  # fmt: skip
+
+
 @dataclass
 class TrainerConfig:
     source: str = "trainer"
     entry: str = "train_dflash_pipeline.py"
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    exclude: list[str] = field(
-        default_factory=lambda: ["__pycache__/", "*.pyc", ".git/", "checkpoints/", "outputs/"]
-    )
+    exclude: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDE))
+    # A deploy that would send more than this asks first (off a terminal: needs --yes);
+    # null: never ask.
+    confirm_above_mb: float | None = 100.0
 
 
 @dataclass
@@ -372,6 +385,12 @@ def _check_semantics(config: Config, path: Path) -> None:
     for key in tr.env:
         if not _ENV_NAME.match(key):
             fail(f"trainer.env.{key}", "not a valid environment variable name")
+    if tr.confirm_above_mb is not None and tr.confirm_above_mb < 0:
+        fail(
+            "trainer.confirm_above_mb",
+            f"must be 0 or more megabytes, got {tr.confirm_above_mb}",
+            "or null to never ask",
+        )
 
     if config.run.stop_grace_s < 0:
         fail("run.stop_grace_s", f"must be 0 or more seconds, got {config.run.stop_grace_s}")

@@ -211,7 +211,7 @@ def test_interrupted_upload_leaves_previous_release_and_run(project, monkeypatch
     _, first = detached(project.config())
     (project.source / "helpers.py").write_text("def greeting():\n    return 'never arrives'\n")
 
-    def interrupted(config, target, plan, archive, launch):
+    def interrupted(config, target, plan, archive, launch, progress=None):
         # What an interrupted build leaves behind: a half-filled partial release.
         partial = project.workdir / "releases" / f"{plan.new_release}.partial"
         partial.mkdir()

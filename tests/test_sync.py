@@ -1,15 +1,20 @@
-"""sync: gitignore-style excludes, the manifest, the diff, the archive, the syntax check."""
+"""sync and archive: gitignore-style excludes, the manifest, the diff, the streamed archive,
+the syntax check."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from dflashctl.archive import CHUNK, Archive
 from dflashctl.errors import UsageError
 from dflashctl.sync import (
     MANIFEST_NAME,
@@ -17,8 +22,14 @@ from dflashctl.sync import (
     build_manifest,
     check_syntax,
     diff_manifests,
-    make_archive,
+    scan,
 )
+
+
+def make_archive(source, manifest, paths) -> bytes:
+    """The streamed archive, whole (these trees are small), with the manifest as metadata."""
+    metadata = {MANIFEST_NAME: json.dumps(manifest, sort_keys=True).encode()}
+    return Archive(source, manifest, paths, metadata).read_all()
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
@@ -84,7 +95,7 @@ def test_a_chmod_alone_changes_the_manifest_and_travels_as_the_new_mode(tmp_path
     after = build_manifest(src, [])
     assert after["run.sh"][2] == "755" and after["run.sh"][:2] == before["run.sh"][:2]
     assert diff_manifests(after, before).changed == ["run.sh"]
-    with tarfile.open(fileobj=io.BytesIO(make_archive(src, after, ["run.sh"])), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(make_archive(src, after, ["run.sh"])), mode="r:") as tar:
         assert tar.getmember("run.sh").mode == 0o755
 
 
@@ -109,7 +120,7 @@ def test_archive_holds_the_manifest_and_only_the_changed_files(tmp_path):
     (src / "run.sh").chmod(0o755)
     manifest = build_manifest(src, [])
     data = make_archive(src, manifest, ["lib/a.py", "run.sh"])
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         names = tar.getnames()
         assert names == [MANIFEST_NAME, "lib/a.py", "run.sh"]
         assert json.loads(tar.extractfile(MANIFEST_NAME).read()) == manifest
@@ -121,7 +132,7 @@ def test_archive_refuses_a_file_that_changed_after_the_manifest(tmp_path):
     src = tree(tmp_path, {"train.py": "print(1)\n"})
     manifest = build_manifest(src, [])
     (src / "train.py").write_text("print(2)  # saved meanwhile\n")
-    with pytest.raises(UsageError, match="changed while it was being packed"):
+    with pytest.raises(UsageError, match="changed while it was being sent"):
         make_archive(src, manifest, ["train.py"])
 
 
@@ -150,3 +161,100 @@ def test_symlinks_are_deployed_as_what_they_point_at_and_loops_are_cut(tmp_path)
     (src / "dangling.py").symlink_to(tmp_path / "nowhere.py")
     manifest = build_manifest(src, ["/shared/outputs/"])
     assert sorted(manifest) == ["lib/a.py", "shared/util.py", "train.py"]
+
+
+def test_archive_size_is_known_before_reading_and_pieces_stay_small(tmp_path):
+    src = tree(tmp_path, {f"pkg/m{i}.py": f"x = {i}\n" for i in range(300)})
+    (src / "big.dat").write_bytes(os.urandom(3 * CHUNK + 123))
+    manifest = build_manifest(src, [])
+    archive = Archive(src, manifest, sorted(manifest), {})
+    sent: list[int] = []
+    pieces = list(archive.chunks(sent.append))
+    assert sum(map(len, pieces)) == archive.size == sum(sent)
+    assert archive.size % tarfile.RECORDSIZE == 0
+    # Small files share a piece; no piece holds much more than one chunk.
+    assert len(pieces) < 10 and max(map(len, pieces)) < 2 * CHUNK + tarfile.BLOCKSIZE * 4
+    with tarfile.open(fileobj=io.BytesIO(b"".join(pieces)), mode="r:") as tar:
+        assert sorted(tar.getnames()) == sorted(manifest)
+        assert tar.extractfile("big.dat").read() == (src / "big.dat").read_bytes()
+
+
+def test_archive_takes_any_file_name(tmp_path):
+    names = [
+        "MANIFEST.json",
+        "with space.txt",
+        "ünïcode.py",
+        "x" * 120 + "/long.txt",
+        "a\udcffb.txt",
+    ]
+    src = tmp_path / "src"
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(name.encode("utf-8", "surrogateescape"))
+    manifest = build_manifest(src, [])
+    assert sorted(manifest) == sorted(names)
+    data = Archive(src, manifest, sorted(manifest), {}).read_all()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:", encoding="utf-8") as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}
+    assert got == {n: n.encode("utf-8", "surrogateescape") for n in names}
+
+
+def test_archive_stops_before_its_end_when_a_file_shrank(tmp_path):
+    src = tree(tmp_path, {"a.txt": "a" * 1000, "b.txt": "b" * 1000})
+    manifest = build_manifest(src, [])
+    archive = Archive(src, manifest, ["a.txt", "b.txt"], {})
+    (src / "b.txt").write_text("short")
+    produced = bytearray()
+    with pytest.raises(UsageError, match="b.txt changed while it was being sent"):
+        for piece in archive.chunks():
+            produced += piece
+    assert len(produced) < archive.size  # the receiver sees a short upload
+
+
+def test_scan_names_what_the_excludes_left_out(tmp_path):
+    src = tree(
+        tmp_path,
+        {
+            "train.py": "x = 1\n",
+            "model.safetensors": "w" * 5000,
+            "tok.bin": "t" * 10,
+            "data/train.jsonl": "{}\n",
+            "pkg/__pycache__/a.pyc": "junk",
+            "wandb/run-1/log": "l",
+        },
+    )
+    manifest, skipped = scan(src, ["__pycache__/", "*.safetensors", "*.bin", "data/", "wandb/"])
+    assert sorted(manifest) == ["train.py"]
+    assert skipped.names() == ["data/", "wandb/", "model.safetensors", "tok.bin"]
+    line = skipped.describe(lambda n: f"{n} B")
+    assert line == (
+        "left out by trainer.exclude: data/, wandb/, model.safetensors (5000 B), tok.bin (10 B)"
+    )
+    assert scan(src, [])[1].describe(str) is None
+
+
+# Root reads any file: the CLI runs without the capabilities that let it.
+NO_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_unreadable_file_or_folder_is_exit_2_naming_it_before_any_host(tmp_path, what):
+    src = tree(tmp_path / "src", {"train.py": "x = 1\n", "lib/secret.txt": "s"})
+    bad = src / "lib" / "secret.txt" if what == "file" else src / "lib"
+    config = tmp_path / "dflash.yaml"
+    # Port 9 on loopback: nothing listens there; contacting it would be exit 3.
+    config.write_text(
+        "host: {address: 127.0.0.1, port: 9}\ncontainer: {vmid: 200}\n"
+        "trainer: {source: src, entry: train.py}\n"
+    )
+    bad.chmod(0)
+    try:
+        argv = [sys.executable, "-m", "dflashctl", "deploy", "-c", str(config), "--detach"]
+        if os.geteuid() == 0:
+            argv = NO_OVERRIDE + argv
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        bad.chmod(0o755)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot read {bad}: Permission denied" in result.stderr
+    assert "Traceback" not in result.stderr and "127.0.0.1" not in result.stderr
