@@ -44,6 +44,7 @@ from dflashctl.crash import Rule, rules_for
 from dflashctl.errors import HostError, UsageError
 from dflashctl.follow import follow_run, report_result
 from dflashctl.resources import template_path
+from dflashctl.source_cache import SourceCache
 
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
 ABANDONED_UPLOAD_MIN = 1
@@ -118,14 +119,16 @@ def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
     script, every .py compiles. Returns the manifest, how many .py files compile, and
     what trainer.exclude left out."""
     source = Path(config.trainer.source)
-    manifest, skipped = sync.scan(source, config.trainer.exclude)
+    cache = SourceCache(source)
+    manifest, skipped = sync.scan(source, config.trainer.exclude, cache)
     entry = Path(config.trainer.entry).as_posix()
     if entry not in manifest:
         raise UsageError(
             f"trainer.entry {entry} is not in {source} (or trainer.exclude leaves it out)",
             hint="set trainer.entry to a .py file inside trainer.source",
         )
-    checked = sync.check_syntax(source, manifest)
+    checked = sync.check_syntax(source, manifest, cache)
+    cache.save(manifest)
     return manifest, checked, skipped
 
 

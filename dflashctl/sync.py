@@ -20,6 +20,7 @@ from pathlib import Path
 import pathspec
 
 from dflashctl.errors import UsageError
+from dflashctl.source_cache import SourceCache
 
 MANIFEST_NAME = "MANIFEST.json"
 Manifest = dict[str, list]  # path -> [size, sha256, mode]
@@ -146,8 +147,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def scan(source: Path, exclude: Iterable[str]) -> tuple[Manifest, Skipped]:
-    """The manifest of the tree and what trainer.exclude left out of it."""
+def scan(
+    source: Path, exclude: Iterable[str], cache: SourceCache | None = None
+) -> tuple[Manifest, Skipped]:
+    """The manifest of the tree and what trainer.exclude left out of it. With a cache,
+    a file whose size, mtime and inode are as remembered is not read again."""
     source = Path(source)
     if not source.is_dir():
         raise UsageError(
@@ -161,7 +165,12 @@ def scan(source: Path, exclude: Iterable[str]) -> tuple[Manifest, Skipped]:
         path = source / rel
         try:
             stat = path.stat()
-            manifest[rel] = [stat.st_size, sha256_file(path), file_mode(stat.st_mode)]
+            sha = cache.sha256(rel, stat) if cache else None
+            if sha is None:
+                sha = sha256_file(path)
+                if cache:
+                    cache.remember(rel, stat, sha, after=path.stat())
+            manifest[rel] = [stat.st_size, sha, file_mode(stat.st_mode)]
         except OSError as exc:
             raise unreadable(path, exc) from None
     return manifest, skipped
@@ -193,12 +202,17 @@ def diff_manifests(local: Manifest, remote: Manifest | None) -> Diff:
 # --------------------------------------------------------------------------- preflight
 
 
-def check_syntax(source: Path, manifest: Manifest) -> int:
-    """Compile every .py file; the first syntax error becomes a UsageError naming
-    file:line with the offending line and a caret. Returns how many were checked."""
+def check_syntax(source: Path, manifest: Manifest, cache: SourceCache | None = None) -> int:
+    """Compile every .py file (but those whose content the cache knows compiles); the
+    first syntax error becomes a UsageError naming file:line with the offending line
+    and a caret. Returns how many were checked."""
     checked = 0
     for rel in sorted(manifest):
         if not rel.endswith(".py"):
+            continue
+        sha = manifest[rel][1]
+        if cache and cache.compiles(sha):
+            checked += 1
             continue
         path = Path(source) / rel
         try:
@@ -211,6 +225,8 @@ def check_syntax(source: Path, manifest: Manifest) -> int:
             raise UsageError(_syntax_message(path, exc), hint="fix it, then deploy again") from None
         except ValueError as exc:  # e.g. null bytes in the source
             raise UsageError(f"{path}: cannot compile: {exc}") from None
+        if cache and hashlib.sha256(text).hexdigest() == sha:
+            cache.compiled(sha)
         checked += 1
     return checked
 

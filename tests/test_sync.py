@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 from dflashctl.archive import CHUNK, Archive
 from dflashctl.errors import UsageError
+from dflashctl.source_cache import SourceCache
 from dflashctl.sync import (
     MANIFEST_NAME,
     Excludes,
@@ -258,3 +260,41 @@ def test_unreadable_file_or_folder_is_exit_2_naming_it_before_any_host(tmp_path,
     assert result.returncode == 2, result.stderr
     assert f"cannot read {bad}: Permission denied" in result.stderr
     assert "Traceback" not in result.stderr and "127.0.0.1" not in result.stderr
+
+
+def test_source_cache_skips_reading_files_whose_stat_is_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = tree(tmp_path / "src", {"big.dat": "a" * 4096, "new.py": "x = 1\n"})
+    old = time.time_ns() - 60 * 10**9
+    os.utime(src / "big.dat", ns=(old, old))  # older than the racy window
+    first = SourceCache(src)
+    manifest, _ = scan(src, [], first)
+    assert check_syntax(src, manifest, first) == 1
+    first.save(manifest)
+
+    # Same size, same mtime, same inode: taken as unchanged without reading it (as git
+    # does); a file changed just before the scan ("racy") is read every time.
+    (src / "big.dat").write_text("b" * 4096)
+    os.utime(src / "big.dat", ns=(old, old))
+    (src / "new.py").write_text("x = 2\n")
+    again, _ = scan(src, [], SourceCache(src))
+    assert again["big.dat"] == manifest["big.dat"]
+    assert again["new.py"][1] == hashlib.sha256(b"x = 2\n").hexdigest()
+
+    os.utime(src / "big.dat", ns=(old, old + 1))  # any change of mtime: read again
+    third, _ = scan(src, [], SourceCache(src))
+    assert third["big.dat"][1] == hashlib.sha256(b"b" * 4096).hexdigest()
+
+
+def test_source_cache_remembers_only_content_that_compiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = tree(tmp_path / "src", {"a.py": "x = 1\n"})
+    cache = SourceCache(src)
+    manifest, _ = scan(src, [], cache)
+    check_syntax(src, manifest, cache)
+    cache.save(manifest)
+    (src / "a.py").write_text("x = (\n")
+    cache = SourceCache(src)
+    broken, _ = scan(src, [], cache)
+    with pytest.raises(UsageError, match="a.py:1:"):
+        check_syntax(src, broken, cache)
