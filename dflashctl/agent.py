@@ -35,7 +35,11 @@ import sys
 import tarfile
 import time
 
-MANIFEST_NAME = "MANIFEST.json"
+# dflashctl's record of a release (its manifest, and the stat of each file when it was
+# checked) lives beside the release, `releases/<id>.manifest.json`, so that no file of
+# the trainer (a MANIFEST.json of its own included) can collide with it. In the
+# uploaded archive it is the first member, whatever that member's name.
+METADATA_SUFFIX = ".manifest.json"
 KILL_WAIT_S = 5.0
 ABANDONED_UPLOAD_S = 60
 POLL_MIN_S = 0.005
@@ -119,23 +123,48 @@ def file_mode(st_mode):
     return "755" if st_mode & 0o100 else "644"
 
 
+def metadata_path(release_dir):
+    return release_dir.rstrip("/") + METADATA_SUFFIX
+
+
+def stat_identity(st):
+    """What must be unchanged for a file to be taken as not edited since it was hashed
+    (as git's index does): size, inode, mtime. Hard links share all three."""
+    return [st.st_size, st.st_ino, st.st_mtime_ns]
+
+
+def read_metadata(release_dir):
+    """(manifest, stats) recorded for a release; empty for one without a record."""
+    text = read_text(metadata_path(release_dir))
+    try:
+        data = json.loads(text) if text is not None else {}
+        return dict(data["manifest"]), dict(data["stats"])
+    except (ValueError, KeyError, TypeError):
+        return {}, {}
+
+
+def write_metadata(release_dir, manifest, stats):
+    write_atomic(
+        metadata_path(release_dir),
+        json.dumps({"manifest": manifest, "stats": stats}, sort_keys=True),
+    )
+
+
 def real_manifest(release_dir):
     """The release's manifest checked against its files: a file edited in place
     (or removed) since it was deployed gets its real size and hash, or is left out,
-    so the next deploy sends it again."""
-    text = read_text(os.path.join(release_dir, MANIFEST_NAME))
-    if text is None:
-        return {}
-    try:
-        recorded = json.loads(text)
-    except ValueError:
-        return {}
+    so the next deploy sends it again. A file whose stat is as recorded is not read
+    again; files the run wrote into its release (`__pycache__`) are not in the
+    manifest and play no part."""
+    recorded, stats = read_metadata(release_dir)
     manifest = {}
-    for rel in recorded:
+    for rel, entry in recorded.items():
         path = os.path.join(release_dir, rel)
         try:
             st = os.stat(path)
-            manifest[rel] = [st.st_size, sha256_file(path), file_mode(st.st_mode)]
+            unchanged = stats.get(rel) == stat_identity(st)
+            sha = entry[1] if unchanged else sha256_file(path)
+            manifest[rel] = [st.st_size, sha, file_mode(st.st_mode)]
         except OSError:
             continue
     return manifest
@@ -164,8 +193,14 @@ def remove_leftovers(workdir, keep_archive, upload_prefix):
     base = releases_dir(workdir)
     if os.path.isdir(base):
         for name in os.listdir(base):
+            path = os.path.join(base, name)
             if name.endswith(".partial"):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(os.path.join("releases", name))
+            elif name.endswith(METADATA_SUFFIX) and not os.path.isdir(
+                path[: -len(METADATA_SUFFIX)]
+            ):
+                os.unlink(path)  # the record of a release that never got into place
                 removed.append(os.path.join("releases", name))
     if not upload_prefix:
         return removed
@@ -191,12 +226,12 @@ def remove_leftovers(workdir, keep_archive, upload_prefix):
 
 
 def oldest_first(base, names, stamp):
-    """Ids carry their UTC second; within one second, the age of `stamp` (a file written
-    once, when the release or run was made) decides."""
+    """Ids carry their UTC second; within one second, the age of `stamp(name)` (a file
+    written once, when the release or run was made) decides."""
 
     def age(name):
         try:
-            mtime = os.stat(os.path.join(base, name, stamp)).st_mtime_ns
+            mtime = os.stat(stamp(os.path.join(base, name))).st_mtime_ns
         except OSError:
             mtime = 0
         return (name[:15], mtime, name)
@@ -211,7 +246,7 @@ def gc_releases(workdir, keep, protect):
         return []
     names = [n for n in os.listdir(base) if not n.endswith(".partial")]
     names = oldest_first(
-        base, [n for n in names if os.path.isdir(os.path.join(base, n))], MANIFEST_NAME
+        base, [n for n in names if os.path.isdir(os.path.join(base, n))], metadata_path
     )
     kept = set(names[-keep:]) if keep > 0 else set()
     kept.update(p for p in protect if p)
@@ -219,6 +254,10 @@ def gc_releases(workdir, keep, protect):
     for name in names:
         if name not in kept:
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            try:
+                os.unlink(metadata_path(os.path.join(base, name)))
+            except OSError:
+                pass
             removed.append(name)
     return removed
 
@@ -392,7 +431,9 @@ def run_ids(workdir):
         return []
     base = runs_dir(workdir)
     return oldest_first(
-        base, [n for n in names if os.path.isdir(os.path.join(base, n))], "launch.sh"
+        base,
+        [n for n in names if os.path.isdir(os.path.join(base, n))],
+        lambda run_dir: os.path.join(run_dir, "launch.sh"),
     )
 
 
@@ -596,7 +637,8 @@ def build_release(p):
         os.mkdir(partial)
         try:
             base_dir = base and os.path.join(releases_dir(workdir), base)
-            counts = fill_release(partial, archive, base_dir)
+            counts, manifest, stats = fill_release(partial, archive, base_dir)
+            write_metadata(final, manifest, stats)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -612,14 +654,18 @@ def build_release(p):
 
 
 def fill_release(partial, archive, base_dir):
+    """Unpack the archive into `partial`, link the rest from `base_dir`, check every
+    file; returns (counts, manifest, stats)."""
     unpacked = {}
     manifest = None
     with tarfile.open(archive, "r:*") as tar:
         for member in tar:
-            name = safe_member_path(member.name)
-            if name == MANIFEST_NAME:
+            if manifest is None:  # the first member is dflashctl's, whatever its name
+                if not member.isfile():
+                    raise AgentError("the uploaded archive does not start with its manifest")
                 manifest = json.loads(tar.extractfile(member).read().decode("utf-8"))
                 continue
+            name = safe_member_path(member.name)
             if not member.isfile():
                 raise AgentError(f"archive member {member.name!r} is not a regular file")
             dest = os.path.join(partial, name)
@@ -636,17 +682,21 @@ def fill_release(partial, archive, base_dir):
             os.chmod(dest, member.mode & 0o7777)
             unpacked[name] = [member.size, digest.hexdigest()]
     if manifest is None:
-        raise AgentError(f"the uploaded archive has no {MANIFEST_NAME}")
+        raise AgentError("the uploaded archive is empty")
+    base_manifest, base_stats = read_metadata(base_dir) if base_dir else ({}, {})
     linked = copied = 0
+    stats = {}
     for rel, entry in sorted(manifest.items()):
         size, sha, mode = entry
         rel = safe_member_path(rel)
+        dest = os.path.join(partial, rel)
         if rel in unpacked:
             if unpacked[rel] != [size, sha]:
                 raise AgentError(
                     f"{rel} arrived damaged (size or sha256 differs)",
                     "deploy again; if it repeats, check the connection",
                 )
+            stats[rel] = stat_identity(os.stat(dest))
             continue
         if not base_dir:
             raise StaleBase(
@@ -654,7 +704,6 @@ def fill_release(partial, archive, base_dir):
                 "deploy again",
             )
         src = os.path.join(base_dir, rel)
-        dest = os.path.join(partial, rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         try:
             os.link(src, dest)
@@ -668,8 +717,12 @@ def fill_release(partial, archive, base_dir):
             shutil.copy2(src, dest)
             copied += 1
         # Validate what we reuse: the previous release may have been edited in place.
+        # A link whose stat is as recorded for the previous release is that content.
         st = os.stat(dest)
-        if st.st_size != size or sha256_file(dest) != sha:
+        recorded = base_stats.get(rel) == stat_identity(st) and (
+            list(base_manifest.get(rel) or [])[:2] == [size, sha]
+        )
+        if st.st_size != size or not (recorded or sha256_file(dest) == sha):
             raise StaleBase(
                 f"{rel} in the previous release changed since it was inspected", "deploy again"
             )
@@ -679,8 +732,10 @@ def fill_release(partial, archive, base_dir):
             os.unlink(dest)
             shutil.copyfile(src, dest)
             os.chmod(dest, int(mode, 8))
-    write_atomic(os.path.join(partial, MANIFEST_NAME), json.dumps(manifest, sort_keys=True))
-    return {"files": len(manifest), "unpacked": len(unpacked), "linked": linked, "copied": copied}
+            st = os.stat(dest)
+        stats[rel] = stat_identity(st)
+    counts = {"files": len(manifest), "unpacked": len(unpacked), "linked": linked, "copied": copied}
+    return counts, manifest, stats
 
 
 def op_stop(p):
@@ -786,6 +841,7 @@ def start_run(workdir, run_id, release, p):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
     env.update(p.get("env") or {})
     env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
+    env.update(bytecode_env(env, run_dir))
     command = list(p["command"])
     log = open(os.path.join(run_dir, "train.log"), "ab")
     try:
@@ -823,6 +879,18 @@ def start_run(workdir, run_id, release, p):
     write_atomic(os.path.join(run_dir, "meta.json"), json.dumps(meta, indent=2, sort_keys=True))
     write_atomic(os.path.join(workdir, "active_run"), run_id + "\n")
     return {"id": run_id, "pid": proc.pid, "run_dir": run_dir, "started": meta["started"]}
+
+
+def bytecode_env(env, run_dir):
+    """Keep the run's bytecode out of its release: the release stays exactly what was
+    deployed (and may be shared with other runs through hard links). Python 3.8+
+    caches it in the run's folder instead; older ones do not write it. A trainer.env
+    that says otherwise wins."""
+    if "PYTHONPYCACHEPREFIX" in env or "PYTHONDONTWRITEBYTECODE" in env:
+        return {}
+    if sys.version_info < (3, 8):  # noqa: UP036 (the agent runs on 3.6+; so may the trainer)
+        return {"PYTHONDONTWRITEBYTECODE": "1"}
+    return {"PYTHONPYCACHEPREFIX": os.path.join(run_dir, "pycache")}
 
 
 def op_runs(p):

@@ -490,7 +490,7 @@ def _execute(config, target, plan, meta, git, started, last):
     archive_bytes = 0
     t0 = time.monotonic()
     if plan.new_release:
-        metadata = {sync.MANIFEST_NAME: json.dumps(manifest, sort_keys=True).encode()}
+        metadata = {sync.METADATA_MEMBER: json.dumps(manifest, sort_keys=True).encode()}
         archive = Archive(Path(config.trainer.source), manifest, diff.changed, metadata)
         archive_bytes = archive.size
         size = terminal.human_bytes(plan.bytes_to_send)

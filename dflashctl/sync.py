@@ -22,7 +22,10 @@ import pathspec
 from dflashctl.errors import UsageError
 from dflashctl.source_cache import SourceCache
 
-MANIFEST_NAME = "MANIFEST.json"
+# The archive's first member: the manifest of the whole new release. The agent takes
+# the first member as such whatever its name, so a trainer file of any name (this one,
+# or a MANIFEST.json of its own) is just a file.
+METADATA_MEMBER = ".dflashctl/manifest.json"
 Manifest = dict[str, list]  # path -> [size, sha256, mode]
 
 

@@ -1,10 +1,12 @@
-"""What a deploy says about what it sends: the size question, the left-out line, progress."""
+"""What a deploy sends and says about it: the size question, the left-out line, progress;
+files of any name; the run's bytecode kept out of its release."""
 
 # ruff: noqa: F811  (the `project` fixture is imported, and then asked for by name)
 from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -13,7 +15,7 @@ from rich.console import Console
 
 from dflashctl import terminal
 from dflashctl.config import DEFAULT_EXCLUDE
-from tests.test_deploy_support import project  # noqa: F401
+from tests.test_deploy_support import project, release_manifest, wait_for  # noqa: F401
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 
@@ -26,6 +28,8 @@ def cli_deploy(project, *extra: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=60,
         stdin=subprocess.DEVNULL,
+        # As on a usual machine: Python writes bytecode (this one's CI may say not to).
+        env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
     )
 
 
@@ -112,3 +116,55 @@ def test_transfer_reports_nothing_with_json(monkeypatch):
         for _ in range(10):
             sent(1)
     assert buffer.getvalue() == ""
+
+
+def test_any_file_name_deploys_manifest_json_included(project):
+    user_manifest = '{"vocab": "tok.json", "shards": 4}'
+    (project.source / "MANIFEST.json").write_text(user_manifest)
+    (project.source / ".dflashctl").mkdir()
+    (project.source / ".dflashctl" / "manifest.json").write_text("{}")
+    (project.source / "with space ü.txt").write_text("odd\n")
+    first = cli_deploy(project, "--json")
+    assert first.returncode == 0, first.stderr
+    release = project.current()
+    assert (release / "MANIFEST.json").read_text() == user_manifest
+    assert (release / ".dflashctl" / "manifest.json").read_text() == "{}"
+    assert (release / "with space ü.txt").read_text() == "odd\n"
+    assert "MANIFEST.json" in release_manifest(release)
+
+    (project.source / "MANIFEST.json").write_text('{"shards": 8}')
+    again = cli_deploy(project, "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["files_sent"] == 1
+    assert (project.current() / "MANIFEST.json").read_text() == '{"shards": 8}'
+
+
+def test_the_run_writes_its_bytecode_outside_its_release(project):
+    first = cli_deploy(project, "--json")
+    assert first.returncode == 0, first.stderr
+    run_dir = project.run_dir(json.loads(first.stdout)["run_id"])
+    # The fake trainer imports helpers.py: its bytecode goes to the run's folder.
+    wait_for(lambda: list((run_dir / "pycache").rglob("helpers*.pyc")), what="helpers' bytecode")
+    assert not list(project.current().rglob("__pycache__"))
+
+
+def test_bytecode_written_into_a_release_breaks_no_later_deploy(project):
+    # A trainer.env that asks for the old behaviour: bytecode next to the sources.
+    set_trainer(project, env={"PYTHONPYCACHEPREFIX": ""})
+    first = cli_deploy(project, "--json")
+    assert first.returncode == 0, first.stderr
+    old_release = project.current()
+    wait_for(lambda: list(old_release.glob("__pycache__/helpers*.pyc")), what="bytecode")
+
+    (project.source / "train.py").write_text(
+        (project.source / "train.py").read_text() + "# edited\n"
+    )
+    again = cli_deploy(project, "--json")
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    # One round trip (the remembered manifest still matches), one file sent, and the
+    # previous release keeps what its run wrote.
+    assert "inspected" not in again.stderr
+    assert summary["files_sent"] == 1 and summary["previous_release"] == old_release.name
+    assert list(old_release.glob("__pycache__/helpers*.pyc"))
+    assert not (project.current() / "__pycache__" / "junk.pyc").exists()

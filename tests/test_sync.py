@@ -19,7 +19,7 @@ from dflashctl.archive import CHUNK, Archive
 from dflashctl.errors import UsageError
 from dflashctl.source_cache import SourceCache
 from dflashctl.sync import (
-    MANIFEST_NAME,
+    METADATA_MEMBER,
     Excludes,
     build_manifest,
     check_syntax,
@@ -30,7 +30,7 @@ from dflashctl.sync import (
 
 def make_archive(source, manifest, paths) -> bytes:
     """The streamed archive, whole (these trees are small), with the manifest as metadata."""
-    metadata = {MANIFEST_NAME: json.dumps(manifest, sort_keys=True).encode()}
+    metadata = {METADATA_MEMBER: json.dumps(manifest, sort_keys=True).encode()}
     return Archive(source, manifest, paths, metadata).read_all()
 
 
@@ -124,8 +124,8 @@ def test_archive_holds_the_manifest_and_only_the_changed_files(tmp_path):
     data = make_archive(src, manifest, ["lib/a.py", "run.sh"])
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         names = tar.getnames()
-        assert names == [MANIFEST_NAME, "lib/a.py", "run.sh"]
-        assert json.loads(tar.extractfile(MANIFEST_NAME).read()) == manifest
+        assert names == [METADATA_MEMBER, "lib/a.py", "run.sh"]
+        assert json.loads(tar.extractfile(METADATA_MEMBER).read()) == manifest
         assert tar.extractfile("lib/a.py").read() == b"a = 1\n"
         assert tar.getmember("run.sh").mode == 0o755
 
