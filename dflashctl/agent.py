@@ -657,8 +657,10 @@ def fill_release(partial, archive, base_dir):
     """Unpack the archive into `partial`, link the rest from `base_dir`, check every
     file; returns (counts, manifest, stats)."""
     unpacked = {}
+    stats = {}
     manifest = None
-    with tarfile.open(archive, "r:*") as tar:
+    folders = {partial}  # made already: thousands of small files share a few folders
+    with tarfile.open(archive, "r:") as tar:
         for member in tar:
             if manifest is None:  # the first member is dflashctl's, whatever its name
                 if not member.isfile():
@@ -669,7 +671,10 @@ def fill_release(partial, archive, base_dir):
             if not member.isfile():
                 raise AgentError(f"archive member {member.name!r} is not a regular file")
             dest = os.path.join(partial, name)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            folder = os.path.dirname(dest)
+            if folder not in folders:
+                os.makedirs(folder, exist_ok=True)
+                folders.add(folder)
             digest = hashlib.sha256()
             src = tar.extractfile(member)
             with open(dest, "wb") as out:
@@ -679,13 +684,14 @@ def fill_release(partial, archive, base_dir):
                         break
                     digest.update(chunk)
                     out.write(chunk)
-            os.chmod(dest, member.mode & 0o7777)
+                out.flush()
+                os.fchmod(out.fileno(), member.mode & 0o7777)
+                stats[name] = stat_identity(os.fstat(out.fileno()))
             unpacked[name] = [member.size, digest.hexdigest()]
     if manifest is None:
         raise AgentError("the uploaded archive is empty")
     base_manifest, base_stats = read_metadata(base_dir) if base_dir else ({}, {})
     linked = copied = 0
-    stats = {}
     for rel, entry in sorted(manifest.items()):
         size, sha, mode = entry
         rel = safe_member_path(rel)
@@ -696,7 +702,6 @@ def fill_release(partial, archive, base_dir):
                     f"{rel} arrived damaged (size or sha256 differs)",
                     "deploy again; if it repeats, check the connection",
                 )
-            stats[rel] = stat_identity(os.stat(dest))
             continue
         if not base_dir:
             raise StaleBase(
@@ -704,7 +709,10 @@ def fill_release(partial, archive, base_dir):
                 "deploy again",
             )
         src = os.path.join(base_dir, rel)
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        folder = os.path.dirname(dest)
+        if folder not in folders:
+            os.makedirs(folder, exist_ok=True)
+            folders.add(folder)
         try:
             os.link(src, dest)
             linked += 1
