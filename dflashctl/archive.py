@@ -15,13 +15,14 @@ outruns a single-threaded gzip.
 from __future__ import annotations
 
 import hashlib
+import json
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import UsageError
-from dflashctl.sync import Manifest, unreadable
+from dflashctl.sync import METADATA_MEMBER, Manifest, unreadable
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # 20 blocks: tar pads the whole archive to a record
@@ -69,6 +70,13 @@ class Archive:
         end = self._members_bytes + 2 * BLOCK
         self.size = end + _padding(end, RECORD)
         self.files = len(members) - len(extra)
+
+    @classmethod
+    def of_release(cls, source: Path, manifest: Manifest, paths: Iterable[str]) -> Archive:
+        """What a deploy sends: the manifest of the whole new release first (the agent
+        takes the first member as such, whatever its name), then the files in `paths`."""
+        metadata = json.dumps(manifest, sort_keys=True).encode()
+        return cls(source, manifest, paths, {METADATA_MEMBER: metadata})
 
     def chunks(self, progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
         """The archive in pieces of about CHUNK bytes (small files share one);

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pathspec
 
+# One definition of file modes, shared with the agent that checks releases where the
+# trainer runs.
+from dflashctl.agent.manifest import file_mode
 from dflashctl.errors import UsageError
 from dflashctl.source_cache import SourceCache
 
@@ -27,11 +30,6 @@ from dflashctl.source_cache import SourceCache
 # or a MANIFEST.json of its own) is just a file.
 METADATA_MEMBER = ".dflashctl/manifest.json"
 Manifest = dict[str, list]  # path -> [size, sha256, mode]
-
-
-def file_mode(st_mode: int) -> str:
-    """The part of a file's permissions a release keeps: executable by its owner or not."""
-    return "755" if st_mode & 0o100 else "644"
 
 
 # --------------------------------------------------------------------------- excludes

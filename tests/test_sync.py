@@ -30,8 +30,7 @@ from dflashctl.sync import (
 
 def make_archive(source, manifest, paths) -> bytes:
     """The streamed archive, whole (these trees are small), with the manifest as metadata."""
-    metadata = {METADATA_MEMBER: json.dumps(manifest, sort_keys=True).encode()}
-    return Archive(source, manifest, paths, metadata).read_all()
+    return Archive.of_release(source, manifest, paths).read_all()
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
