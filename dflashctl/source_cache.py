@@ -16,13 +16,15 @@ import os
 import time
 from pathlib import Path
 
+from platformdirs import user_cache_path
+
 RACY_NS = 2_000_000_000  # files changed this recently are hashed every time
 
 
 def _path(source: Path) -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     digest = hashlib.sha256(os.path.realpath(source).encode()).hexdigest()[:24]
-    return Path(base) / "dflashctl" / "sources" / f"{digest}.json"
+    # Beside what releases.py remembers of each target (XDG_CACHE_HOME on Linux).
+    return user_cache_path("dflashctl", appauthor=False) / "sources" / f"{digest}.json"
 
 
 class SourceCache:
