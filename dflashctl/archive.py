@@ -19,6 +19,7 @@ import json
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from dflashctl.errors import UsageError
@@ -78,14 +79,20 @@ class Archive:
         metadata = json.dumps(manifest, sort_keys=True).encode()
         return cls(source, manifest, paths, {METADATA_MEMBER: metadata})
 
-    def chunks(self, progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    def chunks(
+        self, progress: Callable[[int], None] | None = None, digest: Any = None
+    ) -> Iterator[bytes]:
         """The archive in pieces of about CHUNK bytes (small files share one);
-        `progress(n)` once the consumer has taken (sent) a piece of n bytes."""
+        `progress(n)` once the consumer has taken (sent) a piece of n bytes. `digest`
+        (a hashlib object), if given, sees every piece: the whole archive's hash is
+        known once the last piece has gone, to be sent after it (nothing is read twice)."""
         buffer = bytearray()
 
         def flush() -> Iterator[bytes]:
             data = bytes(buffer)
             buffer.clear()
+            if digest is not None:
+                digest.update(data)
             yield data
             if progress is not None:
                 progress(len(data))

@@ -170,8 +170,10 @@ def test_archive_size_is_known_before_reading_and_pieces_stay_small(tmp_path):
     manifest = build_manifest(src, [])
     archive = Archive(src, manifest, sorted(manifest), {})
     sent: list[int] = []
-    pieces = list(archive.chunks(sent.append))
+    digest = hashlib.sha256()
+    pieces = list(archive.chunks(sent.append, digest))
     assert sum(map(len, pieces)) == archive.size == sum(sent)
+    assert digest.hexdigest() == hashlib.sha256(b"".join(pieces)).hexdigest()
     assert archive.size % tarfile.RECORDSIZE == 0
     # Small files share a piece; no piece holds much more than one chunk.
     assert len(pieces) < 10 and max(map(len, pieces)) < 2 * CHUNK + tarfile.BLOCKSIZE * 4
