@@ -19,8 +19,8 @@ import json
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from dflashctl.errors import UsageError
 from dflashctl.sync import METADATA_MEMBER, Manifest, unreadable
