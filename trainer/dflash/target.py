@@ -228,11 +228,16 @@ def greedy_generate(
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
     stop_token_ids: list[int] | None = None,
+    margins: list[float] | None = None,
 ) -> tuple[list[int], int]:
-    """The target's own greedy continuation of one prompt [1, P] -> (new token ids, target forwards)."""
+    """The target's own greedy continuation of one prompt [1, P] -> (new token ids, target forwards).
+
+    `margins`, when given, receives the top-1 minus top-2 logit of every chosen token.
+    """
     cache = new_cache(target)
     out = cached_forward(target, prompt_ids, 0, cache, hidden=False)
     token = int(out.logits[0, -1].argmax())
+    _record_margin(margins, out.logits[0, -1])
     generated, forwards = [token], 1
     stops = set(stop_token_ids or [])
     while len(generated) < max_new_tokens and token not in stops:
@@ -241,9 +246,16 @@ def greedy_generate(
             target, step, prompt_ids.shape[1] + len(generated) - 1, cache, hidden=False
         )
         token = int(out.logits[0, -1].argmax())
+        _record_margin(margins, out.logits[0, -1])
         generated.append(token)
         forwards += 1
     return generated, forwards
+
+
+def _record_margin(margins: list[float] | None, logits: torch.Tensor) -> None:
+    if margins is not None:
+        top = logits.float().topk(2).values
+        margins.append(float(top[0] - top[1]))
 
 
 @torch.no_grad()
