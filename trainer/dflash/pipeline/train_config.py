@@ -85,6 +85,7 @@ class TrainSection:
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: int = 3  # stop after more than this many non-finite losses
     loss_chunk: int = 0  # rows per loss chunk; 0 -> the objective's default
+    export_dtype: str = "bfloat16"  # checkpoint drafter/ export; resume state stays fp32
 
 
 @dataclass(kw_only=True)
@@ -106,6 +107,9 @@ class EvalSection:
     enabled: bool = True
     num_prompts: int = 4
     max_new_tokens: int = 64
+    holdout: int | None = None  # data-file samples kept from training; None: num_prompts
+    source: str | None = None  # .jsonl/.txt of eval prompts instead of held-out samples
+    prompt_tokens: int = 32  # plain text: prompt with a document's first tokens (<= half)
 
 
 @dataclass(kw_only=True)
@@ -234,6 +238,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("runtime.schedule", cfg.runtime.schedule, SCHEDULES)
     _check_choice("target.dtype", cfg.target.dtype, DTYPES)
     _check_choice("drafter.dtype", cfg.drafter.dtype, DTYPES)
+    _check_choice("train.export_dtype", cfg.train.export_dtype, DTYPES)
     _check_choice("drafter.attention", cfg.drafter.attention, ATTENTION_BACKENDS)
     _check_choice("target.preset", cfg.target.preset, ("tiny", "small", "qwen3-8b"))
     positive = {
@@ -246,6 +251,7 @@ def validate(cfg: TrainConfig) -> None:
         "drafter.attention_chunk": cfg.drafter.attention_chunk,
         "drafter.num_layers": cfg.drafter.num_layers,
         "drafter.block_size": cfg.drafter.block_size,
+        "eval.prompt_tokens": cfg.eval.prompt_tokens,
     }
     for key, value in positive.items():
         if value < 1:
@@ -275,6 +281,8 @@ def validate(cfg: TrainConfig) -> None:
             f"data.seq_len ({cfg.data.seq_len}) must be at least twice drafter.block_size "
             f"({cfg.drafter.block_size})"
         )
+    if cfg.eval.holdout is not None and cfg.eval.holdout < 0:
+        raise TrainConfigError(f"eval.holdout: must be >= 0, got {cfg.eval.holdout}")
     if cfg.debug.fail_in is not None:
         parse_fail_in(cfg.debug.fail_in)
 
