@@ -282,6 +282,15 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._last: Path | None = None
+        self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        """Half-written folders of a run that was killed mid-write (one writer per run dir)."""
+        folder = self.output_dir / "checkpoints"
+        if folder.is_dir():
+            for path in folder.glob(".step-*"):
+                if ".tmp-" in path.name or ".old-" in path.name:
+                    shutil.rmtree(path, ignore_errors=True)
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
