@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 
@@ -49,13 +51,7 @@ def _parse(argv):
 def load_config(folder: Path, config: str | None, overrides: list[str]):
     """The trainer config: the YAML given, else the one saved with the checkpoint."""
     from dflash.pipeline.checkpointing import saved_config
-    from dflash.pipeline.train_config import (
-        TrainConfigError,
-        _apply_override,
-        config_from_dict,
-        load_train_config,
-        parse_override,
-    )
+    from dflash.pipeline.train_config import TrainConfigError, config_from_dict, load_train_config
 
     if config is not None:
         return load_train_config(config, overrides)
@@ -65,7 +61,14 @@ def load_config(folder: Path, config: str | None, overrides: list[str]):
             f"{folder} holds no saved run config (a bare drafter folder?): pass --config"
         )
     for text in overrides:
-        _apply_override(data, *parse_override(text))
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            raise TrainConfigError(f"--set {text!r}: expected key=value, e.g. eval.num_prompts=8")
+        *parents, leaf = key.strip().split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw) if raw.strip() else None
     return config_from_dict(data)
 
 
