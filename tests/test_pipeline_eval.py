@@ -30,12 +30,18 @@ def _evaluate(*args: str) -> subprocess.CompletedProcess:
 
 def test_end_of_run_eval_equals_a_fresh_process_eval_of_the_checkpoint(tmp_path):
     cfg = load_train_config(
-        TINY, [f"output_dir={tmp_path}", "train.steps=120", "data.num_samples=64"]
+        TINY,
+        [
+            f"output_dir={tmp_path}",
+            "train.steps=60",
+            "data.num_samples=32",
+            "eval.max_new_tokens=24",
+        ],
     )
     log = io.StringIO()
     result = train(cfg, DFlashWorkload(cfg), RunLog(log), handle_signals=False)
     assert result.exit_code == 0, log.getvalue()[-2000:]
-    checkpoint = tmp_path / "checkpoints" / "step-000120"
+    checkpoint = tmp_path / "checkpoints" / "step-000060"
     assert result.checkpoint == checkpoint
     assert f"| checkpoint {checkpoint} (drafter bfloat16) |" in result.eval_line
     in_run = json.loads((checkpoint / "eval.json").read_text())
