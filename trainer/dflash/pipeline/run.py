@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 
 from dflash.pipeline import checkpointing as ckpt
+from dflash.pipeline.distributed import Coordinator, DistInfo, PeerFailure
 from dflash.pipeline.logging import RunLog, header_lines
 from dflash.pipeline.optim import MasterWeightAdamW
-from dflash.pipeline.replicas import GradientAverager
+from dflash.pipeline.replicas import DistributedAverager, GradientAverager
 from dflash.pipeline.supervisor import StopQueue, Supervisor
 from dflash.pipeline.threads import (
     DrafterReplica,
@@ -28,7 +29,7 @@ from dflash.pipeline.threads import (
     run_prefetcher,
     run_target_loop,
 )
-from dflash.pipeline.train_config import TrainConfig, parse_fail_in
+from dflash.pipeline.train_config import TrainConfig, TrainConfigError, parse_fail_in
 from dflash.pipeline.warmup import WarmupGate, check_device_layout
 from dflash.pipeline.workload import Workload
 
@@ -102,16 +103,31 @@ def train(
     source_dir: Path | None = None,
     handle_signals: bool = True,
     interrupts: Interrupts | None = None,
+    coordinator: Coordinator | None = None,
 ) -> TrainResult:
     """Train; ``interrupts`` (SIGTERM/SIGINT state) may be installed by the caller before
-    the slow set-up, so a stop during it is not lost."""
+    the slow set-up, so a stop during it is not lost. ``coordinator``: this process is
+    one rank of a torchrun job (see distributed.py)."""
     interrupts = interrupts or Interrupts(log)
     if handle_signals:
         interrupts.install()
     try:
-        return _train(
-            cfg, workload, log, resume=resume, source_dir=source_dir, interrupts=interrupts
+        result = _train(
+            cfg,
+            workload,
+            log,
+            resume=resume,
+            source_dir=source_dir,
+            interrupts=interrupts,
+            coordinator=coordinator,
         )
+        if coordinator is not None and result.exit_code == 0 and not result.stuck_threads:
+            try:
+                coordinator.finish()  # every rank leaves together (rank 0 may still evaluate)
+            except PeerFailure as exc:
+                log.line(f"training failed: {coordinator.info.label()}: {exc}")
+                result.exit_code = 1
+        return result
     finally:
         if handle_signals:
             interrupts.restore()
@@ -125,23 +141,37 @@ def _train(
     resume: bool,
     source_dir: Path | None,
     interrupts: Interrupts,
+    coordinator: Coordinator | None = None,
 ) -> TrainResult:
     runtime = cfg.runtime
+    info = coordinator.info if coordinator is not None else DistInfo()
     check_device_layout(runtime.drafter_devices, runtime.compile)
+    if coordinator is not None and len(runtime.drafter_devices) != 1:
+        raise TrainConfigError(
+            f"runtime.drafter_devices: {runtime.drafter_devices} under torchrun; each process "
+            "runs one drafter: start one process per GPU (torchrun --nproc-per-node N) with "
+            "drafter_devices: [cuda:0]"
+        )
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     output_dir = cfg.resolved_output_dir()
-    for row in header_lines(
-        cfg.to_dict(), runtime.target_devices + runtime.drafter_devices, source_dir or Path.cwd()
-    ):
-        log.line(row)
-    for row in workload.describe():
-        log.line(row)
-    log.line(f"output_dir: {output_dir}")
+    devices = runtime.target_devices + runtime.drafter_devices
+    if info.is_lead:
+        for row in header_lines(cfg.to_dict(), devices, source_dir or Path.cwd()):
+            log.line(row)
+        for row in workload.describe():
+            log.line(row)
+        log.line(f"output_dir: {output_dir}")
+    if coordinator is not None:
+        log.line(
+            f"distributed: {info.label()}, local rank {info.local_rank}/{info.local_world_size}, "
+            f"{coordinator.backend}, target on {', '.join(runtime.target_devices)}, drafter on "
+            f"{runtime.drafter_devices[0]}"
+        )
 
     resume_state = None
     if resume:
-        found = ckpt.latest_checkpoint(output_dir)
+        found = _checkpoint_to_resume(output_dir, coordinator)
         if found is None:
             log.line(f"resume: no checkpoint under {output_dir}; starting at step 0")
         else:
@@ -152,6 +182,8 @@ def _train(
                 log.line("resume: config differs from the checkpoint's in " + ", ".join(changed))
 
     supervisor = Supervisor(log)
+    if coordinator is not None:
+        _connect_failures(supervisor, coordinator, info)
     term = interrupts.term
     drafter_devices = [torch.device(d) for d in runtime.drafter_devices]
     target_devices = [torch.device(d) for d in runtime.target_devices]
@@ -197,13 +229,22 @@ def _train(
     if resume_state is not None:
         ckpt.restore_rng(resume_state.rng)
 
+    comm_dtype = getattr(torch, runtime.grad_comm_dtype)
+    if coordinator is not None:
+        averager = DistributedAverager(
+            info.world_size, term.is_set, comm_dtype, runtime.grad_bucket_mb, coordinator.explain
+        )
+    else:
+        averager = GradientAverager(num_drafters, supervisor, term.is_set, comm_dtype)
     ctx = RunContext(
         cfg=cfg,
         workload=workload,
         log=log,
         supervisor=supervisor,
         gate=WarmupGate(num_drafters, supervisor),
-        averager=GradientAverager(num_drafters, supervisor, term.is_set),
+        averager=averager,
+        dist=info,
+        coordinator=coordinator,
         term_requested=term,
         replicas=replicas,
         start_step=start_step,
@@ -213,7 +254,20 @@ def _train(
         peak_flops=peak_flops(cfg),
     )
 
+    saves = [0]  # every rank saves at the same steps: the count names the store barrier
+
     def save(step: int, export: bool = True) -> Path:
+        """Rank 0 writes; under torchrun every rank waits until the checkpoint is complete."""
+        saves[0] += 1
+        if not info.is_lead:
+            coordinator.barrier(f"checkpoint-{saves[0]}")
+            return ckpt.checkpoint_dir(output_dir, step)
+        path = _write(step, export)
+        if coordinator is not None:
+            coordinator.barrier(f"checkpoint-{saves[0]}")
+        return path
+
+    def _write(step: int, export: bool) -> Path:
         started = time.perf_counter()
         lead = replicas[0]
         state = ckpt.TrainingState(
@@ -231,6 +285,10 @@ def _train(
 
     ctx.on_checkpoint = save
 
+    if coordinator is not None and coordinator.vote("setup", int(term.is_set())):
+        term.set()  # SIGTERM reached some rank during the set-up: every rank stops here
+    if coordinator is not None and info.world_size > 1 and not term.is_set():
+        _start_from_rank0_weights(replicas[0])
     if term.is_set():
         log.line("stopped before training started: nothing trained, no checkpoint written")
         return TrainResult(exit_code=0, completed_steps=start_step, replicas=replicas)
@@ -238,7 +296,10 @@ def _train(
 
     # ---- threads (drafters first: they warm up while everything else waits at the gate)
     remaining = max(0, total_steps - start_step)
-    drafter_threads = [supervisor.spawn(r.name, lambda r=r: run_drafter(ctx, r)) for r in replicas]
+    ctx.warmup_started = time.perf_counter()
+    drafter_threads = [
+        supervisor.spawn(r.name, lambda r=r: run_drafter(ctx, r), str(r.device)) for r in replicas
+    ]
     pin = any(d.type == "cuda" for d in target_devices + drafter_devices)
     if runtime.schedule == "pipelined":
         batch_queues = [StopQueue(runtime.queue_size, supervisor) for _ in target_devices]
@@ -251,6 +312,7 @@ def _train(
                 lambda i=i, device=device, owned=owned: run_target_loop(
                     ctx, i, device, targets[device], batch_queues[i], remaining * owned
                 ),
+                str(device),
             )
     else:
         supervisor.spawn(
@@ -279,7 +341,10 @@ def _train(
         )
     if supervisor.failed:
         name, exc = supervisor.failures[0]
-        log.line(f"training failed: {name} failed: {type(exc).__name__}: {exc}")
+        where = f" ({info.label()})" if coordinator is not None else ""
+        device = supervisor.devices.get(name)
+        on = f" on {device}" if device else ""
+        log.line(f"training failed{where}: {name}{on} failed: {type(exc).__name__}: {exc}")
         result.exit_code = 1
         return result
     if stuck:
@@ -290,6 +355,8 @@ def _train(
     lead = replicas[0]
     if lead.completed_steps < total_steps:
         why = "SIGTERM" if term.is_set() else "a stop request"
+        if coordinator is not None and not term.is_set():
+            why = "a SIGTERM to another rank"
         if lead.completed_steps == start_step:
             log.line(
                 f"stopped by {why} before the first step: nothing trained, no checkpoint written"
@@ -307,7 +374,7 @@ def _train(
         result.checkpoint = save(lead.completed_steps)
     if ctx.window_loss is not None:
         log.line(f"final loss {ctx.window_loss:.4f} (mean of the last {cfg.train.log_every} steps)")
-    if cfg.eval.enabled:
+    if cfg.eval.enabled and info.is_lead:
         lead.model.eval()
         result.eval_line = workload.evaluate(lead.model)
         lead.model.train()
@@ -317,6 +384,56 @@ def _train(
         log.line(f"drafter checkpoint: {result.checkpoint}")
     log.line("training complete")
     return result
+
+
+def _start_from_rank0_weights(replica: DrafterReplica) -> None:
+    """Every rank starts from rank 0's weights (the same seed gives the same weights on one
+    torch build; this makes it so on any). Before any thread runs: no capture to disturb."""
+    import torch.distributed as dist
+
+    optimizer = replica.optimizer
+    with torch.no_grad():
+        for master in optimizer.masters:
+            dist.broadcast(master, src=0)
+        if optimizer.uses_master:
+            torch._foreach_copy_([p.data for p in optimizer.params], optimizer.masters)
+
+
+def _checkpoint_to_resume(output_dir: Path, coordinator: Coordinator | None) -> Path | None:
+    """The latest checkpoint; under torchrun rank 0 picks it and every rank loads that one
+    (it was complete before rank 0 wrote ``latest``: written, then renamed)."""
+    if coordinator is None or coordinator.rank == 0:
+        found = ckpt.latest_checkpoint(output_dir)
+        if coordinator is not None:
+            coordinator.publish("resume", found.name if found else "")
+        return found
+    name = coordinator.read("resume")
+    if not name:
+        return None
+    found = output_dir / "checkpoints" / name
+    if not (found / ckpt.STATE_FILE).is_file():
+        raise FileNotFoundError(
+            f"{coordinator.info.label()} cannot read {found}, the checkpoint rank 0 resumes "
+            "from: output_dir must be on storage every host shares"
+        )
+    return found
+
+
+def _connect_failures(supervisor: Supervisor, coordinator: Coordinator, info: DistInfo) -> None:
+    """A failure here is posted for the other ranks (rank, host, thread, device, exception);
+    a failure or silence there stops this rank's threads."""
+
+    def post(name: str, exc: BaseException) -> None:
+        if isinstance(exc, PeerFailure):
+            return  # a consequence: the root cause is already posted by its rank
+        device = supervisor.devices.get(name)
+        on = f" on {device}" if device else ""
+        coordinator.post_failure(f"{name}{on} failed: {type(exc).__name__}: {exc}")
+
+    supervisor.on_failure(post)
+    coordinator.on_peer_failure(
+        lambda text: supervisor.record_failure("peers", PeerFailure(f"{info.label()}: {text}"))
+    )
 
 
 def _log_device_summary(cfg: TrainConfig, replicas: list[DrafterReplica], log: RunLog) -> None:

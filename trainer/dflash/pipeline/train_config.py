@@ -20,6 +20,7 @@ from dflash.masks import ATTENTION_BACKENDS
 
 COMPILE_MODES = ("eager", "default", "reduce-overhead", "legacy-cudagraphs")
 SCHEDULES = ("pipelined", "sequential")
+COMM_DTYPES = ("float32", "bfloat16")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -99,6 +100,10 @@ class RuntimeSection:
     warmup_iters: int = 3  # compiled warm-up iterations (warm-up, record, replay)
     peak_tflops: float = 0.0  # per device, for mfu; 0 -> known GPU table or none
     threads: int = 0  # torch intra-op threads; 0 -> leave torch's default
+    grad_comm_dtype: str = "float32"  # gradient all-reduce precision: float32 | bfloat16
+    grad_bucket_mb: int = 256  # torchrun: gradients are all-reduced in buckets of this size
+    dist_timeout_s: float = 120.0  # torchrun: process-group timeout (a hung collective)
+    peer_timeout_s: float = 15.0  # torchrun: a rank silent this long (no heartbeat) is dead
 
 
 @dataclass(kw_only=True)
@@ -113,6 +118,7 @@ class DebugSection:
     tls_fix: bool = True  # False reproduces the CUDA Graph Trees AssertionError on torch <= 2.12
     fail_in: str | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
     stop_at_step: int = 0  # act as if SIGTERM arrived after this step (tests, demos)
+    on_ranks: list[int] = field(default_factory=list)  # torchrun: fail_in/tls_fix=false only here
     nonfinite_at_steps: list[int] = field(default_factory=list)  # poison the loss at these steps
     profile_steps: list[int] = field(
         default_factory=list
@@ -232,6 +238,7 @@ def validate(cfg: TrainConfig) -> None:
         cfg.runtime.compile = "reduce-overhead" if on_gpu else "eager"
     _check_choice("runtime.compile", cfg.runtime.compile, COMPILE_MODES)
     _check_choice("runtime.schedule", cfg.runtime.schedule, SCHEDULES)
+    _check_choice("runtime.grad_comm_dtype", cfg.runtime.grad_comm_dtype, COMM_DTYPES)
     _check_choice("target.dtype", cfg.target.dtype, DTYPES)
     _check_choice("drafter.dtype", cfg.drafter.dtype, DTYPES)
     _check_choice("drafter.attention", cfg.drafter.attention, ATTENTION_BACKENDS)
@@ -246,6 +253,9 @@ def validate(cfg: TrainConfig) -> None:
         "drafter.attention_chunk": cfg.drafter.attention_chunk,
         "drafter.num_layers": cfg.drafter.num_layers,
         "drafter.block_size": cfg.drafter.block_size,
+        "runtime.grad_bucket_mb": cfg.runtime.grad_bucket_mb,
+        "runtime.dist_timeout_s": cfg.runtime.dist_timeout_s,
+        "runtime.peer_timeout_s": cfg.runtime.peer_timeout_s,
     }
     for key, value in positive.items():
         if value < 1:
