@@ -220,6 +220,24 @@ def test_torchrun_rank_prefixes_are_understood(rules):
     assert event.category == "illegal_memory_access"
 
 
+def test_threads_of_different_ranks_keep_their_own_device(rules):
+    """One torchrun log: rank 0's drafter-0 (unprefixed) and rank 1's, whose lines carry
+    torch's [rank1]: prefix; the failure is rank 1's, on rank 1's device."""
+    lines = [
+        "drafter-0 on cuda:0: warming compiled graphs",
+        "[rank1]: drafter-0 on cuda:1: warming compiled graphs",
+        "drafter-0 on cuda:0: training",
+        "[rank1]: drafter-0 failed:",
+        "[rank1]: Traceback (most recent call last):",
+        *(f"[rank1]: {line}" for line in frames()),
+        "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered",
+        "drafter-0 on cuda:0: training",
+    ]
+    [event] = classify_text(lines, 1, rules)
+    assert (event.thread, event.device) == ("drafter-0 (rank 1)", "cuda:1")
+    assert event.stage == "warming compiled graphs"
+
+
 def test_a_crash_after_a_progress_bar_redraw_is_found(rules):
     [event] = classify(
         rules, "eval:  99%|#########9| 99/100\rFatal Python error: Segmentation fault", -11

@@ -77,6 +77,9 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         for key in ("target_devices", "drafter_devices"):
             shifted = distributed.shift_devices(getattr(cfg.runtime, key), info, count)
             setattr(cfg.runtime, key, shifted)
+        drafter = torch.device(cfg.runtime.drafter_devices[0])
+        if drafter.type == "cuda":
+            torch.cuda.set_device(drafter)  # NCCL's device, and no stray context on cuda:0
     try:
         check_device_layout(cfg.runtime.drafter_devices, cfg.runtime.compile)
     except TrainConfigError as exc:  # before minutes of set-up, not after
@@ -95,7 +98,9 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
             coordinator = distributed.Coordinator(
                 info,
                 log,
-                backend=distributed.backend_for(cfg.runtime.drafter_devices),
+                backend=distributed.backend_for(
+                    cfg.runtime.drafter_devices, cfg.runtime.dist_backend
+                ),
                 timeout_s=cfg.runtime.dist_timeout_s,
             )
             coordinator.start_monitor(cfg.runtime.peer_timeout_s)
@@ -119,9 +124,12 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         log.block("main failed:\n" + traceback.format_exc())
         if coordinator is not None:
             coordinator.post_failure(f"main failed: {type(exc).__name__}: {exc}")
+            distributed.abort_collectives()
         exit_without_teardown(EXIT_FAILED)
     finally:
         interrupts.restore()
+    if coordinator is not None and (result.exit_code != EXIT_OK or result.stuck_threads):
+        distributed.abort_collectives()
     if result.exit_code != EXIT_OK or result.stuck_threads:
         # The run has logged why it failed and joined its threads (up to run.STOP_GRACE_S).
         exit_without_teardown(result.exit_code or EXIT_FAILED)

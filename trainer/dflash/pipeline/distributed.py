@@ -298,8 +298,25 @@ def stopped_check(stop: threading.Event) -> Callable[[], None]:
     return check
 
 
-def backend_for(devices: list[str]) -> str:
+def backend_for(devices: list[str], choice: str = "auto") -> str:
+    """NCCL on GPUs; gloo on CPU, or by choice on GPUs (NCCL refuses two ranks on one GPU:
+    a one-GPU machine running two ranks)."""
+    if choice != "auto":
+        return choice
     return "nccl" if any(d.startswith("cuda") for d in devices) else "gloo"
+
+
+def abort_collectives(timeout_s: float = 5.0) -> None:
+    """After a failure: abort the process group so that a thread blocked on an NCCL kernel
+    whose peer is gone is released (best effort, bounded: we exit right after)."""
+    import torch.distributed as dist
+
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is None or not dist.is_initialized():
+        return
+    worker = threading.Thread(target=abort, name="abort-collectives", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
 
 
 def torch_dist_available() -> bool:

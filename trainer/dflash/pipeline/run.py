@@ -33,6 +33,7 @@ from dflash.pipeline.train_config import TrainConfig, TrainConfigError, parse_fa
 from dflash.pipeline.warmup import WarmupGate, check_device_layout
 from dflash.pipeline.workload import Workload
 
+REPEAT_WINDOW_S = 2.0  # a second SIGTERM this soon after the first is the same request
 STOP_GRACE_S = 8.0  # every thread joined within this after a stop (the run must end within 10 s)
 
 # Dense bf16 peak per GPU, for mfu (vendor datasheets).
@@ -464,6 +465,7 @@ class Interrupts:
         self.term = threading.Event()
         self.abandon: Callable[[], None] | None = None
         self._previous: dict = {}
+        self._first_at = 0.0
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -480,7 +482,12 @@ class Interrupts:
         name = signal.Signals(signum).name
         if not self.term.is_set():
             self.term.set()
+            self._first_at = time.monotonic()
             self.log.line(f"received {name}: finishing the current step, then writing a checkpoint")
+        elif signum == signal.SIGTERM and time.monotonic() - self._first_at < REPEAT_WINDOW_S:
+            # One stop told twice: `dflashctl stop` signals the process group, and torchrun,
+            # in it, passes the SIGTERM on to its ranks once more.
+            self.log.line(f"received {name} again at once: taken as the same stop request")
         elif self.abandon is not None:
             self.log.line(f"received {name} again: abandoning the current step")
             self.abandon()

@@ -157,6 +157,8 @@ def run_target_loop(
     """No-grad target forwards; hidden states of the selected layers go to the drafter
     that owns the batch, on that drafter's device, through its bounded queue."""
     name = f"target-{index}"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     inject(ctx, name, "start")
     ctx.gate.wait_all_warm()
     # The crash detector takes a thread's stage from its last stage line.
@@ -256,6 +258,8 @@ def _target_forward(
 
 def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
     name, device = replica.name, _device_text(replica.device)
+    if replica.device.type == "cuda":
+        torch.cuda.set_device(replica.device)  # the current device is per thread
     inject(ctx, name, "start")
     if ctx.cfg.debug.tls_fix or not ctx.debug_applies():
         # Before any compiled call and any backward: this thread's own CUDA Graph Trees

@@ -101,6 +101,7 @@ class RuntimeSection:
     peak_tflops: float = 0.0  # per device, for mfu; 0 -> known GPU table or none
     threads: int = 0  # torch intra-op threads; 0 -> leave torch's default
     grad_comm_dtype: str = "float32"  # gradient all-reduce precision: float32 | bfloat16
+    dist_backend: str = "auto"  # torchrun: auto (nccl on GPUs, gloo on CPU) | nccl | gloo
     grad_bucket_mb: int = 256  # torchrun: gradients are all-reduced in buckets of this size
     dist_timeout_s: float = 120.0  # torchrun: process-group timeout (a hung collective)
     peer_timeout_s: float = 15.0  # torchrun: a rank silent this long (no heartbeat) is dead
@@ -239,6 +240,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("runtime.compile", cfg.runtime.compile, COMPILE_MODES)
     _check_choice("runtime.schedule", cfg.runtime.schedule, SCHEDULES)
     _check_choice("runtime.grad_comm_dtype", cfg.runtime.grad_comm_dtype, COMM_DTYPES)
+    _check_choice("runtime.dist_backend", cfg.runtime.dist_backend, ("auto", "nccl", "gloo"))
     _check_choice("target.dtype", cfg.target.dtype, DTYPES)
     _check_choice("drafter.dtype", cfg.drafter.dtype, DTYPES)
     _check_choice("drafter.attention", cfg.drafter.attention, ATTENTION_BACKENDS)
