@@ -136,6 +136,22 @@ def test_two_ranks_train_the_weights_of_one_process_that_saw_both_batches(tmp_pa
         moved = max(moved, (value.detach() - two_ranks[name]).abs().max().item())
     assert moved > 1e-2  # trained weights are compared, not the initial ones
 
+    # bf16 gradients on the wire, in buckets of a few hundred bytes (several per step).
+    bf16_out = tmp_path / "bf16"
+    bf16 = finish(
+        start_ranks(
+            write_config(
+                tmp_path,
+                bf16_out,
+                runtime={"grad_comm_dtype": "bfloat16", "grad_bucket_mb": 0.0005},
+            )
+        )
+    )
+    assert [code for code, _ in bf16] == [0, 0], bf16
+    assert "bfloat16, torch.distributed, 2 ranks" in bf16[0][1]
+    for name, value in trained_weights(bf16_out).items():
+        torch.testing.assert_close(value, two_ranks[name], rtol=0, atol=5e-2)
+
     resumed_out = tmp_path / "resumed"
     stopped = finish(
         start_ranks(write_config(tmp_path, resumed_out), "--set", "debug.stop_at_step=4")
@@ -148,6 +164,29 @@ def test_two_ranks_train_the_weights_of_one_process_that_saw_both_batches(tmp_pa
     assert "resume: continuing from" in resumed[0][1] and "(step 4)" in resumed[1][1]
     for name, value in trained_weights(resumed_out).items():
         assert torch.equal(value, two_ranks[name]), name
+
+
+def test_buckets_cover_every_gradient_in_order():
+    from dflash.pipeline.replicas import DistributedAverager
+
+    averager = DistributedAverager(2, lambda: False, torch.bfloat16, bucket_mb=1)
+    averager.bucket_bytes = 100  # 50 bf16 values
+    grads = [torch.zeros(n) for n in (30, 30, 10, 200, 5)]
+    assert averager._plan(grads) == [(0, 2), (2, 4), (4, 5)]
+
+
+def test_each_local_rank_takes_its_own_group_of_gpus():
+    from dflash.pipeline.distributed import DistInfo, shift_devices
+
+    rank = lambda r: DistInfo(rank=r, world_size=4, local_rank=r, local_world_size=4)  # noqa: E731
+    assert shift_devices(["cuda:0"], rank(3), 8) == ["cuda:3"]
+    assert shift_devices(["cuda:0", "cuda:1"], rank(2), 8) == ["cuda:4", "cuda:5"]
+    assert shift_devices(["cuda:0"], rank(1), 1) == ["cuda:0"]  # one GPU: the ranks share it
+    assert shift_devices(["cpu"], rank(3), 0) == ["cpu"]
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    info = DistInfo.from_env(env)
+    assert (info.rank, info.world_size, info.local_rank, info.enabled) == (5, 8, 1, True)
+    assert not DistInfo.from_env({}).enabled
 
 
 def test_sigterm_to_one_rank_gives_one_checkpoint_and_exit_0_everywhere(tmp_path):

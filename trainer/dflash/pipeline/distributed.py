@@ -48,10 +48,11 @@ class DistInfo:
     local_rank: int = 0
     local_world_size: int = 1
     host: str = ""
+    under_torchrun: bool = False  # torchrun with one rank still runs the distributed path
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+        return self.world_size > 1 or self.under_torchrun
 
     @property
     def is_lead(self) -> bool:
@@ -69,6 +70,7 @@ class DistInfo:
             local_rank=int(env.get("LOCAL_RANK", "0")),
             local_world_size=local_world,
             host=socket.gethostname(),
+            under_torchrun="TORCHELASTIC_RUN_ID" in env,
         )
 
     def label(self) -> str:

@@ -224,13 +224,13 @@ class DistributedAverager:
         world_size: int,
         stop_requested: Callable[[], bool],
         comm_dtype: torch.dtype = torch.float32,
-        bucket_mb: int = 256,
+        bucket_mb: float = 256.0,
         explain: Callable[[BaseException], BaseException] | None = None,
     ) -> None:
         self.world_size = world_size
         self._explain = explain  # Coordinator.explain: a peer's death, named by the peer
         self.comm_dtype = comm_dtype
-        self.bucket_bytes = bucket_mb * 2**20
+        self.bucket_bytes = int(bucket_mb * 2**20)
         self._stop_requested = stop_requested
         self.stop_after_step = False
         self.timer = StepTimer()

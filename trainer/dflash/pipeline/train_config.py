@@ -102,7 +102,7 @@ class RuntimeSection:
     threads: int = 0  # torch intra-op threads; 0 -> leave torch's default
     grad_comm_dtype: str = "float32"  # gradient all-reduce precision: float32 | bfloat16
     dist_backend: str = "auto"  # torchrun: auto (nccl on GPUs, gloo on CPU) | nccl | gloo
-    grad_bucket_mb: int = 256  # torchrun: gradients are all-reduced in buckets of this size
+    grad_bucket_mb: float = 256.0  # torchrun: gradients are all-reduced in buckets this big
     dist_timeout_s: float = 120.0  # torchrun: process-group timeout (a hung collective)
     peer_timeout_s: float = 15.0  # torchrun: a rank silent this long (no heartbeat) is dead
 
@@ -255,13 +255,16 @@ def validate(cfg: TrainConfig) -> None:
         "drafter.attention_chunk": cfg.drafter.attention_chunk,
         "drafter.num_layers": cfg.drafter.num_layers,
         "drafter.block_size": cfg.drafter.block_size,
-        "runtime.grad_bucket_mb": cfg.runtime.grad_bucket_mb,
         "runtime.dist_timeout_s": cfg.runtime.dist_timeout_s,
         "runtime.peer_timeout_s": cfg.runtime.peer_timeout_s,
     }
     for key, value in positive.items():
         if value < 1:
             raise TrainConfigError(f"{key}: must be at least 1, got {value}")
+    if cfg.runtime.grad_bucket_mb <= 0:
+        raise TrainConfigError(
+            f"runtime.grad_bucket_mb: must be above 0, got {cfg.runtime.grad_bucket_mb}"
+        )
     if (
         cfg.runtime.warmup_iters < 0
         or cfg.train.max_nonfinite < 0
