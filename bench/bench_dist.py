@@ -168,7 +168,19 @@ def measured(case: Case) -> dict:
 # ---------------------------------------------------------------- parts
 
 
-def perf(args, gpus: int, out: Path) -> list[dict]:
+class Results(list):
+    """Results, written to results.json as each case ends: a call cut short keeps them."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def append(self, result: dict) -> None:
+        super().append(result)
+        self.path.write_text(json.dumps(self, indent=2) + "\n")
+
+
+def perf(args, gpus: int, out: Path, results: Results) -> None:
     common = [
         f"train.steps={args.steps}",
         f"train.log_every={args.log_every}",
@@ -214,7 +226,6 @@ def perf(args, gpus: int, out: Path) -> list[dict]:
         cases.append(
             ("split", trainer(args.config, common + split + ["output_dir=/tmp/bench-dist/split"]))
         )
-    results = []
     for name, argv in cases:
         result = measured(Case(name, argv, out, args.timeout).run())
         result["shared_gpu"] = name.startswith("torchrun-2") and 0 < gpus < 2
@@ -223,10 +234,9 @@ def perf(args, gpus: int, out: Path) -> list[dict]:
             flush=True,
         )
         results.append(result)
-    return results
 
 
-def faults(args, gpus: int, out: Path) -> list[dict]:
+def faults(args, gpus: int, out: Path, results: Results) -> None:
     on_gpu = gpus > 0
     config = args.smoke_config
     rank1_device = "cuda:1" if gpus >= 2 else ("cuda:0" if on_gpu else "cpu")
@@ -235,7 +245,6 @@ def faults(args, gpus: int, out: Path) -> list[dict]:
         base += ["runtime.target_devices=[cuda:0]", "runtime.drafter_devices=[cuda:0]"]
         if gpus < 2:
             base += ["runtime.dist_backend=gloo"]
-    results = []
 
     # 1. a crash in rank 1
     case = Case(
@@ -366,8 +375,8 @@ def faults(args, gpus: int, out: Path) -> list[dict]:
         result["ok"] = case.exit_code == 0 and result["last_loss"] is not None
         results.append(result)
     for r in results:
-        print(f"{r['case']}: exit {r['exit_code']}, {r['wall_s']} s, ok {r.get('ok')}", flush=True)
-    return results
+        if "ok" in r:
+            print(f"{r['case']}: exit {r['exit_code']}, {r['wall_s']} s, ok {r['ok']}", flush=True)
 
 
 def _classify(case: Case) -> dict | None:
@@ -460,13 +469,11 @@ def main() -> int:
     logs = out / "dist-logs"
     logs.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, {gpus} GPU(s); logs under {logs}", flush=True)
-    results: list[dict] = []
+    results = Results(out / "results.json")
     if args.part in ("all", "perf"):
-        results += perf(args, gpus, logs)
-        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        perf(args, gpus, logs, results)
     if args.part in ("all", "faults"):
-        results += faults(args, gpus, logs)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        faults(args, gpus, logs, results)
     rows = summary(results)
     (out / "summary.txt").write_text("\n".join(rows) + "\n")
     with tarfile.open(out / "dist-logs.tar.gz", "w:gz") as tar:

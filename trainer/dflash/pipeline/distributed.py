@@ -28,10 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-import torch
-
 from dflash.pipeline.logging import RunLog
-from dflash.pipeline.supervisor import POLL_S, Stopped
+from dflash.pipeline.supervisor import POLL_S
 
 HEARTBEAT_S = 1.0
 LEAVE_WAIT_S = 10.0  # rank 0 (the store's host without torchrun) waits this long for the others
@@ -292,14 +290,6 @@ class Coordinator:
         self._closing.set()
 
 
-def stopped_check(stop: threading.Event) -> Callable[[], None]:
-    def check() -> None:
-        if stop.is_set():
-            raise Stopped()
-
-    return check
-
-
 def backend_for(devices: list[str], choice: str = "auto") -> str:
     """NCCL on GPUs; gloo on CPU, or by choice on GPUs (NCCL refuses two ranks on one GPU:
     a one-GPU machine running two ranks)."""
@@ -316,10 +306,13 @@ def abort_collectives(timeout_s: float = 5.0) -> None:
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if abort is None or not dist.is_initialized():
         return
-    worker = threading.Thread(target=abort, name="abort-collectives", daemon=True)
+
+    def quietly() -> None:
+        try:
+            abort()
+        except Exception:  # noqa: BLE001 - a backend that cannot abort: we exit anyway
+            pass
+
+    worker = threading.Thread(target=quietly, name="abort-collectives", daemon=True)
     worker.start()
     worker.join(timeout_s)
-
-
-def torch_dist_available() -> bool:
-    return torch.distributed.is_available()
