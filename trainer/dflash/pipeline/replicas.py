@@ -196,7 +196,7 @@ class GradientAverager:
         split = sum(g.numel() for g in grads)
         self.payload_bytes = split * torch.tensor([], dtype=self.comm_dtype).element_size()
         flat = self.all_reduce_mean(replica.rank, flat, split)
-        used = optimizer.master_grads_from_flat(flat)
+        used = master_grads_as_views(optimizer.masters, flat)
         if timed:
             self.timer.stop(replica.device)
         stats = flat[used:].tolist()
@@ -293,11 +293,7 @@ class DistributedAverager:
             work.wait()
             summed = packed.float() if packed.dtype != torch.float32 else packed
             summed /= self.world_size
-            offset = 0
-            for master in masters[first:last]:
-                n = master.numel()
-                master.grad = summed[offset : offset + n].view_as(master)
-                offset += n
+            master_grads_as_views(masters[first:last], summed)
         tail_work.wait()
         tail /= self.world_size
         self.timer.stop(device)
@@ -305,6 +301,17 @@ class DistributedAverager:
         self.timer.collect()
         self.stop_after_step = stats[-1] > 0
         return stats[:-1]
+
+
+def master_grads_as_views(masters: Sequence[torch.Tensor], flat: torch.Tensor) -> int:
+    """Each master's gradient becomes a view of its slice of the averaged fp32 buffer (no
+    copy of 4 GB per step: the buffer is this step's alone); returns the elements used."""
+    offset = 0
+    for master in masters:
+        n = master.numel()
+        master.grad = flat[offset : offset + n].view_as(master)
+        offset += n
+    return offset
 
 
 def flatten(tensors: Sequence[torch.Tensor], extra: Sequence[torch.Tensor] = ()) -> torch.Tensor:
