@@ -16,7 +16,7 @@
 #                                   (and on), all under torchrun
 #     (one GPU: the subset that applies; then 2 ranks share cuda:0 over gloo).
 #     BENCH_DIST_ARGS adds bench_dist.py options, e.g. "--bf16 --split"; writes
-#     $OUT/dist.txt, $OUT/dist/{results.json,summary.txt,dist-logs.tar.gz,layout.txt}
+#     $OUT/<mode>.txt and $OUT/<mode>/{results.json,summary.txt,dist-logs.tar.gz,layout.txt}
 # Logs go to $OUT (default ./gpu-proof-out). Run from the repository root.
 set -u
 MODE=${1:-all}
@@ -55,11 +55,11 @@ case "$MODE" in
     [ "$MODE" = dist-faults ] && PART=faults
     echo "== the trainer on several GPUs: $PART"
     # shellcheck disable=SC2086  # BENCH_DIST_ARGS is a list of options
-    python3 bench/bench_dist.py --part "$PART" --steps "${BENCH_STEPS:-20}" --out "$OUT/dist" \
-      ${BENCH_DIST_ARGS:-} 2>&1 | tee "$OUT/dist.txt"
-    if [ -f "$OUT/dist/results.json" ]; then
+    python3 bench/bench_dist.py --part "$PART" --steps "${BENCH_STEPS:-20}" --out "$OUT/$MODE" \
+      ${BENCH_DIST_ARGS:-} 2>&1 | tee "$OUT/$MODE.txt"
+    if [ "$PART" != faults ] && [ -f "$OUT/$MODE/results.json" ]; then
       echo "== 8-GPU layouts from these numbers"
-      python3 bench/layout_8gpu.py --results "$OUT/dist/results.json" 2>&1 | tee "$OUT/dist/layout.txt"
+      python3 bench/layout_8gpu.py --results "$OUT/$MODE/results.json" 2>&1 | tee "$OUT/$MODE/layout.txt"
     fi
     ;;
 esac
