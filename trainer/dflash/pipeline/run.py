@@ -30,7 +30,7 @@ from dflash.pipeline.threads import (
     run_target_loop,
 )
 from dflash.pipeline.train_config import TrainConfig, TrainConfigError, parse_fail_in
-from dflash.pipeline.warmup import WarmupGate, check_device_layout
+from dflash.pipeline.warmup import WarmupGate
 from dflash.pipeline.workload import Workload
 
 REPEAT_WINDOW_S = 2.0  # a second SIGTERM this soon after the first is the same request
@@ -144,9 +144,8 @@ def _train(
     interrupts: Interrupts,
     coordinator: Coordinator | None = None,
 ) -> TrainResult:
-    runtime = cfg.runtime
+    runtime = cfg.runtime  # validated when loaded: the device layout included
     info = coordinator.info if coordinator is not None else DistInfo()
-    check_device_layout(runtime.drafter_devices, runtime.compile)
     if coordinator is not None and len(runtime.drafter_devices) != 1:
         raise TrainConfigError(
             f"runtime.drafter_devices: {runtime.drafter_devices} under torchrun; each process "
@@ -192,14 +191,7 @@ def _train(
     start_step = resume_state.step if resume_state else 0
     total_steps = cfg.train.steps
 
-    # ---- models
-    targets: dict[torch.device, torch.nn.Module] = {}
-
-    def target_on(device: torch.device) -> torch.nn.Module:
-        if device not in targets:
-            targets[device] = workload.target_for(device)
-        return targets[device]
-
+    # ---- models (targets: built once per device and kept by the workload)
     replicas: list[DrafterReplica] = []
     for rank, device in enumerate(drafter_devices):
         torch.manual_seed(cfg.seed)  # identical initial weights on every replica
@@ -222,11 +214,11 @@ def _train(
             replica.nonfinite_count = resume_state.nonfinite_count
         if runtime.schedule == "sequential":
             replica.target_device = target_devices[rank % len(target_devices)]
-            replica.target = target_on(replica.target_device)
+            replica.target = workload.target_for(replica.target_device)
         replicas.append(replica)
     if runtime.schedule == "pipelined":
         for device in target_devices:
-            target_on(device)
+            workload.target_for(device)
     if resume_state is not None:
         ckpt.restore_rng(resume_state.rng)
 
@@ -311,7 +303,7 @@ def _train(
             supervisor.spawn(
                 f"target-{i}",
                 lambda i=i, device=device, owned=owned: run_target_loop(
-                    ctx, i, device, targets[device], batch_queues[i], remaining * owned
+                    ctx, i, device, workload.target_for(device), batch_queues[i], remaining * owned
                 ),
                 str(device),
             )
