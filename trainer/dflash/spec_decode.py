@@ -132,6 +132,16 @@ class EvalResult:
             f"{self.num_tokens} tokens | {self.tokens_per_target_forward:.1f} tokens/target forward"
         )
 
+    def metrics(self) -> dict:
+        """The numbers metrics.jsonl records for this evaluation."""
+        return {
+            "tau": self.tau,
+            "lossless": self.lossless,
+            "tokens": self.num_tokens,
+            "tokens_per_target_forward": self.tokens_per_target_forward,
+            "prompts": self.num_prompts,
+        }
+
 
 @torch.no_grad()
 def evaluate(

@@ -36,7 +36,7 @@ from dflash.data import (
 from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
-from dflash.spec_decode import evaluate
+from dflash.spec_decode import EvalResult, evaluate
 from dflash.target import build_tiny_target, freeze, layers_run_for_context, load_target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -369,7 +369,7 @@ class DFlashWorkload(Workload):
 
     # -- end of run
 
-    def evaluate(self, drafter: nn.Module) -> str | None:
+    def evaluate(self, drafter: nn.Module) -> EvalResult | None:
         ev = self.cfg.eval
         device = next(drafter.parameters()).device
         target = self._target_near(device)
@@ -381,14 +381,13 @@ class DFlashWorkload(Workload):
             if self.tokenizer is not None and self.cfg.data.source not in ("synthetic", "random")
             else None
         )
-        result = evaluate(
+        return evaluate(
             drafter,
             target,
             prompts[: ev.num_prompts],
             max_new_tokens=ev.max_new_tokens,
             stop_token_ids=stops,
         )
-        return result.format_line()
 
     def _eval_prompts(self) -> list[list[int]]:
         data = self.cfg.data

@@ -18,6 +18,8 @@ import torch
 
 from dflash.pipeline import checkpointing as ckpt
 from dflash.pipeline.logging import RunLog, header_lines
+from dflash.pipeline.meter import StepMeter
+from dflash.pipeline.metrics_file import MetricsWriter, metrics_dir
 from dflash.pipeline.optim import MasterWeightAdamW
 from dflash.pipeline.replicas import GradientAverager
 from dflash.pipeline.supervisor import StopQueue, Supervisor
@@ -108,11 +110,21 @@ def train(
     interrupts = interrupts or Interrupts(log)
     if handle_signals:
         interrupts.install()
+    metrics = MetricsWriter(
+        metrics_dir(cfg.resolved_output_dir()), tensorboard=cfg.logging.tensorboard
+    )
     try:
         return _train(
-            cfg, workload, log, resume=resume, source_dir=source_dir, interrupts=interrupts
+            cfg,
+            workload,
+            log,
+            resume=resume,
+            source_dir=source_dir,
+            interrupts=interrupts,
+            metrics=metrics,
         )
     finally:
+        metrics.close()
         if handle_signals:
             interrupts.restore()
 
@@ -125,6 +137,7 @@ def _train(
     resume: bool,
     source_dir: Path | None,
     interrupts: Interrupts,
+    metrics: MetricsWriter,
 ) -> TrainResult:
     runtime = cfg.runtime
     check_device_layout(runtime.drafter_devices, runtime.compile)
@@ -208,9 +221,15 @@ def _train(
         replicas=replicas,
         start_step=start_step,
         total_steps=total_steps,
+        meter=StepMeter(
+            log,
+            total_steps=total_steps,
+            log_every=cfg.train.log_every,
+            flops_per_step=workload.flops_per_batch() * num_drafters,
+            peak_flops=peak_flops(cfg),
+            writer=metrics,
+        ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
-        flops_per_batch=workload.flops_per_batch(),
-        peak_flops=peak_flops(cfg),
     )
 
     def save(step: int, export: bool = True) -> Path:
@@ -305,14 +324,18 @@ def _train(
         return result
     if cfg.train.final_checkpoint:
         result.checkpoint = save(lead.completed_steps)
-    if ctx.window_loss is not None:
-        log.line(f"final loss {ctx.window_loss:.4f} (mean of the last {cfg.train.log_every} steps)")
+    if ctx.meter.final_loss is not None:
+        log.line(
+            f"final loss {ctx.meter.final_loss:.4f} (mean of the last {cfg.train.log_every} steps)"
+        )
     if cfg.eval.enabled:
         lead.model.eval()
-        result.eval_line = workload.evaluate(lead.model)
+        evaluation = workload.evaluate(lead.model)
         lead.model.train()
-        if result.eval_line:
+        if evaluation is not None:
+            result.eval_line = evaluation.format_line()
             log.line(result.eval_line)
+            ctx.meter.record_eval(evaluation.metrics())
     if result.checkpoint is not None:
         log.line(f"drafter checkpoint: {result.checkpoint}")
     log.line("training complete")

@@ -7,6 +7,7 @@ raises ``TrainConfigError`` naming the file and the dotted key path.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import types
 import typing
@@ -109,6 +110,13 @@ class EvalSection:
 
 
 @dataclass(kw_only=True)
+class LoggingSection:
+    # TensorBoard event files next to metrics.jsonl (`tensorboard --logdir runs/`);
+    # needs the tensorboard package (in the trainer extra)
+    tensorboard: bool = False
+
+
+@dataclass(kw_only=True)
 class DebugSection:
     tls_fix: bool = True  # False reproduces the CUDA Graph Trees AssertionError on torch <= 2.12
     fail_in: str | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
@@ -130,6 +138,7 @@ class TrainConfig:
     train: TrainSection = field(default_factory=TrainSection)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
     debug: DebugSection = field(default_factory=DebugSection)
 
     def to_dict(self) -> dict[str, Any]:
@@ -277,6 +286,12 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.debug.fail_in is not None:
         parse_fail_in(cfg.debug.fail_in)
+    if cfg.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise TrainConfigError(
+            "logging.tensorboard: true needs the tensorboard package, which is not installed: "
+            "pip install tensorboard (it comes with dflashctl's trainer extra), or set "
+            "logging.tensorboard: false (metrics.jsonl is written either way)"
+        )
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+
+class EvalReport(Protocol):
+    """What an evaluation returns: its log line and the numbers metrics.jsonl keeps."""
+
+    def format_line(self) -> str: ...
+
+    def metrics(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -148,7 +156,7 @@ class Workload:
 
     # -- end of run
 
-    def evaluate(self, drafter: torch.nn.Module) -> str | None:
+    def evaluate(self, drafter: torch.nn.Module) -> EvalReport | None:
         return None
 
     def save_drafter(self, drafter: torch.nn.Module, folder: Path) -> None:
