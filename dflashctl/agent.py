@@ -17,6 +17,7 @@ Operations (each one round trip):
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
   prune    remove ended runs' folders beyond the newest N (never the active or a running one)
+  metrics  runs' metrics.jsonl records, following each run's resumed-from lineage
 
 Runs on Python 3.6 and later (f-strings, no annotations, no walrus), since the
 container's python may be older than ours.
@@ -881,6 +882,65 @@ def op_prune(p):
     return {"removed": removed, "spared": spared, "runs": len(ids), "dry": bool(p.get("dry"))}
 
 
+# --------------------------------------------------------------------------- metrics
+
+METRICS_FILE = "metrics.jsonl"  # written by the trainer in its run folder
+LINEAGE_MAX = 100  # resumed-from hops followed at most (a loop in meta.json ends too)
+
+
+def read_metrics(run_dir, max_points):
+    """The records of run_dir/metrics.jsonl: every eval record, and at most `max_points`
+    step records, evenly spread, the last always kept. A line still being written (or
+    any line that is not a JSON object) is skipped."""
+    steps, others = [], []
+    try:
+        f = open(os.path.join(run_dir, METRICS_FILE), "rb")
+    except OSError:
+        return None, 0
+    with f:
+        for raw in f:
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                continue
+            if not isinstance(record, dict):
+                continue
+            (steps if record.get("kind") == "step" else others).append(record)
+    total = len(steps)
+    if max_points and total > max_points:
+        stride = total / float(max_points)
+        picked = [steps[int(i * stride)] for i in range(max_points - 1)]
+        steps = picked + [steps[-1]]
+    return steps + others, total
+
+
+def op_metrics(p):
+    """Each run's metrics.jsonl, with those of the runs it resumed from (meta.json's
+    `resumed_from`, a run id), oldest first, so a curve can continue across redeploys."""
+    workdir = p["workdir"]
+    table = process_table()
+    answers, missing = [], []
+    for wanted in p["run_ids"]:
+        run_id = active_run_id(workdir) if wanted == "@active" else wanted
+        if not run_id or not os.path.isdir(os.path.join(runs_dir(workdir), run_id)):
+            missing.append(wanted)
+            continue
+        lineage, seen = [], set()
+        while run_id and run_id not in seen and len(lineage) < LINEAGE_MAX:
+            seen.add(run_id)
+            run_dir = os.path.join(runs_dir(workdir), run_id)
+            if not os.path.isdir(run_dir):
+                lineage.append({"id": run_id, "missing": True})
+                break
+            record = run_record(workdir, run_id, table)
+            rows, total = read_metrics(run_dir, p.get("max_points"))
+            lineage.append({"id": run_id, "record": record, "metrics": rows, "step_records": total})
+            run_id = record["meta"].get("resumed_from")
+        lineage.reverse()
+        answers.append({"id": lineage[-1]["id"], "lineage": lineage})
+    return {"runs": answers, "missing": missing, "active_run": active_run_id(workdir)}
+
+
 OPERATIONS = {
     "inspect": op_inspect,
     "deploy": op_deploy,
@@ -888,6 +948,7 @@ OPERATIONS = {
     "stop": op_stop,
     "runs": op_runs,
     "prune": op_prune,
+    "metrics": op_metrics,
 }
 
 
