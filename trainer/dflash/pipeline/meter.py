@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dflash.pipeline.logging import RunLog, format_step_line
@@ -52,8 +53,10 @@ class StepMeter:
         flops_per_step: float = 0.0,
         peak_flops: float | None = None,
         writer: MetricsWriter | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.log = log
+        self.clock = clock
         self.total_steps = total_steps
         self.log_every = log_every
         self.flops_per_step = flops_per_step
@@ -63,18 +66,18 @@ class StepMeter:
         self.last_step = 0
         self._window = _Window()
         self._window_steps_timed = 0  # steps of the window before the last restart_window()
-        self._window_start = time.perf_counter()
+        self._window_start = self.clock()
         self._training_start = self._window_start
         self._rates: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOWS)  # (steps, seconds)
 
     def start(self) -> None:
         """Training begins now: warm-up is no training time."""
-        self._window_start = self._training_start = time.perf_counter()
+        self._window_start = self._training_start = self.clock()
 
     def restart_window(self) -> None:
         """Drop the steps counted so far from the throughput (e.g. a profiler trace just
         took time that is no training); their loss still counts."""
-        self._window_start = time.perf_counter()
+        self._window_start = self.clock()
         self._window_steps_timed = self._window.steps
 
     def add(
@@ -103,7 +106,7 @@ class StepMeter:
         self._emit(step, lr, queue_depth, queue_size)
 
     def _emit(self, step: int, lr: float, queue_depth: int, queue_size: int) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         window, n = self._window, self._window.steps
         timed_steps = n - self._window_steps_timed
         seconds = max(1e-9, now - self._window_start)
