@@ -914,6 +914,13 @@ def read_metrics(run_dir, max_points):
     return steps + others, total
 
 
+def is_run_folder(workdir, run_id):
+    """A run id names a folder right under runs/ (never a path elsewhere)."""
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        return False
+    return os.path.isdir(os.path.join(runs_dir(workdir), run_id))
+
+
 def op_metrics(p):
     """Each run's metrics.jsonl, with those of the runs it resumed from (meta.json's
     `resumed_from`, a run id), oldest first, so a curve can continue across redeploys."""
@@ -922,20 +929,21 @@ def op_metrics(p):
     answers, missing = [], []
     for wanted in p["run_ids"]:
         run_id = active_run_id(workdir) if wanted == "@active" else wanted
-        if not run_id or not os.path.isdir(os.path.join(runs_dir(workdir), run_id)):
+        if not is_run_folder(workdir, run_id):
             missing.append(wanted)
             continue
         lineage, seen = [], set()
         while run_id and run_id not in seen and len(lineage) < LINEAGE_MAX:
             seen.add(run_id)
-            run_dir = os.path.join(runs_dir(workdir), run_id)
-            if not os.path.isdir(run_dir):
-                lineage.append({"id": run_id, "missing": True})
+            if not is_run_folder(workdir, run_id):
+                lineage.append({"id": run_id, "missing": True})  # pruned since
                 break
             record = run_record(workdir, run_id, table)
-            rows, total = read_metrics(run_dir, p.get("max_points"))
+            rows, total = read_metrics(os.path.join(runs_dir(workdir), run_id), p.get("max_points"))
             lineage.append({"id": run_id, "record": record, "metrics": rows, "step_records": total})
-            run_id = record["meta"].get("resumed_from")
+            meta = record["meta"] if isinstance(record["meta"], dict) else {}
+            parent = meta.get("resumed_from")
+            run_id = parent if isinstance(parent, str) else None
         lineage.reverse()
         answers.append({"id": lineage[-1]["id"], "lineage": lineage})
     return {"runs": answers, "missing": missing, "active_run": active_run_id(workdir)}

@@ -24,17 +24,18 @@ class Series:
     colour: str = COLOURS[0]
 
 
-def compact(value: float) -> str:
-    """`5.76`, `0.0123`, `12.3k`, `4.1M`: an axis label in a few characters."""
+def compact(value: float, digits: int = 3) -> str:
+    """`5.76`, `0.0123`, `12.3k`, `4.1M`: a number in a few characters (`digits`
+    significant ones)."""
     if not math.isfinite(value):
         return str(value)
     size = abs(value)
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if size >= scale:
-            return f"{value / scale:.3g}{unit}"
+            return f"{value / scale:.{digits}g}{unit}"
     if size and size < 0.01:
-        return f"{value:.1e}"
-    return f"{value:.3g}"
+        return f"{value:.{digits - 2}e}"
+    return f"{value:.{digits}g}"
 
 
 def chart(series: list[Series], *, width: int = 60, height: int = 6) -> list[Text]:

@@ -137,6 +137,15 @@ def test_curves_follow_the_resume_lineage(project, lineage):
     assert [e["kind"] for e in curves.evals] == ["eval"]
     with pytest.raises(UsageError, match=r"no run nope in .*/runs"):
         read_curves(target, str(project.workdir), ["nope"], python=sys.executable)
+    # A long run is thinned out where it runs (evenly, the last record always kept).
+    (thin,) = read_curves(
+        target, str(project.workdir), [first], python=sys.executable, max_points=2
+    )
+    assert [r["step"] for r in thin.steps] == [10, 40]
+    # A resume loop in meta.json ends instead of going round.
+    resume_link(project.run_dir(first), second)
+    (looped,) = read_curves(target, str(project.workdir), [second], python=sys.executable)
+    assert looped.lineage == [first, second]
 
 
 def test_cli_shows_state_lineage_and_charts(project, lineage):
@@ -203,6 +212,8 @@ def test_bad_input_is_a_usage_error(project):
     missing = cli(project, "nope")
     assert missing.returncode == 2 and "error: no run nope in" in missing.stderr
     assert "hint:" in missing.stderr and "runs" in missing.stderr
+    outside = cli(project, "../..")  # a run id is a folder under runs/, never a path
+    assert outside.returncode == 2 and "error: no run ../.. in" in outside.stderr
     three = cli(project, "a", "b", "c")
     assert three.returncode == 2 and "one run or two to compare, got 3" in three.stderr
     bare = cli(project, run)  # a run whose trainer wrote no metrics.jsonl

@@ -92,7 +92,7 @@ def _print(curves: list, place: str) -> None:
             _, ys = run.series(key)
             if ys:
                 heading.append(f"   {run.run.id if len(curves) > 1 else 'last'} ", style="dim")
-                heading.append(compact(ys[-1]), style=COLOURS[index])
+                heading.append(compact(ys[-1], digits=4), style=COLOURS[index])
         out.print(heading)
         drawn = [Series(*run.series(key), colour=COLOURS[i]) for i, run in enumerate(curves)]
         for line in chart(drawn, width=width, height=6):
