@@ -3,7 +3,7 @@ joined across a resume lineage.
 
 The trainer appends one JSON object per logged step to `runs/<id>/metrics.jsonl`
 (`{"kind": "step", "step", "loss", "tau", "tokens_per_s", ...}`) and one per evaluation
-(`{"kind": "eval", ...}`). A run started from another run's checkpoint names that run
+(`{"kind": "eval", ...}`), and its resolved config at each start (`{"kind": "start"}`). A run started from another run's checkpoint names that run
 in its meta.json as `resumed_from` (a run id); the agent follows those links (op
 `metrics`, one round trip for every run asked about) and the curves here continue
 across them: where a later run restarts at an earlier step, its records replace the
@@ -33,6 +33,7 @@ class RunCurves:
     lineage: list[str]  # run ids, oldest first, ending with run.id
     steps: list[dict[str, Any]] = field(default_factory=list)  # step records, joined
     evals: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] | None = None  # the trainer's resolved config at its last start
     has_metrics: bool = False  # any run in the lineage wrote metrics.jsonl
     missing_ancestors: list[str] = field(default_factory=list)  # named but gone (pruned)
 
@@ -58,6 +59,7 @@ class RunCurves:
             "has_metrics": self.has_metrics,
             "steps": self.steps,
             "evals": self.evals,
+            "config": self.config,
         }
 
 
@@ -106,11 +108,14 @@ def _curves(entry: dict[str, Any], active_id: str | None) -> RunCurves:
     present = [part for part in lineage if not part.get("missing")]
     segments = [[r for r in part["metrics"] or [] if r.get("kind") == "step"] for part in present]
     evals = [r for part in present for r in part["metrics"] or [] if r.get("kind") == "eval"]
+    starts = [r for part in present for r in part["metrics"] or [] if r.get("kind") == "start"]
+    config = starts[-1].get("config") if starts else None
     return RunCurves(
         run=_run_from_agent(present[-1]["record"], active_id),
         lineage=[part["id"] for part in present],
         steps=join_records(segments),
         evals=evals,
+        config=config if isinstance(config, dict) else None,
         has_metrics=any(part["metrics"] is not None for part in present),
         missing_ancestors=[part["id"] for part in lineage if part.get("missing")],
     )

@@ -121,8 +121,9 @@ def lineage(project, tiny_runs):
     wait_finished(project, first)
     second = deploy_run(project)
     wait_finished(project, second)
-    write_metrics(project.run_dir(first), [r for r in records if r["kind"] == "step"])
-    write_metrics(project.run_dir(second), [r for r in records if r["step"] >= 30])
+    start = dict(records[0], step=20)  # the second started at the step-20 checkpoint
+    write_metrics(project.run_dir(first), [r for r in records if r["kind"] != "eval"])
+    write_metrics(project.run_dir(second), [start] + [r for r in records if r["step"] >= 30])
     resume_link(project.run_dir(second), first)
     return first, second, records
 
@@ -159,6 +160,10 @@ def test_cli_shows_state_lineage_and_charts(project, lineage):
     last = [r for r in records if r["kind"] == "step"][-1]
     assert f"progress   step 40/40 · loss {last['loss']:.4f}" in out
     assert "eval       tau " in out and "lossless yes" in out
+    assert (
+        "trainer    40 steps · lr 0.01 · batch 4 x 48 tokens · drafter 2 layers, block 4 · "
+        "target tiny · eager on cpu"
+    ) in out
     for heading in ("loss", "tau~", "tokens/s"):
         assert f"\n{heading}   last " in out
     assert sum(1 for line in out.splitlines() if "┤" in line) == 6  # 3 charts, top and bottom

@@ -127,6 +127,20 @@ def test_eval_record_and_non_finite_numbers_become_null(tmp_path):
     assert ev["kind"] == "eval" and ev["step"] == 1 and ev["tau"] == 1.6 and ev["lossless"] is True
 
 
+def test_start_record_carries_the_config_and_stays_out_of_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    meter, _, _ = meter_for(tmp_path, total=1, every=1, tensorboard=True)
+    meter.record_start({"train": {"steps": 1}}, start_step=0)
+    meter.close()
+    (start,) = (json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert start["kind"] == "start" and start["config"] == {"train": {"steps": 1}}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert events.Tags()["scalars"] == []
+
+
 def test_metrics_go_to_the_run_folder_when_dflashctl_launched_the_run(tmp_path, monkeypatch):
     monkeypatch.delenv("DFLASH_RUN_DIR", raising=False)
     assert metrics_dir(tmp_path / "out") == tmp_path / "out"

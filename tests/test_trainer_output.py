@@ -20,6 +20,11 @@ def test_metrics_jsonl_matches_the_step_lines(tiny_runs):
     assert run.exit_code == 0, run.log[-2000:] + run.stderr[-2000:]
     step_lines = [line for line in run.lines if line.startswith("step ")]
     records = run.records()
+    start = records[0]  # first, the resolved config
+    assert start["kind"] == "start" and start["step"] == 0
+    assert (
+        start["config"]["train"]["steps"] == 40 and start["config"]["runtime"]["compile"] == "eager"
+    )
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [10, 20, 30, 40]
     for line, record in zip(step_lines, steps, strict=True):

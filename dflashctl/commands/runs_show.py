@@ -110,6 +110,8 @@ def _facts(run, place: str) -> list[tuple[str, str]]:
         facts.append(("release", info.release))
     if info.command:
         facts.append(("command", " ".join(info.command)))
+    if run.config:
+        facts.append(("trainer", _config_text(run.config)))
     if meta.get("git_commit"):
         dirty = " (dirty)" if meta.get("git_dirty") else ""
         facts.append(("git", f"{str(meta['git_commit'])[:12]}{dirty}"))
@@ -127,6 +129,32 @@ def _facts(run, place: str) -> list[tuple[str, str]]:
     if run.evals:
         facts.append(("eval", _eval_text(run.evals[-1])))
     return facts
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    """The few settings that tell runs apart, from the trainer's resolved config."""
+
+    def section(name: str) -> dict[str, Any]:
+        value = config.get(name)
+        return value if isinstance(value, dict) else {}
+
+    train, data, optim = section("train"), section("data"), section("optim")
+    drafter, target, runtime = section("drafter"), section("target"), section("runtime")
+    parts = []
+    if train.get("steps") is not None:
+        parts.append(f"{train['steps']} steps")
+    if isinstance(optim.get("lr"), (int, float)):
+        parts.append(f"lr {optim['lr']:g}")
+    if data.get("batch_size") is not None and data.get("seq_len") is not None:
+        parts.append(f"batch {data['batch_size']} x {data['seq_len']} tokens")
+    if drafter.get("num_layers") is not None:
+        parts.append(f"drafter {drafter['num_layers']} layers, block {drafter.get('block_size')}")
+    if target.get("path") or target.get("preset"):
+        parts.append(f"target {target.get('path') or target.get('preset')}")
+    if runtime.get("compile"):
+        devices = runtime.get("drafter_devices") or []
+        parts.append(f"{runtime['compile']} on {', '.join(map(str, devices)) or '?'}")
+    return " · ".join(parts) or "(no known settings)"
 
 
 def _progress(last: dict[str, Any], *, running: bool) -> str:

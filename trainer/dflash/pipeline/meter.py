@@ -157,6 +157,19 @@ class StepMeter:
         self._window, self._window_steps_timed = _Window(), 0
         self._window_start = now
 
+    def record_start(self, config: dict, start_step: int) -> None:
+        """The resolved config, once per start (a resume starts again at its checkpoint's
+        step): what `dflashctl runs show` summarises."""
+        if self.writer is not None:
+            self.writer.write(
+                {
+                    "kind": "start",
+                    "step": start_step,
+                    "time": round(time.time(), 3),
+                    "config": config,
+                }
+            )
+
     def record_eval(self, fields: dict) -> None:
         """The end-of-run evaluation (main thread, after the drafters were joined)."""
         if self.writer is not None:

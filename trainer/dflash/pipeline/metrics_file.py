@@ -10,6 +10,9 @@ TensorBoard event files.
      "queue_size": 4, "elapsed_s": 5.0, "eta_s": 45.0}
     {"kind": "eval", "step": 600, "time": ..., "tau": 1.63, "lossless": true, ...}
 
+and first, at each start, ``{"kind": "start", "step": <first step - 1>, "config": {...}}``
+with the resolved config.
+
 It lives in the run folder dflashctl made (``$DFLASH_RUN_DIR``), where ``dflashctl runs
 show`` reads it; run by hand, in ``output_dir``. A resumed run appends to the same file
 when it has the same folder: steps then start again from the checkpoint's.
@@ -62,6 +65,8 @@ class MetricsWriter:
             self._to_board(record)
 
     def _to_board(self, record: dict[str, Any]) -> None:
+        if record.get("kind") == "start":
+            return
         prefix = "train" if record.get("kind") == "step" else str(record.get("kind"))
         step = int(record["step"])
         for key, value in record.items():

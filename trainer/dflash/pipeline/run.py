@@ -231,6 +231,7 @@ def _train(
         ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
     )
+    ctx.meter.record_start(cfg.to_dict(), start_step)
 
     def save(step: int, export: bool = True) -> Path:
         started = time.perf_counter()
