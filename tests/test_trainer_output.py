@@ -87,3 +87,19 @@ def test_crash_detector_names_the_failed_thread_in_a_real_log(tiny_runs):
     assert result.summary.last_step == "20/40"  # the step line before the failure
     steps = [r["step"] for r in run.records() if r["kind"] == "step"]
     assert steps == [10, 20]  # what was logged before the failure stays on disk
+
+
+def test_a_stopped_run_keeps_what_it_logged(tiny_runs):
+    run = tiny_runs["stopped"]
+    assert run.exit_code == 0
+    assert any(line.startswith("stopped by SIGTERM after step 25/40") for line in run.lines)
+    assert [r["step"] for r in run.records() if r["kind"] == "step"] == [10, 20]
+    result = classify_log(
+        [run.log.encode()],
+        rules=load_rules(),
+        exit_code=0,
+        lines=0,
+        name="stopped",
+        show_lines=False,
+    )
+    assert result.crashes == [] and result.summary.last_step == "20/40"

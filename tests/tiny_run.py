@@ -62,11 +62,14 @@ def start_tiny_run(run_dir: Path, *extra: str) -> subprocess.Popen:
 
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory) -> dict[str, TinyRun]:
-    """The real trainer, twice at once: a clean run and one whose drafter fails at step 25."""
+    """The real trainer, three times at once: a clean run, one whose drafter fails at step
+    25, one stopped after step 25."""
     base = tmp_path_factory.mktemp("runs")
     started = {
         "clean": start_tiny_run(base / "clean"),
         "crash": start_tiny_run(base / "crash", "--set", "debug.fail_in=drafter-0@step:25"),
+        # As if SIGTERM came during step 25: it finishes, checkpoints and exits 0.
+        "stopped": start_tiny_run(base / "stopped", "--set", "debug.stop_at_step=25"),
     }
     runs = {}
     for name, proc in started.items():
