@@ -3,7 +3,7 @@
 `workdir/current` is a symlink to the release the next run starts from; it is swapped
 by renaming a new symlink over it, so a reader sees the old tree or the new one, never
 a half-written one. The remote work (unpack, link unchanged files, validate, swap,
-garbage-collect) is done by the agent (dflashctl/agent.py); this module names the
+garbage-collect) is done by the agent (dflashctl/agent/); this module names the
 uploads and remembers what this machine deployed last.
 """
 

@@ -13,11 +13,16 @@ earlier run's from that step on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dflashctl import hints
+from dflashctl.agent_client import call_agent
+from dflashctl.agent_messages import MetricsAnswer, RunMetrics
 from dflashctl.errors import UsageError
-from dflashctl.runs import RunInfo, _run_from_agent, call_agent
+from dflashctl.runs import RunInfo, _run_from_agent
+
+if TYPE_CHECKING:
+    from dflashctl.target import Target
 
 # Step records per run sent over SSH at most: a plot is a few hundred columns wide.
 MAX_POINTS = 2000
@@ -80,15 +85,11 @@ def join_records(segments: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def read_curves(
-    target: Any, workdir: str, run_ids: list[str], *, python: str, max_points: int = MAX_POINTS
+    target: Target, workdir: str, run_ids: list[str], *, python: str, max_points: int = MAX_POINTS
 ) -> list[RunCurves]:
     """The curves of each run (`@active` for the run launched last), in one round trip."""
-    answer = call_agent(
-        target,
-        python,
-        "metrics",
-        {"workdir": workdir, "run_ids": run_ids, "max_points": max_points},
-    )
+    params = {"workdir": workdir, "run_ids": run_ids, "max_points": max_points}
+    answer = cast(MetricsAnswer, call_agent(target, python, "metrics", params))
     if answer["missing"]:
         shown = ", ".join(answer["missing"])
         if answer["missing"] == ["@active"]:
@@ -103,7 +104,7 @@ def read_curves(
     return [_curves(entry, answer.get("active_run")) for entry in answer["runs"]]
 
 
-def _curves(entry: dict[str, Any], active_id: str | None) -> RunCurves:
+def _curves(entry: RunMetrics, active_id: str | None) -> RunCurves:
     lineage = entry["lineage"]
     present = [part for part in lineage if not part.get("missing")]
     segments = [[r for r in part["metrics"] or [] if r.get("kind") == "step"] for part in present]

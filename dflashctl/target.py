@@ -6,31 +6,16 @@ care which of the two it is.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from dflashctl import pct
-from dflashctl.errors import HostError
 from dflashctl.transport.base import (
     DEFAULT_TIMEOUT_S,
     CommandFailed,
     CommandResult,
     Stream,
     Transport,
-    read_local,
 )
-
-# One exec for the whole push (deploy speed counts round trips). Small files travel on
-# its stdin into a private temporary file on the host; large ones go ahead by SFTP,
-# which is faster for bulk data ($4 names that copy). pct copies the file into the
-# container and the temporary file is removed whatever happened.
-_PUSH_SCRIPT = (
-    'umask 077; staged=$4; if [ -z "$staged" ]; then '
-    'staged=$(mktemp /tmp/.dflashctl-push-XXXXXXXX) || exit 1; cat > "$staged" || exit 1; fi; '
-    'pct push "$1" "$staged" "$2" --perms "$3"; status=$?; rm -f -- "$staged"; exit $status'
-)
-STDIN_PUSH_LIMIT = 1 << 20
 
 
 class ContainerStream(Stream):
@@ -121,37 +106,3 @@ class Target:
         return ContainerStream(
             self.transport.stream(pct.exec_argv(self.vmid, argv)), self.vmid, argv
         )
-
-    def push(self, data: bytes | Path, dest: str, *, mode: int = 0o644) -> None:
-        """Write one file at `dest`: an atomic put on the host, or through `pct push`
-        (one exec: the bytes travel on its stdin).
-
-        pct push writes in place (not atomic) and creates no folders; callers that need
-        atomicity in a container push to a temporary name and rename with run(["mv", ...]).
-        """
-        if self.vmid is None:
-            self.transport.put_file(data, dest, mode=mode)
-            return
-        payload = read_local(data)
-        staged, stdin = "", payload
-        if len(payload) > STDIN_PUSH_LIMIT:
-            staged, stdin = f"/tmp/.dflashctl-push-{secrets.token_hex(6)}", None
-            self.transport.put_file(payload, staged, mode=0o600)
-        argv = ["sh", "-c", _PUSH_SCRIPT, "sh", str(self.vmid), dest, format(mode, "o"), staged]
-        result = self.transport.run(argv, stdin=stdin, check=False)
-        shown = pct.push_argv(self.vmid, "<staged copy>", dest, mode)
-        pct.raise_for_pct(
-            CommandResult(shown, result.exit_status, result.stdout, result.stderr),
-            self.vmid,
-            "push",
-        )
-
-    def read_file(self, path: str) -> bytes:
-        """A file's bytes (`cat` in the container, SFTP on the host)."""
-        if self.vmid is None:
-            return self.transport.get_file(path)
-        result = self.run(["cat", "--", path], check=False)
-        if result.exit_status != 0:
-            reason = result.last_error_line().rpartition(": ")[2] or "cannot read it"
-            raise HostError(f"cannot read {path} in {self.describe()}: {reason}")
-        return result.stdout
