@@ -6,6 +6,7 @@ directly: its files on the host, its processes, a direct nsenter for checks.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Sequence
@@ -62,6 +63,11 @@ class Container:
 
     def init_pid(self) -> int | None:
         return self._ct.init_pid()
+
+    def configure(self, **fields) -> None:
+        """Change how the node treats this container (state.py lists the fields), e.g.
+        configure(ha=1.0) or configure(start_warnings=["..."])."""
+        self._ct.conf_path.write_text(json.dumps({**self._ct.conf(), **fields}))
 
     def is_running(self) -> bool:
         return self._ct.is_running()
