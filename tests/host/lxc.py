@@ -118,10 +118,7 @@ def write_config(
         ),
         f"lxc.mount.entry = {root} root none rw,bind 0 0",
         f"lxc.mount.entry = {tmp} tmp none rw,bind 0 0",
-        *(
-            f"lxc.mount.entry = {p} {p.lstrip('/')} none ro,bind,create=dir 0 0"
-            for p in ro_binds
-        ),
+        *(f"lxc.mount.entry = {p} {p.lstrip('/')} none ro,bind,create=dir 0 0" for p in ro_binds),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

@@ -70,7 +70,7 @@ def node_name(root: Path) -> str:
 
 
 def container_kind(root: Path) -> str:
-    """"lxc" (real LXC containers) or "bwrap" (bubblewrap sandboxes, the fallback)."""
+    """ "lxc" (real LXC containers) or "bwrap" (bubblewrap sandboxes, the fallback)."""
     return host_settings(root).get("containers", "bwrap")
 
 
