@@ -56,6 +56,9 @@ class ProxmoxConfig:
     token_id: str | None = None
     token_secret_env: str = "PVE_TOKEN_SECRET"
     verify_tls: bool = True
+    # A container start can wait on storage, hooks and GPU set-up; an HA start on the
+    # cluster resource manager. pvesh's own 60 s is too short for some of those.
+    start_timeout_s: float = 300.0
 
 
 @dataclass
@@ -335,6 +338,8 @@ def _check_semantics(config: Config, path: Path) -> None:
         fail("host.keepalive_s", "must be 0 (off) or a number of seconds")
 
     pve = config.proxmox
+    if pve.start_timeout_s <= 0:
+        fail("proxmox.start_timeout_s", "must be a positive number of seconds")
     if pve.api not in ("ssh", "https"):
         fail("proxmox.api", f"expected 'ssh' or 'https', got {pve.api!r}")
     if pve.api == "https":

@@ -98,5 +98,12 @@ def ensure_running(connection: Connection, config: Config, *, start: bool = Fals
     if status.running:
         return status
     if start or config.container.start_if_stopped:
-        return proxmox.start_container(connection.proxmox, config.proxmox.node, vmid)
+        started = proxmox.start_container(
+            connection.proxmox, config.proxmox.node, vmid, timeout=config.proxmox.start_timeout_s
+        )
+        if started.warnings:
+            from dflashctl import terminal
+
+            terminal.warning(f"container {vmid} started with warnings: {started.warnings}")
+        return started
     raise ContainerNotRunning(f"container {vmid} is {status.status}", hint=not_running_hint(vmid))

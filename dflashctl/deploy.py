@@ -22,6 +22,7 @@ partial releases and abandoned uploads.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import subprocess
 import time
@@ -51,13 +52,15 @@ def process_scope(config: Config) -> str:
     return "container" if config.container.vmid is not None else "workdir"
 
 
-def start_container(config: Config, target: Any) -> None:
+def start_container(config: Config, target: Any) -> Any:
     """Start the container through the Proxmox API (pvesh over this connection, or
-    HTTPS with a token) and wait for its task; returns once it runs."""
+    HTTPS with a token) and wait until it runs; returns its state."""
     from dflashctl import proxmox
 
     api = open_proxmox(config, target.transport)
-    proxmox.start_container(api, config.proxmox.node, target.vmid)
+    return proxmox.start_container(
+        api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
+    )
 
 
 def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
@@ -77,8 +80,10 @@ def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
             )
             raise
     with terminal.step(f"starting container {target.vmid}") as step:
-        start_container(config, target)
+        status = start_container(config, target)
         step["done"] = f"started container {target.vmid}"
+    if status.warnings:
+        terminal.warning(f"container {target.vmid} started with warnings: {status.warnings}")
     return runs.call_agent(target, config.container.python, "inspect", params)
 
 
@@ -168,11 +173,13 @@ def upload_and_deploy(
         push = ""
     else:
         run_agent = shlex.join(pct.exec_argv(target.vmid, agent))
-        push = (
-            f"{shlex.join(pct.push_argv(target.vmid, staged, dest, 0o600))}\n"
-            "status=$?\n"
-            f"rm -f -- {shlex.quote(staged)}\n"
-            f"if [ $status -ne 0 ]; then echo '{_PUSH_FAILED}' >&2; exit 199; fi\n"
+        push = pct.verified_push_script(
+            target.vmid,
+            shlex.quote(staged),
+            dest,
+            0o600,
+            len(archive),
+            hashlib.sha256(archive).hexdigest(),
         )
     script = (
         # Leftovers of interrupted uploads to this target, once nobody writes to them.
@@ -208,19 +215,14 @@ def upload_and_deploy(
             f"the upload to {target.describe()} arrived incomplete",
             hint="check the connection and the host's free space in /tmp, then deploy again",
         )
-    if result.exit_status == 199 and _PUSH_FAILED in result.stderr_text:
-        failed = type(result)(
-            pct.push_argv(target.vmid, staged, dest), 1, result.stdout, result.stderr
-        )
-        pct.raise_for_pct(failed, target.vmid, "push")
-        raise HostError(f"pct push into container {target.vmid} failed: {failed.last_error_line()}")
+    if target.vmid is not None and pct.push_went_wrong(result):
+        pct.raise_for_push(result, target.vmid, dest, len(archive), 0o600)
     if target.vmid is not None:
         pct.raise_for_pct(result, target.vmid, "exec")
     return runs.parse_agent_answer(result, python, "deploy", runs.describe_target(target))
 
 
 _UPLOAD_CUT = "dflashctl: upload cut short"
-_PUSH_FAILED = "dflashctl: pct push failed"
 
 
 # --------------------------------------------------------------------------- launching

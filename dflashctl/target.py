@@ -6,6 +6,7 @@ care which of the two it is.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,12 +24,12 @@ from dflashctl.transport.base import (
 
 # One exec for the whole push (deploy speed counts round trips). Small files travel on
 # its stdin into a private temporary file on the host; large ones go ahead by SFTP,
-# which is faster for bulk data ($4 names that copy). pct copies the file into the
-# container and the temporary file is removed whatever happened.
-_PUSH_SCRIPT = (
-    'umask 077; staged=$4; if [ -z "$staged" ]; then '
-    'staged=$(mktemp /tmp/.dflashctl-push-XXXXXXXX) || exit 1; cat > "$staged" || exit 1; fi; '
-    'pct push "$1" "$staged" "$2" --perms "$3"; status=$?; rm -f -- "$staged"; exit $status'
+# which is faster for bulk data ($1 names that copy). pct copies the file into the
+# container, what arrived is checked there, and the temporary file is removed whatever
+# happened.
+_STAGE = (
+    'umask 077; staged=$1; if [ -z "$staged" ]; then '
+    'staged=$(mktemp /tmp/.dflashctl-push-XXXXXXXX) || exit 1; cat > "$staged" || exit 1; fi\n'
 )
 STDIN_PUSH_LIMIT = 1 << 20
 
@@ -103,10 +104,8 @@ class Target:
         if self.vmid is None:
             result = self.transport.run(argv, stdin=stdin, timeout=timeout, check=False, env=env)
         else:
-            # pct exec starts from a clean environment, so variables go in with env(1).
-            inner = ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
             outer = self.transport.run(
-                pct.exec_argv(self.vmid, inner), stdin=stdin, timeout=timeout, check=False
+                pct.exec_argv(self.vmid, argv, env), stdin=stdin, timeout=timeout, check=False
             )
             pct.raise_for_pct(outer, self.vmid, "exec")
             result = CommandResult(argv, outer.exit_status, outer.stdout, outer.stderr)
@@ -137,14 +136,11 @@ class Target:
         if len(payload) > STDIN_PUSH_LIMIT:
             staged, stdin = f"/tmp/.dflashctl-push-{secrets.token_hex(6)}", None
             self.transport.put_file(payload, staged, mode=0o600)
-        argv = ["sh", "-c", _PUSH_SCRIPT, "sh", str(self.vmid), dest, format(mode, "o"), staged]
-        result = self.transport.run(argv, stdin=stdin, check=False)
-        shown = pct.push_argv(self.vmid, "<staged copy>", dest, mode)
-        pct.raise_for_pct(
-            CommandResult(shown, result.exit_status, result.stdout, result.stderr),
-            self.vmid,
-            "push",
+        script = _STAGE + pct.verified_push_script(
+            self.vmid, '"$staged"', dest, mode, len(payload), hashlib.sha256(payload).hexdigest()
         )
+        result = self.transport.run(["sh", "-c", script, "sh", staged], stdin=stdin, check=False)
+        pct.raise_for_push(result, self.vmid, dest, len(payload), mode)
 
     def read_file(self, path: str) -> bytes:
         """A file's bytes (`cat` in the container, SFTP on the host)."""

@@ -17,7 +17,12 @@ from dflashctl.transport.base import CommandResult
 
 
 def test_argv_builders():
-    assert pct.exec_argv(200, ["python3", "-V"]) == ["pct", "exec", "200", "--", "python3", "-V"]
+    assert pct.raw_exec_argv(200, ["python3", "-V"]) == ["pct", "exec", "200", "--", "python3", "-V"]
+    # With a root login's environment instead of the SSH session's, plus the given env.
+    argv = pct.exec_argv(200, ["python3", "-V"], {"A": "1"})
+    assert argv[:6] == ["pct", "exec", "200", "--", "env", "-i"]
+    assert f"PATH={pct.LOGIN_PATH}" in argv and "/usr/local/bin" in pct.LOGIN_PATH
+    assert argv[-4:] == ["env", "A=1", "python3", "-V"]
     assert pct.push_argv(200, "/tmp/a", "/root/b") == ["pct", "push", "200", "/tmp/a", "/root/b"]
     assert pct.push_argv(200, "/tmp/a", "/root/b", 0o755)[-2:] == ["--perms", "755"]
     assert pct.pull_argv(201, "/root/x", "/tmp/x") == ["pct", "pull", "201", "/root/x", "/tmp/x"]

@@ -291,7 +291,9 @@ def test_push_failures_reach_only_stderr_and_exit_0(client, make_container, tmp_
     assert err.strip() == "failed to create file: /etc/dflash: Read-only file system"
     # A short write (a full disk) is not even printed: File::Copy's result is ignored.
     container.stop()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(container.tmp)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(container.tmp)], check=True
+    )
     try:
         container.start()
         source.write_bytes(os.urandom(64 * 1024))

@@ -274,7 +274,9 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
                 via = "pvesh over SSH" if config.proxmox.api == "ssh" else config.proxmox.url
                 return f"Proxmox VE {proxmox.api_version(api)} ({via})"
 
-            if not doctor.run("Proxmox API answers", api_probe):
+            if not doctor.run("Proxmox API answers", api_probe) and api is None:
+                # Not even opened (https token, requests): nothing below can work. A
+                # failed /version alone says nothing about the rest: go on.
                 for name in remaining[4:]:
                     doctor.skip(name, "needs the Proxmox API")
                 return doctor
