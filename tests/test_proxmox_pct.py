@@ -17,7 +17,14 @@ from dflashctl.transport.base import CommandResult
 
 
 def test_argv_builders():
-    assert pct.raw_exec_argv(200, ["python3", "-V"]) == ["pct", "exec", "200", "--", "python3", "-V"]
+    assert pct.raw_exec_argv(200, ["python3", "-V"]) == [
+        "pct",
+        "exec",
+        "200",
+        "--",
+        "python3",
+        "-V",
+    ]
     # With a root login's environment instead of the SSH session's, plus the given env.
     argv = pct.exec_argv(200, ["python3", "-V"], {"A": "1"})
     assert argv[:6] == ["pct", "exec", "200", "--", "env", "-i"]
