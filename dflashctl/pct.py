@@ -101,7 +101,8 @@ def parse_status(stdout: str) -> str:
 
 
 def not_running_hint(vmid: int) -> str:
-    return f"start it with `pct start {vmid}` on the host, or pass --start-container"
+    # Said by every command; only deploy can start it (--start-container).
+    return f"start it with `pct start {vmid}` on the host, or deploy with --start-container"
 
 
 def container_error(result: CommandResult, vmid: int, action: str) -> HostError | None:

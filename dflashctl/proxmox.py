@@ -24,7 +24,7 @@ from proxmoxer.core import ProxmoxResource, ResourceException
 
 from dflashctl.config import ProxmoxConfig
 from dflashctl.errors import ConfigError, DflashError, HostError
-from dflashctl.pct import ContainerNotFound, not_running_hint
+from dflashctl.pct import ContainerNotFound
 from dflashctl.transport.base import CommandTimeout, Transport
 
 PVESH_TIMEOUT_S = 60.0
@@ -241,8 +241,8 @@ def start_container(
     def too_slow() -> HostError:
         return HostError(
             f"container {vmid} did not start within {timeout:g} s",
-            hint="raise proxmox.start_timeout_s in dflash.yaml if it needs longer; "
-            f"see the task log on the host, or {not_running_hint(vmid)}",
+            hint="raise proxmox.start_timeout_s in dflash.yaml if it needs longer; the "
+            f"start task's log is on the host (`pvenode task list --vmid {vmid}`)",
         )
 
     try:

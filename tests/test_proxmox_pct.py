@@ -61,7 +61,9 @@ def test_exec_separates_pct_failures_from_the_commands_own_status():
     )
     error = pct.container_error(failed(pct.exec_argv(200, ["true"]), lxc, 1), 200, "exec")
     assert isinstance(error, pct.ContainerNotRunning)
-    assert error.hint == "start it with `pct start 200` on the host, or pass --start-container"
+    assert (
+        error.hint == "start it with `pct start 200` on the host, or deploy with --start-container"
+    )
     own = failed(pct.exec_argv(200, ["grep", "x"]), "grep: not running anything\n", 1)
     assert pct.container_error(own, 200, "exec") is None
 

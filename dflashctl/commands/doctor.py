@@ -288,9 +288,7 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
                 if not status.running:
                     raise ContainerNotRunning(
                         f"container {vmid} ({status.name}) is {status.status}",
-                        hint=not_running_hint(vmid).replace(
-                            "pass --start-container", "deploy with --start-container"
-                        ),
+                        hint=not_running_hint(vmid),
                     )
                 return f"container {vmid} ({status.name}) is running, up {terminal.human_duration(status.uptime_s)}"
 
