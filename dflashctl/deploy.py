@@ -172,15 +172,12 @@ def upload_and_deploy(
         run_agent = shlex.join(agent)
         push = ""
     else:
-        run_agent = shlex.join(pct.exec_argv(target.vmid, agent))
-        push = pct.verified_push_script(
-            target.vmid,
-            shlex.quote(staged),
-            dest,
-            0o600,
-            len(archive),
-            hashlib.sha256(archive).hexdigest(),
-        )
+        # pct push exits 0 when its copy fails: the agent starts only once the archive
+        # in the container has its size and sha256 (checked in the same pct exec).
+        digest = hashlib.sha256(archive).hexdigest()
+        checked = pct.checked_argv(dest, len(archive), digest, agent)
+        run_agent = shlex.join(pct.exec_argv(target.vmid, checked))
+        push = pct.push_script(target.vmid, shlex.quote(staged), dest, 0o600)
     script = (
         # Leftovers of interrupted uploads to this target, once nobody writes to them.
         f"find /tmp -maxdepth 1 -type f -name '{prefix}*' -mmin +{ABANDONED_UPLOAD_MIN} "

@@ -160,42 +160,43 @@ def raise_for_pct(result: CommandResult, vmid: int, action: str) -> CommandResul
 PUSH_FAILED = "dflashctl: pct push failed"
 _ARRIVED = "dflashctl: pct push arrived:"
 _ARRIVED_LINE = re.compile(re.escape(_ARRIVED) + r" (\S+) (\S+)")
-# Inside the container: size and sha256 of what arrived, and the free KiB of its folder.
-_MEASURE = (
-    's=$(wc -c < "$0" 2>/dev/null) || s=0; h=$(sha256sum < "$0" 2>/dev/null) || h=-; '
-    'f=$(df -Pk "${0%/*}" 2>/dev/null | tail -n 1); echo "$s ${h%% *} $f"'
+# Inside the container, before anything uses the file: its size and sha256 must be the
+# ones sent. Else it is removed, and its size and the free KiB of its folder go to
+# stderr (exit 199); else the command after it runs, reading the same stdin.
+_CHECK_ARRIVED = (
+    'f=$1 size=$2 sha=$3; shift 3; s=$(wc -c < "$f" 2>/dev/null) || s=0; '
+    'h=$(sha256sum < "$f" 2>/dev/null) || h=-; '
+    'if [ "$s" != "$size" ] || [ "${h%% *}" != "$sha" ]; then '
+    'free=$(df -Pk "${f%/*}" 2>/dev/null | tail -n 1); rm -f -- "$f"; set -- $free; '
+    f'echo "{_ARRIVED} $s ${{4:--}}" >&2; exit 199; fi; '
+    'exec "$@"'
 )
 
 
-def verified_push_script(
-    vmid: int, staged: str, dest: str, mode: int, size: int, sha256: str
-) -> str:
-    """Shell lines for the host: `pct push` the file `staged` (a shell word), remove it,
-    then check inside the container that `dest` has exactly `size` bytes and `sha256`.
+def push_script(vmid: int, staged: str, dest: str, mode: int) -> str:
+    """Shell lines for the host: `pct push` the file `staged` (a shell word) to `dest`
+    and remove it; a failing pct push ends the script (exit 199, see raise_for_push).
 
     pct push copies in a task worker and exits 0 when the copy fails (a full disk, a
     missing folder, a read-only path: pve-container pct.pm, pve-common CLIHandler.pm),
-    so its status alone proves nothing. A failed check removes the partial file and
-    exits 199 with the measurement on stderr; raise_for_push() reads it.
-    """
+    so its status alone proves nothing: run what uses `dest` through checked_argv()."""
     push = " ".join(shlex.quote(a) for a in push_argv(vmid, "@STAGED@", dest, mode))
-    measure = shlex.join(raw_exec_argv(vmid, ["sh", "-c", _MEASURE, dest]))
-    remove = shlex.join(raw_exec_argv(vmid, ["rm", "-f", "--", dest]))
     return (
         f"{push.replace('@STAGED@', staged)}\n"
         "status=$?\n"
         f"rm -f -- {staged}\n"
         f"if [ $status -ne 0 ]; then echo '{PUSH_FAILED}' >&2; exit 199; fi\n"
-        f"set -- $({measure} 2>/dev/null)\n"
-        f'if [ "$1" != {size} ] || [ "$2" != {sha256} ]; then\n'
-        f"  {remove} >/dev/null 2>&1\n"
-        f'  echo "{_ARRIVED} ${{1:-0}} ${{6:--}}" >&2; exit 199\n'
-        "fi\n"
     )
 
 
+def checked_argv(dest: str, size: int, sha256: str, then: Sequence[str]) -> list[str]:
+    """argv (for inside the container) that runs `then` only once `dest` has exactly
+    `size` bytes and `sha256`: no extra pct exec for the check."""
+    return ["sh", "-c", _CHECK_ARRIVED, "sh", dest, str(size), sha256, *then]
+
+
 def push_went_wrong(result: CommandResult) -> bool:
-    """Did verified_push_script stop the command (rather than what ran after it)?"""
+    """Did push_script or checked_argv stop the command (rather than what ran after)?"""
     return result.exit_status == 199 and (
         PUSH_FAILED in result.stderr_text or _ARRIVED in result.stderr_text
     )
@@ -210,7 +211,7 @@ def _sizes(done: int, total: int) -> str:
 
 
 def raise_for_push(result: CommandResult, vmid: int, dest: str, size: int, mode: int) -> None:
-    """The clear error for a push that failed or arrived short (see verified_push_script);
+    """The clear error for a push that failed or arrived short (see push_script);
     nothing when the file arrived whole."""
     if result.exit_status == 0:
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -136,8 +137,12 @@ class Target:
         if len(payload) > STDIN_PUSH_LIMIT:
             staged, stdin = f"/tmp/.dflashctl-push-{secrets.token_hex(6)}", None
             self.transport.put_file(payload, staged, mode=0o600)
-        script = _STAGE + pct.verified_push_script(
-            self.vmid, '"$staged"', dest, mode, len(payload), hashlib.sha256(payload).hexdigest()
+        digest = hashlib.sha256(payload).hexdigest()
+        check = pct.checked_argv(dest, len(payload), digest, ["true"])
+        script = (
+            _STAGE
+            + pct.push_script(self.vmid, '"$staged"', dest, mode)
+            + f"exec {shlex.join(pct.raw_exec_argv(self.vmid, check))}\n"
         )
         result = self.transport.run(["sh", "-c", script, "sh", staged], stdin=stdin, check=False)
         pct.raise_for_push(result, self.vmid, dest, len(payload), mode)
