@@ -202,6 +202,7 @@ def test_python3_in_usr_local_bin_and_the_login_environment(
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
     assert doctor.returncode == 0, checks
     assert checks["python"]["status"] == "pass"
+    assert checks["python"]["detail"].endswith("(/usr/local/bin/python3)")
 
     result = cli("deploy", "-c", str(path))
     assert result.returncode == 0, result.stderr
