@@ -6,6 +6,7 @@ the host key, the way dflashctl will use it.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from proxmoxer.backends.command_base import CommandBaseSession, JsonSimpleSerializer
 from proxmoxer.core import ProxmoxResource, ResourceException
 
-from tests.host import fixtures, state
+from tests.host import fixtures, lxc, state
 from tests.host.fixtures import apply_overrides, require_test_host
 from tests.host.sshd import SshServer
 
@@ -494,3 +495,35 @@ def test_container_handle(container):
     assert not container.is_running() and container.pids() == []
     container.start()
     assert container.exec(["hostname"]).stdout == "ct200\n"
+
+
+# -- which containers ------------------------------------------------------------------------
+
+
+def test_containers_are_real_lxc_where_lxc_runs(pve_host, container):
+    settings = json.loads((pve_host.state_dir / "host.json").read_text())
+    if settings["containers"] != "lxc":
+        pytest.skip(f"this session runs {fixtures.CONTAINER_KIND.get('detail')}")
+    name = f"{lxc.session_prefix()}200"
+    assert name.startswith(f"dfl{os.getpid()}-")  # unique per test session
+    info = subprocess.run(
+        ["lxc-info", "-P", str(pve_host.state_dir / "lxcpath"), "-n", name, "-s", "-p"],
+        capture_output=True,
+        text=True,
+    )
+    assert info.stdout.split() == ["State:", "RUNNING", "PID:", str(container.init_pid())]
+
+
+def test_bubblewrap_is_the_fallback_and_the_summary_says_so(monkeypatch, tmp_path):
+    if fixtures._missing_tool("bwrap"):
+        pytest.skip("no bwrap here")
+    monkeypatch.setenv("DFLASHCTL_TEST_CONTAINERS", "bwrap")
+    monkeypatch.setattr(fixtures, "CONTAINER_KIND", {})
+    settings = fixtures._host_settings(tmp_path)
+    assert settings["containers"] == "bwrap"
+    assert fixtures.CONTAINER_KIND == {
+        "kind": "bwrap",
+        "detail": "LXC not used: DFLASHCTL_TEST_CONTAINERS=bwrap",
+    }
+    python3 = Path(settings["local_bin"]) / "python3"  # /usr/local/bin/python3 in there
+    assert os.access(python3, os.X_OK)
