@@ -54,16 +54,18 @@ _LOGIN = (
 
 
 def login_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
-    """argv as it runs in the container: a root login's environment plus `env`."""
-    base = [f"PATH={LOGIN_PATH}", "HOME=/root", "USER=root", "LOGNAME=root", "SHELL=/bin/sh"]
-    base.append("LANG=C.UTF-8")
-    extra = [f"{k}={v}" for k, v in (env or {}).items()]
-    return ["env", "-i", *base, "/bin/sh", "-c", _LOGIN, "sh", *extra_env(extra), *argv]
-
-
-def extra_env(assignments: list[str]) -> list[str]:
-    """`env K=V ...` after the login files, so that trainer.env wins over them."""
-    return ["env", *assignments] if assignments else []
+    """argv as it runs in the container: a root login's environment, then `env` on top
+    (set after the login files, so that trainer.env wins over them)."""
+    login = [
+        f"PATH={LOGIN_PATH}",
+        "HOME=/root",
+        "USER=root",
+        "LOGNAME=root",
+        "SHELL=/bin/sh",
+        "LANG=C.UTF-8",
+    ]
+    extra = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+    return ["env", "-i", *login, "/bin/sh", "-c", _LOGIN, "sh", *extra, *argv]
 
 
 def exec_argv(vmid: int, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
