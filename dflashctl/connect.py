@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from dflashctl.config import Config
@@ -32,11 +32,10 @@ def open_target(config: Config) -> Target:
 
 
 @contextlib.contextmanager
-def session(config: Config, open_with: Callable[[Config], Any] | None = None) -> Iterator[Target]:
+def session(config: Config) -> Iterator[Target]:
     """The target for one command, closed at the end; a low-level failure (a socket,
-    paramiko) becomes one plain HostError (exit 3). `open_with` replaces open_target
-    (tests count round trips through it)."""
-    target = (open_with or open_target)(config)
+    paramiko) becomes one plain HostError (exit 3)."""
+    target = open_target(config)
     try:
         yield target
     except DflashError:
@@ -83,27 +82,3 @@ def connect(config: Config) -> Iterator[Connection]:
     """session() plus the Proxmox API, over the same connection."""
     with session(config) as target:
         yield Connection(target.transport, open_proxmox(config, target.transport), target)
-
-
-def ensure_running(connection: Connection, config: Config, *, start: bool = False) -> Any:
-    """The container's state, after starting it when allowed (start or
-    container.start_if_stopped). Raises ContainerNotRunning otherwise."""
-    from dflashctl import proxmox
-    from dflashctl.pct import ContainerNotRunning, not_running_hint
-
-    vmid = config.container.vmid
-    if vmid is None or connection.proxmox is None:
-        return None
-    status = proxmox.container_status(connection.proxmox, config.proxmox.node, vmid)
-    if status.running:
-        return status
-    if start or config.container.start_if_stopped:
-        started = proxmox.start_container(
-            connection.proxmox, config.proxmox.node, vmid, timeout=config.proxmox.start_timeout_s
-        )
-        if started.warnings:
-            from dflashctl import terminal
-
-            terminal.warning(f"container {vmid} started with warnings: {started.warnings}")
-        return started
-    raise ContainerNotRunning(f"container {vmid} is {status.status}", hint=not_running_hint(vmid))

@@ -1,7 +1,8 @@
-"""deploy, restart and stop: the orchestration, in as few round trips as possible.
+"""deploy: the orchestration, in as few round trips as possible (restart and stop are
+in stop_restart.py, what they share with deploy in launching.py).
 
 A deploy is at most two commands over one SSH connection, each answered by the agent
-(dflashctl/agent.py) where the trainer runs:
+(the package dflashctl/agent/, see agent_client.py) where the trainer runs:
 
   1. inspect   the current release's real manifest, the runs to stop   (read only)
   2. deploy    one `sh -c` on the host: the archive of changed files arrives on its
@@ -26,19 +27,30 @@ import hashlib
 import shlex
 import subprocess
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from dflashctl import hints, pct, releases, runs, sync, terminal
+from dflashctl import agent_client, hints, pct, releases, runs, sync, terminal
+from dflashctl.agent_messages import InspectAnswer, LaunchAnswer, LaunchParams, ProcessToStop
 from dflashctl.config import Config
-from dflashctl.connect import open_proxmox, open_target, session
-from dflashctl.crash import Rule, rules_for
+from dflashctl.connect import open_proxmox, session
+from dflashctl.crash import rules_for
 from dflashctl.errors import HostError, UsageError
-from dflashctl.follow import follow_run, report_result
-from dflashctl.resources import template_path
+from dflashctl.launching import (
+    describe_target_to_stop,
+    follow_unless_detached,
+    launch_params,
+    print_launched,
+    process_scope,
+    stop_and_launch,
+    trainer_command,
+)
+
+if TYPE_CHECKING:
+    from dflashctl.proxmox import ContainerStatus
+    from dflashctl.target import Target
 
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
 ABANDONED_UPLOAD_MIN = 1
@@ -46,13 +58,7 @@ ABANDONED_UPLOAD_MIN = 1
 # --------------------------------------------------------------------------- the target
 
 
-def process_scope(config: Config) -> str:
-    """Where a hand-started trainer may be: anywhere in a container of its own; on a
-    machine without one, only under the workdir (other projects share the machine)."""
-    return "container" if config.container.vmid is not None else "workdir"
-
-
-def start_container(config: Config, target: Any) -> Any:
+def start_container(config: Config, target: Target) -> ContainerStatus:
     """Start the container through the Proxmox API (pvesh over this connection, or
     HTTPS with a token) and wait until it runs; returns its state."""
     from dflashctl import proxmox
@@ -63,7 +69,7 @@ def start_container(config: Config, target: Any) -> Any:
     )
 
 
-def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
+def inspect(config: Config, target: Target, *, may_start: bool) -> InspectAnswer:
     """Round trip 1; starts a stopped container first when allowed (else exit 3)."""
     params = {
         "workdir": config.container.workdir,
@@ -71,20 +77,21 @@ def inspect(config: Config, target: Any, *, may_start: bool) -> dict[str, Any]:
         "scope": process_scope(config),
     }
     try:
-        return runs.call_agent(target, config.container.python, "inspect", params)
-    except pct.ContainerNotRunning as exc:
+        return cast(
+            InspectAnswer,
+            agent_client.call_agent(target, config.container.python, "inspect", params),
+        )
+    except pct.ContainerNotRunning:
         if not may_start:
-            exc.hint = (
-                f"start it with `pct start {target.vmid}` on the host, pass --start-container, "
-                "or set container.start_if_stopped: true"
-            )
-            raise
+            raise  # with pct.not_running_hint, the one hint for a stopped container
     with terminal.step(f"starting container {target.vmid}") as step:
         status = start_container(config, target)
         step["done"] = f"started container {target.vmid}"
     if status.warnings:
         terminal.warning(f"container {target.vmid} started with warnings: {status.warnings}")
-    return runs.call_agent(target, config.container.python, "inspect", params)
+    return cast(
+        InspectAnswer, agent_client.call_agent(target, config.container.python, "inspect", params)
+    )
 
 
 # --------------------------------------------------------------------------- the plan
@@ -96,7 +103,7 @@ class Plan:
     diff: sync.Diff
     base_release: str | None  # the release now current, if any
     new_release: str | None  # None: nothing changed, the current release is reused
-    to_stop: list[dict[str, Any]]
+    to_stop: list[ProcessToStop]
     command: list[str]
 
     @property
@@ -106,10 +113,6 @@ class Plan:
     @property
     def release(self) -> str | None:
         return self.new_release or self.base_release
-
-
-def trainer_command(config: Config, extra_args: list[str]) -> list[str]:
-    return [config.container.python, config.trainer.entry, *config.trainer.args, *extra_args]
 
 
 def preflight(config: Config) -> tuple[sync.Manifest, int]:
@@ -152,8 +155,8 @@ def git_state(source: Path) -> dict[str, Any]:
 
 
 def upload_and_deploy(
-    config: Config, target: Any, plan: Plan, archive: bytes, launch: dict[str, Any]
-) -> dict[str, Any]:
+    config: Config, target: Target, plan: Plan, archive: bytes, launch: LaunchParams
+) -> LaunchAnswer:
     """Round trip 2, one command on the host: the archive arrives on its stdin (no
     extra round trips for a file transfer), is `pct push`ed into the container as one
     file, and the agent, reading the rest of stdin, builds the release, stops stale
@@ -164,10 +167,14 @@ def upload_and_deploy(
     prefix = releases.upload_prefix(workdir, target.vmid)
     dest = releases.upload_path(prefix, release)
     staged = dest if target.vmid is None else releases.upload_path(prefix, release, "/tmp")
-    params = dict(
-        launch, release=release, archive=dest, base=plan.base_release, upload_prefix=prefix
-    )
-    agent = runs.agent_argv(python, "deploy")
+    params: LaunchParams = {
+        **launch,
+        "release": release,
+        "archive": dest,
+        "base": plan.base_release,
+        "upload_prefix": prefix,
+    }
+    agent = agent_client.agent_argv(python, "deploy")
     if target.vmid is None:
         run_agent = shlex.join(agent)
         push = ""
@@ -191,7 +198,7 @@ def upload_and_deploy(
         f"{push}"
         f"exec {run_agent}\n"
     )
-    stdin = archive + runs.agent_input("deploy", params)
+    stdin = archive + agent_client.agent_input("deploy", params)
     timeout = 600 + float(params["grace_s"])
     try:
         result = target.transport.run(
@@ -216,122 +223,11 @@ def upload_and_deploy(
         pct.raise_for_push(result, target.vmid, dest, len(archive), 0o600)
     if target.vmid is not None:
         pct.raise_for_pct(result, target.vmid, "exec")
-    return runs.parse_agent_answer(result, python, "deploy", runs.describe_target(target))
+    answer = agent_client.parse_agent_answer(result, python, "deploy", target.describe())
+    return cast(LaunchAnswer, answer)
 
 
 _UPLOAD_CUT = "dflashctl: upload cut short"
-
-
-# --------------------------------------------------------------------------- launching
-
-
-def launch_params(
-    config: Config,
-    run_id: str,
-    release: str | None,
-    command: list[str],
-    meta: dict[str, Any],
-    grace_s: float | None = None,
-) -> dict[str, Any]:
-    return {
-        "workdir": config.container.workdir,
-        "release": release,
-        "run_id": run_id,
-        "entry": config.trainer.entry,
-        "scope": process_scope(config),
-        "command": command,
-        "env": {
-            **config.trainer.env,
-            **({"DFLASH_ON_EXIT": config.run.on_exit} if config.run.on_exit else {}),
-        },
-        "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
-        "keep_releases": config.run.keep_releases,
-        "meta": meta,
-        "launch_script": template_path("launch.sh").read_text(encoding="utf-8"),
-    }
-
-
-def stop_and_launch(config: Config, target: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """Stop stale runs and launch `params["release"]` (None: the current one) in one
-    round trip: a deploy with nothing to send, and restart."""
-    grace = float(params["grace_s"])
-    timeout = grace + 120
-    try:
-        return runs.call_agent(target, config.container.python, "launch", params, timeout=timeout)
-    except HostError as exc:
-        if params.get("release"):
-            exc.hint = exc.hint or (
-                f"release {params['release']} is unpacked in {config.container.workdir}/releases; "
-                f"{hints.command('restart')} launches the current release again"
-            )
-        raise
-
-
-def describe_stopped(stopped: dict[str, Any]) -> str:
-    who = f"run {stopped['run_id']}" if stopped.get("run_id") else "hand-started process"
-    what = f"{who} (pid {stopped['pid']})"
-    if stopped["ended"] == "terminated":
-        how = f"exited after SIGTERM in {stopped.get('seconds', 0):.1f} s"
-    elif stopped["ended"] == "killed":
-        how = f"killed with SIGKILL after the {stopped.get('seconds', 0):.0f} s grace period"
-    else:
-        how = stopped["ended"]
-    code = stopped.get("exit_code")
-    if code is not None:
-        how += f", exit code {code}"
-    return f"stopped {what}: {how}"
-
-
-def print_stopped(stopped: list[dict[str, Any]], seconds: float) -> None:
-    if not stopped:
-        return
-    for index, item in enumerate(stopped):
-        terminal.step_done(describe_stopped(item), seconds if index == 0 else 0.0)
-
-
-def describe_target_to_stop(item: dict[str, Any]) -> str:
-    who = f"run {item['run_id']}" if item.get("run_id") else "hand-started"
-    scope = "its process group" if item.get("group") else "the process and its children"
-    return f"pid {item['pid']} ({who}, {scope}): {item.get('cmdline', '')}"
-
-
-def print_launched(
-    launched: dict[str, Any], run_id: str, command: list[str], seconds: float
-) -> None:
-    """The runs the agent stopped, then the one it launched; `seconds` is the time the
-    stop and launch took together."""
-    stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
-    print_stopped(launched["stopped"], stop_s)
-    terminal.step_done(
-        f"launched run {run_id} (pid {launched['run']['pid']}) from release "
-        f"{launched['release']}: {shlex.join(command)}",
-        max(seconds - stop_s, 0.0),
-    )
-
-
-# --------------------------------------------------------------------------- following
-
-
-def follow_unless_detached(
-    config: Config, target: Any, rules: list[Rule], summary: dict[str, Any], *, detach: bool
-) -> tuple[int, dict[str, Any]]:
-    """Follow the new run's log as `logs --follow` does; (exit code, summary with the
-    run's result)."""
-    run_id = summary["run_id"]
-    if detach:
-        terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
-        return 0, summary
-    result = follow_run(
-        lambda: open_target(config),
-        config.container.workdir,
-        run_id,
-        rules=rules,
-        target=target,
-        python=config.container.python,
-        from_offset=0,
-    )
-    summary["result"] = result.to_json()
-    return report_result(result), summary
 
 
 # --------------------------------------------------------------------------- deploy
@@ -348,8 +244,6 @@ class DeployOptions:
 def deploy(
     config: Config,
     options: DeployOptions,
-    *,
-    open_with: Callable[[Config], Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run a deploy; returns (exit code, the JSON summary)."""
     started = time.monotonic()
@@ -364,15 +258,15 @@ def deploy(
     # Asking git takes a few subprocesses: done while the host answers.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
         git = pool.submit(git_state, Path(config.trainer.source))
-        with session(config, open_with) as target:
+        with session(config) as target:
             summary = None
             last = None if options.dry_run else releases.load_last_deploy(config)
             if last is not None:
                 try:
                     plan = plan_from(config, options, manifest, last.release, last.manifest)
                     summary = _execute(config, target, plan, meta, git, started, last)
-                except (runs.AgentFailed, pct.ContainerNotRunning) as exc:
-                    if isinstance(exc, runs.AgentFailed) and not exc.stale:
+                except (agent_client.AgentFailed, pct.ContainerNotRunning) as exc:
+                    if isinstance(exc, agent_client.AgentFailed) and not exc.stale:
                         raise
                     # The container changed since our last deploy (or is stopped): ask it.
             if summary is None:
@@ -389,7 +283,7 @@ def plan_from(
     manifest: sync.Manifest,
     base: str | None,
     remote: sync.Manifest | None,
-    to_stop: list[dict[str, Any]] | None = None,
+    to_stop: list[ProcessToStop] | None = None,
 ) -> Plan:
     diff = sync.diff_manifests(manifest, remote)
     return Plan(
@@ -403,7 +297,7 @@ def plan_from(
 
 
 def inspected_plan(
-    config: Config, target: Any, options: DeployOptions, manifest: sync.Manifest
+    config: Config, target: Target, options: DeployOptions, manifest: sync.Manifest
 ) -> Plan:
     """Round trip 1 when the last deploy's plan is unknown or out of date."""
     with terminal.step(f"inspecting {target.describe()}") as step:
@@ -529,70 +423,3 @@ def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
         "runs_to_stop": plan.to_stop,
         "command": plan.command,
     }
-
-
-# --------------------------------------------------------------------------- restart, stop
-
-
-def restart(
-    config: Config,
-    *,
-    detach: bool,
-    extra_args: list[str] | None = None,
-    open_with: Callable[[Config], Any] | None = None,
-) -> tuple[int, dict[str, Any]]:
-    """Stop stale runs and launch the current release again: one round trip, no sync."""
-    rules = rules_for(config)  # config mistakes first, before anything is contacted
-    with session(config, open_with) as target:
-        run_id = runs.new_id()
-        command = trainer_command(config, extra_args or [])
-        meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
-        params = launch_params(config, run_id, None, command, meta)
-        t0 = time.monotonic()
-        with terminal.spinner("stopping stale runs and launching"):
-            launched = stop_and_launch(config, target, params)
-        print_launched(launched, run_id, command, time.monotonic() - t0)
-        summary = {
-            "release": launched["release"],
-            "run_id": run_id,
-            "pid": launched["run"]["pid"],
-            "runs_stopped": launched["stopped"],
-            "command": command,
-            "target": target.describe(),
-        }
-        return follow_unless_detached(config, target, rules, summary, detach=detach)
-
-
-def stop(
-    config: Config,
-    *,
-    grace_s: float | None = None,
-    open_with: Callable[[Config], Any] | None = None,
-) -> dict[str, Any]:
-    """Stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
-    grace = config.run.stop_grace_s if grace_s is None else grace_s
-    with session(config, open_with) as target:
-        params = {
-            "workdir": config.container.workdir,
-            "entry": config.trainer.entry,
-            "scope": process_scope(config),
-            "grace_s": grace,
-        }
-        with terminal.step("stopping runs") as step:
-            answer = runs.call_agent(
-                target, config.container.python, "stop", params, timeout=grace + 60
-            )
-            stopped = answer["stopped"]
-            step["done"] = (
-                f"stopped {len(stopped)} run(s)"
-                if stopped
-                else f"nothing to stop on {target.describe()}"
-            )
-        for item in stopped:
-            terminal.info(f"  {describe_stopped(item)}")
-        if not answer.get("all_stopped", True):
-            raise HostError(
-                "a run did not exit even after SIGKILL",
-                hint="check the container with `ps -ef`; the process may be stuck in I/O",
-            )
-        return {"stopped": stopped, "target": target.describe()}

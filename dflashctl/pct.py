@@ -1,7 +1,7 @@
 """`pct` on the Proxmox node: argv builders and the parsing of its answers and errors.
 
 The Proxmox API cannot run commands in a container or copy files into one, so these
-travel over SSH as `pct exec/push/pull`. The error texts matched here are pct's own
+travel over SSH as `pct exec` and `pct push`. The error texts matched here are pct's own
 (pve-container src/PVE/CLI/pct.pm, src/PVE/AbstractConfig.pm) and lxc-attach's.
 """
 
@@ -24,7 +24,6 @@ _NOT_RUNNING = re.compile(
     re.MULTILINE,
 )
 _CREATE_FAILED = re.compile(r"failed to create file: (.+?): (.+)$", re.MULTILINE)
-_OPEN_FAILED = re.compile(r"failed to open (.+?): (.+)$", re.MULTILINE)
 
 
 class ContainerNotFound(HostError):
@@ -36,7 +35,7 @@ class ContainerNotRunning(HostError):
 
 
 class ContainerPathMissing(HostError):
-    """A path given to pct push/pull does not exist."""
+    """The folder a file is pushed into does not exist."""
 
 
 # A root login's PATH in a Debian container (/etc/profile). `pct exec` keeps the SSH
@@ -85,25 +84,9 @@ def push_argv(vmid: int, src: str, dst: str, perms: int | None = None) -> list[s
     return argv
 
 
-def pull_argv(vmid: int, src: str, dst: str) -> list[str]:
-    return ["pct", "pull", str(vmid), src, dst]
-
-
-def status_argv(vmid: int) -> list[str]:
-    return ["pct", "status", str(vmid)]
-
-
-def parse_status(stdout: str) -> str:
-    """`status: running` -> "running"."""
-    for line in stdout.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "status":
-            return value.strip()
-    raise HostError(f"cannot read the container state from `pct status`: {stdout.strip()!r}")
-
-
 def not_running_hint(vmid: int) -> str:
-    # Said by every command; only deploy can start it (--start-container).
+    """The one hint for a stopped container, wherever it is found stopped; only deploy
+    can start it (--start-container)."""
     return f"start it with `pct start {vmid}` on the host, or deploy with --start-container"
 
 
@@ -133,13 +116,6 @@ def container_error(result: CommandResult, vmid: int, action: str) -> HostError 
                     hint="create the folder first (pct push copies one file and makes no folders)",
                 )
             return HostError(f"cannot write {path} in container {vmid}: {reason}")
-    if action == "pull":
-        opened = _OPEN_FAILED.search(stderr)
-        if opened:
-            path, reason = opened.groups()
-            if "No such file" in reason:
-                return ContainerPathMissing(f"{path} does not exist in container {vmid}")
-            return HostError(f"cannot read {path} in container {vmid}: {reason}")
     if action == "exec":
         return None
     return HostError(

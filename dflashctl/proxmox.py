@@ -217,11 +217,6 @@ def container_status(api: ProxmoxResource, node: str, vmid: int) -> ContainerSta
     return _status_from(answer, vmid)
 
 
-def list_containers(api: ProxmoxResource, node: str) -> list[ContainerStatus]:
-    answer = _call(lambda: api.nodes(node).lxc.get(), node, None, f"listing containers on {node}")
-    return sorted((_status_from(entry) for entry in answer or []), key=lambda ct: ct.vmid)
-
-
 def start_container(
     api: ProxmoxResource, node: str, vmid: int, timeout: float = DEFAULT_START_TIMEOUT_S
 ) -> ContainerStatus:

@@ -3,7 +3,7 @@
 `workdir/current` is a symlink to the release the next run starts from; it is swapped
 by renaming a new symlink over it, so a reader sees the old tree or the new one, never
 a half-written one. The remote work (unpack, link unchanged files, validate, swap,
-garbage-collect) is done by the agent (dflashctl/agent.py); this module names the
+garbage-collect) is done by the agent (dflashctl/agent/); this module names the
 uploads and remembers what this machine deployed last.
 """
 
@@ -16,6 +16,8 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from platformdirs import user_cache_path
 
 UPLOAD_PREFIX = "dflashctl-upload-"  # temp archives on the host and in the container
 
@@ -53,8 +55,8 @@ def _cache_path(config: Any) -> Path:
     host, ct = config.host, config.container
     key = json.dumps([host.address, host.port, host.user, ct.vmid, ct.workdir])
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "dflashctl" / "targets" / f"{digest}.json"
+    # The platform's per-user cache folder ($XDG_CACHE_HOME or ~/.cache on Linux).
+    return user_cache_path("dflashctl", appauthor=False) / "targets" / f"{digest}.json"
 
 
 def load_last_deploy(config: Any) -> LastDeploy | None:

@@ -3,7 +3,7 @@
 A run lives in `workdir/runs/<run-id>/` (train.log, pid, exit_code, meta.json);
 `workdir/active_run` names the one launched last. The state comes from the pid and
 exit_code files and the process table where the trainer runs, never from the log:
-one agent call (dflashctl/agent.py, op `runs`) reads them all.
+one agent call (the `runs` verb, dflashctl/agent/verbs.py) reads them all.
 
     running   the wrapper's pid is alive and no exit code yet
     exited    exit_code N < 128 (the trainer returned N)
@@ -14,19 +14,20 @@ one agent call (dflashctl/agent.py, op `runs`) reads them all.
 
 from __future__ import annotations
 
-import json
 import secrets
 import signal
 import time
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dflashctl import hints
+from dflashctl.agent_client import call_agent
+from dflashctl.agent_messages import PruneAnswer, PrunedRun, RunRecord, RunsAnswer
 from dflashctl.errors import HostError
 
-AGENT_PATH = Path(__file__).with_name("agent.py")
+if TYPE_CHECKING:
+    from dflashctl.target import Target
+
 DEFAULT_PYTHON = "python3"
 
 
@@ -98,7 +99,7 @@ def signal_name(number: int | None) -> str:
         return f"signal {number}"
 
 
-def _run_from_agent(record: dict[str, Any], active_id: str | None) -> RunInfo:
+def _run_from_agent(record: RunRecord, active_id: str | None) -> RunInfo:
     meta = dict(record.get("meta") or {})
     return RunInfo(
         id=record["id"],
@@ -115,21 +116,25 @@ def _run_from_agent(record: dict[str, Any], active_id: str | None) -> RunInfo:
 # --------------------------------------------------------------------------- queries
 
 
-def list_runs(target: Any, workdir: str, *, python: str = DEFAULT_PYTHON) -> list[RunInfo]:
+def _runs(target: Target, python: str, params: dict[str, str]) -> RunsAnswer:
+    return cast(RunsAnswer, call_agent(target, python, "runs", params))
+
+
+def list_runs(target: Target, workdir: str, *, python: str = DEFAULT_PYTHON) -> list[RunInfo]:
     """Every run in the workdir, oldest first, each with its real state."""
-    answer = call_agent(target, python, "runs", {"workdir": workdir})
+    answer = _runs(target, python, {"workdir": workdir})
     return [_run_from_agent(r, answer.get("active_run")) for r in answer["runs"]]
 
 
-def active_run(target: Any, workdir: str, *, python: str = DEFAULT_PYTHON) -> RunInfo | None:
+def active_run(target: Target, workdir: str, *, python: str = DEFAULT_PYTHON) -> RunInfo | None:
     """The run launched last (whatever its state now), or None if none ever was."""
-    answer = call_agent(target, python, "runs", {"workdir": workdir, "run_id": _ACTIVE})
+    answer = _runs(target, python, {"workdir": workdir, "run_id": _ACTIVE})
     runs = answer["runs"]
     return _run_from_agent(runs[0], answer.get("active_run")) if runs else None
 
 
-def get_run(target: Any, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON) -> RunInfo:
-    answer = call_agent(target, python, "runs", {"workdir": workdir, "run_id": run_id})
+def get_run(target: Target, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON) -> RunInfo:
+    answer = _runs(target, python, {"workdir": workdir, "run_id": run_id})
     if not answer["runs"]:
         raise HostError(
             f"no run {run_id} in {workdir}/runs",
@@ -138,14 +143,16 @@ def get_run(target: Any, workdir: str, run_id: str, *, python: str = DEFAULT_PYT
     return _run_from_agent(answer["runs"][0], answer.get("active_run"))
 
 
-def run_state(target: Any, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON) -> RunState:
+def run_state(
+    target: Target, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON
+) -> RunState:
     """The run's state right now (one round trip)."""
     return get_run(target, workdir, run_id, python=python).state
 
 
 @dataclass
 class PruneResult:
-    removed: list[dict]  # {"id", "bytes", "status", "exit_code", "signal"}, oldest first
+    removed: list[PrunedRun]  # oldest first
     spared: list[str]  # older than the newest N but active or running: kept
     runs: int  # how many runs there were
     dry: bool
@@ -156,7 +163,7 @@ class PruneResult:
 
 
 def prune_runs(
-    target: Any,
+    target: Target,
     workdir: str,
     keep: int,
     *,
@@ -166,90 +173,9 @@ def prune_runs(
 ) -> PruneResult:
     """Remove (or with dry, list) the ended runs beyond the newest `keep` (one round trip)."""
     params = {"workdir": workdir, "keep": keep, "dry": dry, "only": only}
-    answer = call_agent(target, python, "prune", params)
+    answer = cast(PruneAnswer, call_agent(target, python, "prune", params))
     return PruneResult(answer["removed"], answer["spared"], answer["runs"], answer["dry"])
 
 
 # The agent resolves this placeholder to the id in workdir/active_run.
 _ACTIVE = "@active"
-
-
-# --------------------------------------------------------------------------- the agent
-
-
-class AgentFailed(HostError):
-    """The agent refused or failed; `stale`: the plan it was given is out of date
-    (nothing was changed), so the caller should inspect again."""
-
-    def __init__(self, message: str, *, hint: str | None = None, stale: bool = False) -> None:
-        super().__init__(message, hint=hint)
-        self.stale = stale
-
-
-@cache
-def agent_source() -> str:
-    return AGENT_PATH.read_text(encoding="utf-8")
-
-
-def agent_input(op: str, params: dict[str, Any]) -> bytes:
-    """The script text fed to `python - <op>`: its parameters, then the agent itself."""
-    header = f"PARAMS_JSON = {json.dumps(json.dumps(params))}\n"
-    return (header + agent_source()).encode("utf-8")
-
-
-def agent_argv(python: str, op: str) -> list[str]:
-    # -S: the agent needs only the standard library; skipping site-packages saves
-    # a noticeable part of each call's start-up.
-    return [python, "-S", "-", op]
-
-
-class InterpreterMissing(HostError):
-    """container.python cannot be run there: retrying will not help."""
-
-
-def parse_agent_answer(result: Any, python: str, op: str, where: str) -> dict[str, Any]:
-    """The agent's JSON answer, or a HostError saying what went wrong and where."""
-    if result.exit_status in (126, 127) and not result.stdout.strip():
-        raise InterpreterMissing(
-            f"{python}: cannot run it on {where}: {result.last_error_line() or 'not found'}",
-            hint="set container.python to the interpreter there, e.g. /usr/bin/python3",
-        )
-    try:
-        answer = json.loads(result.stdout_text.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        detail = result.last_error_line() or f"exit status {result.exit_status}, no output"
-        raise HostError(
-            f"dflashctl's {op} step failed on {where}: {detail}",
-            hint=f"it runs with {python} there (container.python): check that it is "
-            "Python 3.6 or newer",
-        ) from None
-    if not answer.get("ok"):
-        raise AgentFailed(
-            f"{answer.get('error')} (on {where})",
-            hint=answer.get("hint"),
-            stale=bool(answer.get("stale")),
-        )
-    return answer
-
-
-def call_agent(
-    target: Any,
-    python: str,
-    op: str,
-    params: dict[str, Any],
-    *,
-    timeout: float | None = 120,
-) -> dict[str, Any]:
-    """Run one agent operation where the trainer runs; one round trip."""
-    result = target.run(
-        agent_argv(python, op), stdin=agent_input(op, params), timeout=timeout, check=False
-    )
-    return parse_agent_answer(result, python, op, describe_target(target))
-
-
-def describe_target(target: Any) -> str:
-    """For agent errors: `container 200 on root@pve:22`, or the host alone."""
-    vmid = getattr(target, "vmid", None)
-    transport = getattr(target, "transport", None)
-    host = getattr(transport, "description", None) or "the host"
-    return f"container {vmid} on {host}" if vmid is not None else host

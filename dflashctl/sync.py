@@ -21,15 +21,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# One definition of the manifest's name and file modes, shared with the agent that
+# checks releases where the trainer runs.
+from dflashctl.agent.manifest import MANIFEST_NAME, file_mode
 from dflashctl.errors import UsageError
 
-MANIFEST_NAME = "MANIFEST.json"
 Manifest = dict[str, list]  # path -> [size, sha256, mode]
-
-
-def file_mode(st_mode: int) -> str:
-    """The part of a file's permissions a release keeps: executable by its owner or not."""
-    return "755" if st_mode & 0o100 else "644"
 
 
 # --------------------------------------------------------------------------- excludes

@@ -6,33 +6,16 @@ care which of the two it is.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-import shlex
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from dflashctl import pct
-from dflashctl.errors import HostError
 from dflashctl.transport.base import (
     DEFAULT_TIMEOUT_S,
     CommandFailed,
     CommandResult,
     Stream,
     Transport,
-    read_local,
 )
-
-# One exec for the whole push (deploy speed counts round trips). Small files travel on
-# its stdin into a private temporary file on the host; large ones go ahead by SFTP,
-# which is faster for bulk data ($1 names that copy). pct copies the file into the
-# container, what arrived is checked there, and the temporary file is removed whatever
-# happened.
-_STAGE = (
-    'umask 077; staged=$1; if [ -z "$staged" ]; then '
-    'staged=$(mktemp /tmp/.dflashctl-push-XXXXXXXX) || exit 1; cat > "$staged" || exit 1; fi\n'
-)
-STDIN_PUSH_LIMIT = 1 << 20
 
 
 class ContainerStream(Stream):
@@ -105,8 +88,10 @@ class Target:
         if self.vmid is None:
             result = self.transport.run(argv, stdin=stdin, timeout=timeout, check=False, env=env)
         else:
+            # pct exec starts from a clean environment, so variables go in with env(1).
+            inner = ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
             outer = self.transport.run(
-                pct.exec_argv(self.vmid, argv, env), stdin=stdin, timeout=timeout, check=False
+                pct.exec_argv(self.vmid, inner), stdin=stdin, timeout=timeout, check=False
             )
             pct.raise_for_pct(outer, self.vmid, "exec")
             result = CommandResult(argv, outer.exit_status, outer.stdout, outer.stderr)
@@ -121,38 +106,3 @@ class Target:
         return ContainerStream(
             self.transport.stream(pct.exec_argv(self.vmid, argv)), self.vmid, argv
         )
-
-    def push(self, data: bytes | Path, dest: str, *, mode: int = 0o644) -> None:
-        """Write one file at `dest`: an atomic put on the host, or through `pct push`
-        (one exec: the bytes travel on its stdin).
-
-        pct push writes in place (not atomic) and creates no folders; callers that need
-        atomicity in a container push to a temporary name and rename with run(["mv", ...]).
-        """
-        if self.vmid is None:
-            self.transport.put_file(data, dest, mode=mode)
-            return
-        payload = read_local(data)
-        staged, stdin = "", payload
-        if len(payload) > STDIN_PUSH_LIMIT:
-            staged, stdin = f"/tmp/.dflashctl-push-{secrets.token_hex(6)}", None
-            self.transport.put_file(payload, staged, mode=0o600)
-        digest = hashlib.sha256(payload).hexdigest()
-        check = pct.checked_argv(dest, len(payload), digest, ["true"])
-        script = (
-            _STAGE
-            + pct.push_script(self.vmid, '"$staged"', dest, mode)
-            + f"exec {shlex.join(pct.raw_exec_argv(self.vmid, check))}\n"
-        )
-        result = self.transport.run(["sh", "-c", script, "sh", staged], stdin=stdin, check=False)
-        pct.raise_for_push(result, self.vmid, dest, len(payload), mode)
-
-    def read_file(self, path: str) -> bytes:
-        """A file's bytes (`cat` in the container, SFTP on the host)."""
-        if self.vmid is None:
-            return self.transport.get_file(path)
-        result = self.run(["cat", "--", path], check=False)
-        if result.exit_status != 0:
-            reason = result.last_error_line().rpartition(": ")[2] or "cannot read it"
-            raise HostError(f"cannot read {path} in {self.describe()}: {reason}")
-        return result.stdout

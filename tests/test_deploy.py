@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from dflashctl import connect as connect_mod
 from dflashctl import deploy as deploy_mod
 from dflashctl.connect import open_target
-from dflashctl.deploy import DeployOptions, deploy, restart
+from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import ConfigError, HostError, UsageError
 from dflashctl.runs import list_runs, run_state
+from dflashctl.stop_restart import restart
 from tests.test_deploy_support import pid_alive, project, snapshot, wait_for  # noqa: F401
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
@@ -181,29 +183,32 @@ def test_dry_run_prints_the_plan_and_changes_nothing(project, capsys):
     assert "train.py --sleep 60 --on-term checkpoint" in out
 
 
-def test_syntax_error_refuses_without_contacting_the_host(project):
-    (project.source / "broken.py").write_text("def f(:\n    pass\n")
-
+def _no_host(monkeypatch):
     def no_host(config):
         raise AssertionError("the host was contacted")
 
+    monkeypatch.setattr(connect_mod, "open_target", no_host)
+
+
+def test_syntax_error_refuses_without_contacting_the_host(project, monkeypatch):
+    (project.source / "broken.py").write_text("def f(:\n    pass\n")
+    _no_host(monkeypatch)
+
     with pytest.raises(UsageError, match=r"broken\.py:1: "):
-        deploy(project.config(), DeployOptions(detach=True), open_with=no_host)
+        deploy(project.config(), DeployOptions(detach=True))
     assert not project.workdir.exists()
 
 
-def test_a_bad_crash_rule_refuses_without_contacting_the_host(project):
+def test_a_bad_crash_rule_refuses_without_contacting_the_host(project, monkeypatch):
     config = project.config()
     config.crash_patterns = [{"name": "mine", "category": "mine", "regex": "(", "hint": "h"}]
-
-    def no_host(config):
-        raise AssertionError("the host was contacted")
+    _no_host(monkeypatch)
 
     expected = rf"^{re.escape(str(config.path))}: crash_patterns\[0\]\.regex: invalid regular"
     with pytest.raises(ConfigError, match=expected):
-        deploy(config, DeployOptions(detach=True), open_with=no_host)
+        deploy(config, DeployOptions(detach=True))
     with pytest.raises(ConfigError, match=expected):
-        restart(config, detach=True, open_with=no_host)
+        restart(config, detach=True)
     assert not project.workdir.exists()
 
 
@@ -316,18 +321,19 @@ class CountingTarget:
         self.inner.close()
 
 
-def test_a_redeploy_from_the_same_machine_is_one_round_trip(project):
+def test_a_redeploy_from_the_same_machine_is_one_round_trip(project, monkeypatch):
     targets = []
 
     def connect(config):
         targets.append(CountingTarget(config))
         return targets[-1]
 
-    deploy(project.config(), DeployOptions(detach=True), open_with=connect)
+    monkeypatch.setattr(connect_mod, "open_target", connect)
+    deploy(project.config(), DeployOptions(detach=True))
     assert len(targets[0].calls) == 2  # inspect, then send + build + launch
     (project.source / "helpers.py").write_text("def greeting():\n    return 'one trip'\n")
-    _, changed = deploy(project.config(), DeployOptions(detach=True), open_with=connect)
-    _, unchanged = deploy(project.config(), DeployOptions(detach=True), open_with=connect)
+    _, changed = deploy(project.config(), DeployOptions(detach=True))
+    _, unchanged = deploy(project.config(), DeployOptions(detach=True))
     assert [len(t.calls) for t in targets[1:]] == [1, 1]
     assert changed["files_sent"] == 1 and unchanged["files_sent"] == 0
 

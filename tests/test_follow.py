@@ -5,6 +5,7 @@ repeating a line."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -149,8 +150,9 @@ def test_death_by_signal_is_a_crash(runs):
 def test_starts_before_the_log_exists(runs):
     rundir = runs.workdir / "runs" / "r4"
     rundir.mkdir(parents=True)
-    # A live pid and no log yet: a run that is still starting.
-    placeholder = subprocess.Popen(["sleep", "30"])
+    # A live pid and no log yet: a run that is still starting (its wrapper carries the
+    # run's id, as launch.sh's does: a pid that does not is someone else's).
+    placeholder = subprocess.Popen(["sleep", "30"], env=dict(os.environ, DFLASH_RUN_ID="r4"))
     (rundir / "pid").write_text(f"{placeholder.pid}\n")
 
     def launch_later():
@@ -200,7 +202,7 @@ def test_unknown_run_is_a_usage_error(runs):
 def test_a_truncated_log_is_read_again_from_the_start(runs):
     rundir = runs.workdir / "runs" / "r7"
     rundir.mkdir(parents=True)
-    sleeper = subprocess.Popen(["sleep", "30"])
+    sleeper = subprocess.Popen(["sleep", "30"], env=dict(os.environ, DFLASH_RUN_ID="r7"))
     try:
         (rundir / "pid").write_text(f"{sleeper.pid}\n")
         (rundir / "train.log").write_text("old 1\nold 2\n")

@@ -166,12 +166,24 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
         text=True,
         env={**os.environ, "NO_COLOR": "1"},
     )
+    printed: list[str] = []
+    errors: list[str] = []
+    collectors = [
+        threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True),
+        threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True),
+    ]
+    for collector in collectors:
+        collector.start()
     try:
         wait_for(lambda: log_has(host_rundir, "step 20/"), what="the log")
         wait_for(lambda: readers_in(container), what="the log reader")
-        time.sleep(0.3)
+        # Interrupt once the last 50 lines are out and live lines follow.
+        wait_for(lambda: len(step_lines("".join(printed))) > 55, what="live lines")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        for collector in collectors:
+            collector.join(10)
+        out, err = "".join(printed), "".join(errors)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,7 +7,7 @@ import pytest
 
 from dflashctl import proxmox
 from dflashctl.config import load_config
-from dflashctl.connect import connect, ensure_running
+from dflashctl.connect import connect
 from dflashctl.errors import EXIT_HOST, EXIT_USAGE, ConfigError, HostError
 from dflashctl.pct import ContainerNotFound, ContainerNotRunning
 from dflashctl.transport import LocalTransport
@@ -37,7 +37,7 @@ def test_list_and_a_stopped_container(config, make_container):
     make_container(200)
     make_container(205, running=False, hostname="idle")
     with connect(config) as (_, api, _):
-        listed = proxmox.list_containers(api, "pve")
+        listed = [proxmox.container_status(api, "pve", vmid) for vmid in (200, 205)]
     assert [(c.vmid, c.status, c.name) for c in listed] == [
         (200, "running", "ct200"),
         (205, "stopped", "idle"),
@@ -60,13 +60,14 @@ def test_unknown_node_is_a_clear_error(config, container):
             proxmox.container_status(api, "pve2", 200)
 
 
-def test_start_waits_for_the_task_and_ensure_running(config, make_container):
+def test_start_waits_for_the_task(config, make_container):
     ct = make_container(200, running=False)
     with connect(config) as connection:
-        with pytest.raises(ContainerNotRunning, match="container 200 is stopped") as caught:
-            ensure_running(connection, config)
+        with pytest.raises(ContainerNotRunning, match="container 200 is not running") as caught:
+            connection.target.run(["hostname"])
         assert "pct start 200" in caught.value.hint
-        status = ensure_running(connection, config, start=True)
+        assert not proxmox.container_status(connection.proxmox, "pve", 200).running
+        status = proxmox.start_container(connection.proxmox, "pve", 200)
         assert status.running
         assert ct.is_running()
         assert connection.target.run(["hostname"]).stdout_text == "ct200\n"
@@ -77,7 +78,6 @@ def test_no_container_means_no_proxmox_at_all(pve_host, write_config, tmp_path):
     before = pve_host.log_tail(10_000_000).count("pvesh")
     with connect(config) as connection:
         assert connection.proxmox is None
-        assert ensure_running(connection, config) is None
         assert connection.target.describe() == f"root@127.0.0.1:{pve_host.port}"
     assert pve_host.log_tail(10_000_000).count("pvesh") == before
 

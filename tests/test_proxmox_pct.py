@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import hashlib
+import shlex
 
 import pytest
 
@@ -32,9 +33,6 @@ def test_argv_builders():
     assert argv[-4:] == ["env", "A=1", "python3", "-V"]
     assert pct.push_argv(200, "/tmp/a", "/root/b") == ["pct", "push", "200", "/tmp/a", "/root/b"]
     assert pct.push_argv(200, "/tmp/a", "/root/b", 0o755)[-2:] == ["--perms", "755"]
-    assert pct.pull_argv(201, "/root/x", "/tmp/x") == ["pct", "pull", "201", "/root/x", "/tmp/x"]
-    assert pct.status_argv(200) == ["pct", "status", "200"]
-    assert pct.parse_status("status: running\n") == "running"
 
 
 def failed(argv, stderr: str, status: int = 255) -> CommandResult:
@@ -44,10 +42,12 @@ def failed(argv, stderr: str, status: int = 255) -> CommandResult:
 def test_missing_config_means_no_such_container():
     error = pct.container_error(
         failed(
-            pct.status_argv(999), "Configuration file 'nodes/pve/lxc/999.conf' does not exist\n", 2
+            pct.exec_argv(999, ["true"]),
+            "Configuration file 'nodes/pve/lxc/999.conf' does not exist\n",
+            2,
         ),
         999,
-        "status",
+        "exec",
     )
     assert isinstance(error, pct.ContainerNotFound)
     assert error.message == "container 999 does not exist on node pve"
@@ -68,7 +68,7 @@ def test_exec_separates_pct_failures_from_the_commands_own_status():
     assert pct.container_error(own, 200, "exec") is None
 
 
-def test_push_and_pull_errors():
+def test_push_errors():
     push = pct.push_argv(200, "/tmp/s", "/root/no/dir/f")
     error = pct.container_error(
         failed(push, "failed to create file: /root/no/dir/f: No such file or directory\n"),
@@ -83,12 +83,7 @@ def test_push_and_pull_errors():
         failed(push, "can only push files to a running CT\n"), 200, "push"
     )
     assert isinstance(stopped, pct.ContainerNotRunning)
-    pull = pct.pull_argv(200, "/root/gone", "/tmp/d")
-    error = pct.container_error(
-        failed(pull, "failed to open /root/gone: No such file or directory\n"), 200, "pull"
-    )
-    assert error.message == "/root/gone does not exist in container 200"
-    assert error.exit_code == EXIT_HOST
+    assert error.exit_code == stopped.exit_code == EXIT_HOST
 
 
 # -- Target on the test host --------------------------------------------------------------
@@ -110,10 +105,6 @@ def transport(pve_host):
         yield transport
 
 
-def staged_leftovers() -> list[Path]:
-    return list(Path("/tmp").glob(".dflashctl-push-*"))
-
-
 def test_describe(transport, pve_host):
     assert Target(transport, 200).describe() == f"CT 200 on root@127.0.0.1:{pve_host.port}"
     assert Target(transport, None).describe() == f"root@127.0.0.1:{pve_host.port}"
@@ -130,6 +121,19 @@ def test_run_in_the_container_with_env_and_status(transport, container):
         target.run(["false"])
 
 
+def push(transport, vmid: int, data: bytes, dest: str, mode: int = 0o644):
+    """`pct push` as deploy runs it: a file staged on the host, pushed, what arrived
+    checked in the container (pct push exits 0 when its copy fails), errors mapped."""
+    check = pct.checked_argv(dest, len(data), hashlib.sha256(data).hexdigest(), ["true"])
+    script = (
+        'staged=$(mktemp) && cat > "$staged" || exit 1\n'
+        + pct.push_script(vmid, '"$staged"', dest, mode)
+        + f"exec {shlex.join(pct.raw_exec_argv(vmid, check))}\n"
+    )
+    result = transport.run(["sh", "-c", script], stdin=data, check=False)
+    pct.raise_for_push(result, vmid, dest, len(data), mode)
+
+
 def test_stopped_container_is_a_clear_error_everywhere(transport, make_container):
     make_container(201, running=False)
     target = Target(transport, 201)
@@ -137,8 +141,7 @@ def test_stopped_container_is_a_clear_error_everywhere(transport, make_container
         target.run(["true"], check=False)
     assert "pct start 201" in caught.value.hint
     with pytest.raises(pct.ContainerNotRunning):
-        target.push(b"x", "/root/x")
-    assert staged_leftovers() == []
+        push(transport, 201, b"x", "/root/x")
     stream = target.stream(["echo", "hi"])
     with pytest.raises(pct.ContainerNotRunning):
         while stream.read(10) != b"":
@@ -151,24 +154,20 @@ def test_missing_vmid_is_a_clear_error(transport, pve_host):
         Target(transport, 4242).run(["true"])
 
 
-def test_push_writes_one_file_with_its_mode_and_cleans_up(transport, container):
-    target = Target(transport, 200)
-    target.push(b"#!/bin/sh\necho pushed\n", "/root/run.sh", mode=0o755)
+def test_push_writes_one_file_with_its_mode(transport, container):
+    push(transport, 200, b"#!/bin/sh\necho pushed\n", "/root/run.sh", 0o755)
     on_host = container.root / "run.sh"
     assert on_host.read_bytes() == b"#!/bin/sh\necho pushed\n"
     assert on_host.stat().st_mode & 0o777 == 0o755
-    assert target.run(["/root/run.sh"]).stdout_text == "pushed\n"
-    assert target.read_file("/root/run.sh") == b"#!/bin/sh\necho pushed\n"
-    assert staged_leftovers() == []
+    assert Target(transport, 200).run(["/root/run.sh"]).stdout_text == "pushed\n"
 
 
 def test_push_to_a_missing_folder_names_the_path(transport, container):
     with pytest.raises(pct.ContainerPathMissing) as caught:
-        Target(transport, 200).push(b"x", "/root/missing/file")
+        push(transport, 200, b"x", "/root/missing/file")
     assert caught.value.message == (
         "cannot write /root/missing/file in container 200: its folder does not exist"
     )
-    assert staged_leftovers() == []
 
 
 def test_stream_in_the_container(transport, container):
@@ -182,17 +181,6 @@ def test_stream_in_the_container(transport, container):
 
 def test_target_on_the_host_itself(transport, tmp_path):
     target = Target(transport, None)
-    target.push(b"direct", str(tmp_path / "f"), mode=0o600)
+    target.run(["sh", "-c", f"printf direct > {tmp_path / 'f'}"])
     assert (tmp_path / "f").read_bytes() == b"direct"
-    assert target.read_file(str(tmp_path / "f")) == b"direct"
     assert target.run(["cat", str(tmp_path / "f")]).stdout == b"direct"
-
-
-def test_a_large_push_goes_ahead_by_sftp_and_is_cleaned_up(transport, container, make_container):
-    big = bytes(range(256)) * 8192  # 2 MiB: above the stdin limit
-    Target(transport, 200).push(big, "/root/big.bin", mode=0o600)
-    assert (container.root / "big.bin").read_bytes() == big
-    make_container(202, running=False)
-    with pytest.raises(pct.ContainerNotRunning):
-        Target(transport, 202).push(big, "/root/big.bin")
-    assert staged_leftovers() == []

@@ -19,10 +19,11 @@ import pytest
 
 from dflashctl import pct, proxmox
 from dflashctl.config import load_config
-from dflashctl.connect import connect, ensure_running, open_target
+from dflashctl.connect import connect, open_target
 from dflashctl.errors import HostError
 from dflashctl.transport.base import CommandResult
 from tests.test_deploy_support import write_trainer
+from tests.test_proxmox_pct import push as push_checked
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 WORKDIR = "/root/dflash"
@@ -50,6 +51,15 @@ def small_tmp(container, size: str = "64k"):
     finally:
         container.stop()
         subprocess.run(["umount", "-l", str(container.tmp)], check=True)
+
+
+def push(config, payload: bytes, dest: str, mode: int = 0o644) -> None:
+    """One file into the container the way deploy pushes its archive (checked there)."""
+    target = open_target(config)
+    try:
+        push_checked(target.transport, config.container.vmid, payload, dest, mode)
+    finally:
+        target.close()
 
 
 @contextmanager
@@ -113,12 +123,8 @@ def test_a_short_push_is_caught_in_the_container_and_removed(
     config = load_config(write_config(tmp_path))
     payload = os.urandom(200 * 1024)  # incompressible, larger than the 64 KiB /tmp
     with small_tmp(container):
-        target = open_target(config)
-        try:
-            with pytest.raises(HostError) as caught:
-                target.push(payload, "/tmp/payload")
-        finally:
-            target.close()
+        with pytest.raises(HostError) as caught:
+            push(config, payload, "/tmp/payload")
         message = caught.value.message
         assert "pct push wrote" in message and "of 200.0 KiB to /tmp/payload" in message
         assert "No space left on device" in message
@@ -155,16 +161,13 @@ def test_a_failed_push_fails_the_deploy_and_keeps_the_previous_release_and_run(
 
 def test_a_push_into_a_missing_folder_reports_pcts_own_words(container, write_config, tmp_path):
     config = load_config(write_config(tmp_path))
-    target = open_target(config)
-    try:
-        with pytest.raises(pct.ContainerPathMissing, match="/root/missing/f"):
-            target.push(b"x", "/root/missing/f")
-        with pytest.raises(HostError, match="Read-only file system"):
-            target.push(b"x", "/etc/dflash")
-        target.push(b"whole", "/root/whole", mode=0o600)
-    finally:
-        target.close()
+    with pytest.raises(pct.ContainerPathMissing, match="/root/missing/f"):
+        push(config, b"x", "/root/missing/f")
+    with pytest.raises(HostError, match="Read-only file system"):
+        push(config, b"x", "/etc/dflash")
+    push(config, b"whole", "/root/whole", mode=0o600)
     assert (container.root / "whole").read_bytes() == b"whole"
+    assert (container.root / "whole").stat().st_mode & 0o777 == 0o600
 
 
 # -- pct exec's environment ------------------------------------------------------------------
@@ -244,10 +247,10 @@ def test_a_start_with_warnings_is_a_success_and_shows_them(make_container, write
 def test_an_ha_managed_start_waits_until_the_container_runs(make_container, write_config, tmp_path):
     container = make_container(201, running=False)
     container.configure(ha=1.5)  # ha-manager starts it 1.5 s after the task ended OK
-    config = load_config(write_config(tmp_path, vmid=201, **{"container.start_if_stopped": True}))
+    config = load_config(write_config(tmp_path, vmid=201))
     with connect(config) as connection:
-        status = ensure_running(connection, config)
-    assert status.running and container.is_running()
+        status = proxmox.start_container(connection.proxmox, "pve", 201, timeout=30)
+    assert status.running and container.is_running() and status.warnings is None
 
 
 def test_the_start_timeout_is_a_setting_and_a_slow_start_says_so(

@@ -13,9 +13,10 @@ import sys
 import pytest
 
 from dflashctl.connect import open_target
-from dflashctl.deploy import DeployOptions, deploy, restart
+from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, active_run, get_run, list_runs, new_id, run_state
+from dflashctl.stop_restart import restart
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,

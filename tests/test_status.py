@@ -135,7 +135,7 @@ def test_a_broken_python_still_shows_the_container_then_exits_3(
     code, out, err = dflashctl(capsys, monkeypatch, "status", "-c", str(path))
     assert code == 3
     assert out.startswith("container  200 (ct200) on node pve: running")
-    assert "error: /opt/nowhere/python3: cannot run it on container 200" in err
+    assert "error: /opt/nowhere/python3: cannot run it on CT 200 on " in err
     code, out, _ = dflashctl(capsys, monkeypatch, "status", "--json", "-c", str(path))
     assert code == 3
     assert json.loads(out)["active_run_error"]["message"].startswith("/opt/nowhere/python3")

@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
-from dflashctl import agent
-from dflashctl.deploy import DeployOptions, deploy, stop
+from dflashctl.agent import processes
+from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.runs import RunState
+from dflashctl.stop_restart import stop
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,
@@ -185,7 +186,7 @@ def test_a_second_deploy_stops_the_first_run_and_a_hand_started_one(project, spa
     ],
 )
 def test_which_command_lines_run_the_entry_script(argv, matches):
-    assert agent.runs_entry(argv, "train.py") is matches
+    assert processes.runs_entry(argv, "train.py") is matches
 
 
 def test_cli_stop_rejects_a_negative_grace(project):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -18,6 +18,9 @@ from rich.markup import escape
 from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import EXIT_HOST, EXIT_OK, EXIT_USAGE, ConfigError, DflashError, HostError
+
+if TYPE_CHECKING:
+    from dflashctl.target import Target
 
 PYTHON_TIMEOUT_S = 15.0
 TORCH_TIMEOUT_S = 60.0  # importing torch reads a few hundred MB the first time
@@ -144,7 +147,7 @@ def _connect_checks(doctor: Doctor, config: Any, transport: Any) -> bool:
     return True
 
 
-def _disk_probe(target: Any, workdir: str) -> Callable[[], tuple[str, str]]:
+def _disk_probe(target: Target, workdir: str) -> Callable[[], tuple[str, str]]:
     # df needs an existing path: the workdir's nearest existing parent.
     script = 'p=$1; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pk "$p"'
 
@@ -165,7 +168,7 @@ def _disk_probe(target: Any, workdir: str) -> Callable[[], tuple[str, str]]:
     return probe
 
 
-def _python_probe(target: Any, python: str) -> Callable[[], str]:
+def _python_probe(target: Target, python: str) -> Callable[[], str]:
     def probe() -> str:
         # Where a bare name is found (on a root login's PATH in a container) is part of
         # the answer: "Python 3.11.2 (/usr/local/bin/python3)".
@@ -192,7 +195,7 @@ _TORCH_SCRIPT = (
 )
 
 
-def _torch_probe(target: Any, python: str) -> Callable[[], str]:
+def _torch_probe(target: Target, python: str) -> Callable[[], str]:
     def probe() -> str:
         result = target.run([python, "-c", _TORCH_SCRIPT], timeout=TORCH_TIMEOUT_S, check=False)
         if result.exit_status != 0:
@@ -208,7 +211,7 @@ def _torch_probe(target: Any, python: str) -> Callable[[], str]:
     return probe
 
 
-def _gpu_probe(target: Any) -> Callable[[], tuple[str, str]]:
+def _gpu_probe(target: Target) -> Callable[[], tuple[str, str]]:
     def probe() -> tuple[str, str]:
         result = target.run(["nvidia-smi", "-L"], timeout=PYTHON_TIMEOUT_S, check=False)
         if result.exit_status in (126, 127):

@@ -21,7 +21,7 @@ def restart(
     json_output: JsonOption = False,
 ) -> None:
     """Stop stale runs and relaunch the current release; follows unless --detach."""
-    from dflashctl.deploy import restart as run_restart
+    from dflashctl.stop_restart import restart as run_restart
 
     if json_output:
         terminal.set_quiet_stdout(True)

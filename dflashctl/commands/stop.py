@@ -25,7 +25,7 @@ def stop(
     json_output: JsonOption = False,
 ) -> None:
     """Stop the active run and any process running the entry script by hand."""
-    from dflashctl.deploy import stop as run_stop
+    from dflashctl.stop_restart import stop as run_stop
 
     if grace is not None and grace < 0:
         raise UsageError(f"--grace must be 0 or more seconds, got {grace:g}")

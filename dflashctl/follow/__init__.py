@@ -23,10 +23,10 @@ HostError (exit 3) when the connection cannot be had back within `reconnect_time
 (the run may then still be running) or the container stopped.
 
 How it works:
-- One command through the connection streams the log: a small Python reader in the
-  container (READER, in reader.py) sends framed chunks of `runs/<id>/train.log` from a byte
+- One command through the connection streams the log: the agent's `log` verb in the
+  container (dflashctl/agent/logreader.py) sends framed chunks of `runs/<id>/train.log` from a byte
   offset, a heartbeat every second of silence, and `E` once the run looks over (its
-  exit_code file exists, or its pid is gone) and the file was read to its end. The reader
+  exit_code file exists, or its pid is gone or belongs to another process) and the file was read to its end. The reader
   dies on its next write once nobody reads it, so a dropped connection leaves nothing
   behind; the run itself is never touched.
 - The follower keeps the offset just past the last complete line it printed. After a drop
@@ -37,7 +37,7 @@ How it works:
   net; never by the stream ending alone. After the end the log is read to its last byte
   before the crash detector weighs the exit code.
 
-Modules: reader.py (the reader script and its frames), lines.py (lines out of bytes,
+Modules: reader.py (the reader's frames), lines.py (lines out of bytes,
 printed and fed to the crash detector), follower.py (follow_run: streaming, reconnecting,
 the end of the run), report.py (FollowResult, the closing word, classify_log for a copied
 log).
@@ -45,11 +45,10 @@ log).
 
 from dflashctl.follow.follower import follow_run
 from dflashctl.follow.lines import LineSink, LineSplitter
-from dflashctl.follow.reader import READER, FrameParser, ReaderBroken
+from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult, classify_log, report_result
 
 __all__ = [
-    "READER",
     "FollowResult",
     "FrameParser",
     "LineSink",

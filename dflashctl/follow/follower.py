@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from dflashctl import hints, terminal
+from dflashctl import agent_client, hints, terminal
 from dflashctl.errors import HostError, UsageError
 from dflashctl.follow.lines import LineSink, LineSplitter
-from dflashctl.follow.reader import READER, FrameParser, ReaderBroken
+from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent
+    from dflashctl.runs import RunState
+    from dflashctl.target import Target
 
 # Reconnect delays after a dropped connection; the last one repeats.
 RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
@@ -41,8 +43,8 @@ _FINAL_CONNECT_REASONS = ("host_key_unknown", "host_key_changed")
 
 
 def _is_connection_trouble(exc: BaseException) -> bool:
+    from dflashctl.agent_client import InterpreterMissing
     from dflashctl.pct import ContainerNotFound, ContainerNotRunning
-    from dflashctl.runs import InterpreterMissing
 
     if isinstance(exc, (ContainerNotFound, ContainerNotRunning, InterpreterMissing)):
         return False
@@ -52,12 +54,12 @@ def _is_connection_trouble(exc: BaseException) -> bool:
 
 
 def follow_run(
-    reconnect: Callable[[], Any] | None,
+    reconnect: Callable[[], Target] | None,
     workdir: str,
     run_id: str,
     *,
     rules: Any,
-    target: Any | None = None,
+    target: Target | None = None,
     python: str = "python3",
     follow: bool = True,
     from_offset: int = 0,
@@ -68,7 +70,7 @@ def follow_run(
     reconnect_timeout_s: float = 120.0,
     state_poll_s: float = 5.0,
     stall_s: float = 10.0,
-    state_of: Callable[[Any, str, str], Any] | None = None,
+    state_of: Callable[[Target, str, str], RunState] | None = None,
 ) -> FollowResult:
     """Print run `run_id`'s log and crashes; return how the run ended.
 
@@ -86,7 +88,7 @@ def follow_run(
     if state_of is None:
         from dflashctl.runs import run_state
 
-        def state_of(target: Any, workdir: str, run_id: str) -> Any:
+        def state_of(target: Target, workdir: str, run_id: str) -> RunState:
             return run_state(target, workdir, run_id, python=python)
 
     follower = _Follower(
@@ -116,11 +118,11 @@ def follow_run(
 
 @dataclass(kw_only=True, eq=False)
 class _Follower:
-    reconnect: Callable[[], Any] | None
+    reconnect: Callable[[], Target] | None
     rundir: str
     run_id: str
     workdir: str
-    target: Any
+    target: Target
     python: str
     follow: bool
     splitter: LineSplitter
@@ -228,16 +230,18 @@ class _Follower:
     def _pump(self) -> bool:
         """Run one reader from the current offset; True when it said the log is complete."""
         once = self._read_to_end
-        argv = [
+        argv = agent_client.log_reader_argv(
             self.python,
-            "-c",
-            READER,
-            self.rundir,
-            str(self.splitter.offset),
-            str(self.backlog_max if self._live_from is None else -1),
-            "once" if once else "follow",
-        ]
+            self.workdir,
+            self.run_id,
+            self.splitter.offset,
+            self.backlog_max if self._live_from is None else -1,
+            once=once,
+        )
         self._close_stream()
+        # The reader's command line carries no agent (a stream has no stdin): it must
+        # be kept there already.
+        agent_client.install(self.target, self.python)
         self._stream = self.target.stream(argv)
         parser = FrameParser()
         last_data = time.monotonic()
@@ -256,6 +260,9 @@ class _Follower:
                         return False  # read the rest of the log, then decide
                 continue
             if chunk == b"":
+                if parser.agent_missing:
+                    # Its copy went away meanwhile (a cleaned /tmp): send it again.
+                    agent_client.install(self.target, self.python, force=True)
                 return False
             last_data = now
             for kind, numbers, payload in parser.feed(chunk):
@@ -385,7 +392,7 @@ class _Follower:
         )
 
 
-def _close_quietly(target: Any) -> None:
+def _close_quietly(target: Target) -> None:
     try:
         target.close()
     except Exception:  # closing a dead connection: nothing more to do

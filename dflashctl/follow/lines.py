@@ -83,9 +83,11 @@ class LineSink:
     def go_live(self) -> None:
         if self.backlog is None:
             return
-        for text in self.backlog:
+        # Taken first: a Ctrl-C while these print must not print them again (the
+        # follower goes live once more on its way out).
+        backlog, self.backlog = self.backlog, None
+        for text in backlog:
             self._print(text)
-        self.backlog = None
         self._render(self._held_events)
         self._held_events = []
 

@@ -1,0 +1,204 @@
+"""Releases: `releases/<id>` folders, the `current` link, building one from an upload,
+and garbage collection."""
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import time
+
+from .errors import AgentError, StaleBase
+from .files import oldest_first, sha256_file, write_atomic
+from .manifest import MANIFEST_NAME, file_mode
+
+ABANDONED_UPLOAD_S = 60
+
+
+def releases_dir(workdir):
+    return os.path.join(workdir, "releases")
+
+
+def current_release(workdir):
+    """The release id `current` points at, or None (nothing deployed, or dangling)."""
+    try:
+        target = os.readlink(os.path.join(workdir, "current"))
+    except OSError:
+        return None
+    release = os.path.basename(target.rstrip("/"))
+    if not os.path.isdir(os.path.join(releases_dir(workdir), release)):
+        return None
+    return release
+
+
+def swap_current(workdir, release):
+    """Point `current` at releases/<release>: a new symlink renamed over the old one."""
+    link = os.path.join(workdir, "current")
+    tmp = f"{link}.tmp-{os.getpid()}"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(os.path.join("releases", release), tmp)
+    os.replace(tmp, link)
+
+
+def safe_member_path(name):
+    norm = os.path.normpath(name)
+    if norm.startswith("/") or norm == ".." or norm.startswith("../") or norm == ".":
+        raise AgentError(f"archive member {name!r} escapes the release folder")
+    return norm
+
+
+def remove_leftovers(workdir, keep_archive, upload_prefix):
+    """Partial releases and uploaded archives left by an interrupted deploy."""
+    removed = []
+    base = releases_dir(workdir)
+    if os.path.isdir(base):
+        for name in os.listdir(base):
+            if name.endswith(".partial"):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+                removed.append(os.path.join("releases", name))
+    if not upload_prefix:
+        return removed
+    tmpdir = os.path.dirname(keep_archive)
+    try:
+        names = os.listdir(tmpdir)
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(tmpdir, name)
+        if path == keep_archive or not name.lstrip(".").startswith(upload_prefix):
+            continue
+        try:
+            # An upload still being written keeps changing; one untouched for a while
+            # was abandoned (several test hosts or users may share one /tmp).
+            if time.time() - os.stat(path).st_mtime < ABANDONED_UPLOAD_S:
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def gc_releases(workdir, keep, protect):
+    """Keep the newest `keep` releases (ids sort by time) plus those in `protect`."""
+    base = releases_dir(workdir)
+    if not os.path.isdir(base):
+        return []
+    names = [n for n in os.listdir(base) if not n.endswith(".partial")]
+    names = oldest_first(
+        base, [n for n in names if os.path.isdir(os.path.join(base, n))], MANIFEST_NAME
+    )
+    kept = set(names[-keep:]) if keep > 0 else set()
+    kept.update(p for p in protect if p)
+    removed = []
+    for name in names:
+        if name not in kept:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def build_release(p):
+    """Unpack the uploaded archive into releases/<id>.partial, link the unchanged
+    files from the base release, validate, rename to releases/<id>. The caller holds
+    the workdir lock; the archive is removed whatever happens."""
+    workdir, release, archive = p["workdir"], p["release"], p["archive"]
+    base = p.get("base")
+    try:
+        leftovers = remove_leftovers(workdir, archive, p.get("upload_prefix"))
+        os.makedirs(releases_dir(workdir), exist_ok=True)
+        final = os.path.join(releases_dir(workdir), release)
+        if os.path.exists(final):
+            raise AgentError(f"release {release} already exists in {workdir}")
+        if "expect" in p and current_release(workdir) != base:
+            raise StaleBase(f"the current release is {current_release(workdir)}, not {base}")
+        partial = final + ".partial"
+        os.mkdir(partial)
+        try:
+            base_dir = base and os.path.join(releases_dir(workdir), base)
+            counts = fill_release(partial, archive, base_dir)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        os.rename(partial, final)
+    finally:
+        try:
+            os.unlink(archive)
+        except OSError:
+            pass
+    counts.update({"release": release, "leftovers_removed": leftovers})
+    return counts
+
+
+def fill_release(partial, archive, base_dir):
+    unpacked = {}
+    manifest = None
+    with tarfile.open(archive, "r:*") as tar:
+        for member in tar:
+            name = safe_member_path(member.name)
+            if name == MANIFEST_NAME:
+                manifest = json.loads(tar.extractfile(member).read().decode("utf-8"))
+                continue
+            if not member.isfile():
+                raise AgentError(f"archive member {member.name!r} is not a regular file")
+            dest = os.path.join(partial, name)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            digest = hashlib.sha256()
+            src = tar.extractfile(member)
+            with open(dest, "wb") as out:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    out.write(chunk)
+            os.chmod(dest, member.mode & 0o7777)
+            unpacked[name] = [member.size, digest.hexdigest()]
+    if manifest is None:
+        raise AgentError(f"the uploaded archive has no {MANIFEST_NAME}")
+    linked = copied = 0
+    for rel, entry in sorted(manifest.items()):
+        size, sha, mode = entry
+        rel = safe_member_path(rel)
+        if rel in unpacked:
+            if unpacked[rel] != [size, sha]:
+                raise AgentError(
+                    f"{rel} arrived damaged (size or sha256 differs)",
+                    "deploy again; if it repeats, check the connection",
+                )
+            continue
+        if not base_dir:
+            raise StaleBase(
+                f"{rel} was not sent and there is no previous release to take it from",
+                "deploy again",
+            )
+        src = os.path.join(base_dir, rel)
+        dest = os.path.join(partial, rel)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        try:
+            os.link(src, dest)
+            linked += 1
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise StaleBase(
+                    f"{rel} is missing from the previous release",
+                    "deploy again; the release was changed meanwhile",
+                ) from None
+            shutil.copy2(src, dest)
+            copied += 1
+        # Validate what we reuse: the previous release may have been edited in place.
+        st = os.stat(dest)
+        if st.st_size != size or sha256_file(dest) != sha:
+            raise StaleBase(
+                f"{rel} in the previous release changed since it was inspected", "deploy again"
+            )
+        if file_mode(st.st_mode) != mode:
+            # Only a chmod in place since the inspection gets here (a mode change
+            # locally is sent); a link shares the mode, so fix this release's own copy.
+            os.unlink(dest)
+            shutil.copyfile(src, dest)
+            os.chmod(dest, int(mode, 8))
+    write_atomic(os.path.join(partial, MANIFEST_NAME), json.dumps(manifest, sort_keys=True))
+    return {"files": len(manifest), "unpacked": len(unpacked), "linked": linked, "copied": copied}

@@ -1,0 +1,145 @@
+"""Runs in the workdir: `runs/<id>/` (train.log, pid, exit_code, meta.json) and
+`active_run`; their real state comes from the pid and exit_code files and the process
+table, never from the log."""
+
+import json
+import os
+import signal
+import time
+
+from .errors import AgentError
+from .files import oldest_first, read_int, read_text, write_atomic
+from .processes import alive, process_env, read_proc
+
+
+def runs_dir(workdir):
+    return os.path.join(workdir, "runs")
+
+
+def run_pid_alive(pid, run_id, table=None):
+    """Is `pid` still this run's wrapper? A recycled pid belongs to someone else."""
+    if pid is None:
+        return False
+    proc = table.get(pid) if table is not None else read_proc(pid)
+    if not alive(proc):
+        return False
+    owner = process_env(pid, "DFLASH_RUN_ID")
+    if owner is not None:
+        return owner == run_id
+    return any(run_id in arg for arg in proc.argv)
+
+
+def run_state(workdir, run_id, table=None):
+    """{"status": running|exited|killed|lost, "exit_code", "signal"} from the real state."""
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    code = read_int(os.path.join(run_dir, "exit_code"))
+    if code is None:
+        if run_pid_alive(read_int(os.path.join(run_dir, "pid")), run_id, table):
+            return {"status": "running", "exit_code": None, "signal": None}
+        # The wrapper may have written its exit code between the two reads.
+        code = read_int(os.path.join(run_dir, "exit_code"))
+    if code is None:
+        return {"status": "lost", "exit_code": None, "signal": None}
+    if 128 < code < 128 + 65:
+        return {"status": "killed", "exit_code": code, "signal": code - 128}
+    return {"status": "exited", "exit_code": code, "signal": None}
+
+
+def run_over(workdir, run_id):
+    """Has the run ended (the log reader's end check)? A run folder without a pid file
+    yet is a run that is starting, not one that is over."""
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    if read_int(os.path.join(run_dir, "pid")) is None:
+        return read_int(os.path.join(run_dir, "exit_code")) is not None
+    return run_state(workdir, run_id)["status"] != "running"
+
+
+def run_record(workdir, run_id, table=None):
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    meta_text = read_text(os.path.join(run_dir, "meta.json"))
+    try:
+        meta = json.loads(meta_text) if meta_text else {}
+    except ValueError:
+        meta = {}
+    record = {"id": run_id, "meta": meta, "pid": read_int(os.path.join(run_dir, "pid"))}
+    record.update(run_state(workdir, run_id, table))
+    return record
+
+
+def run_ids(workdir):
+    try:
+        names = os.listdir(runs_dir(workdir))
+    except OSError:
+        return []
+    base = runs_dir(workdir)
+    return oldest_first(
+        base, [n for n in names if os.path.isdir(os.path.join(base, n))], "launch.sh"
+    )
+
+
+def active_run_id(workdir):
+    text = read_text(os.path.join(workdir, "active_run"))
+    return text.strip() if text and text.strip() else None
+
+
+def settle_exit_code(workdir, run_id, was_killed):
+    """The exit code the wrapper wrote; if SIGKILL took the wrapper too, write 137 for it."""
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    path = os.path.join(run_dir, "exit_code")
+    code = read_int(path)
+    if code is None and os.path.isdir(run_dir):
+        code = 128 + (signal.SIGKILL if was_killed else signal.SIGTERM)
+        write_atomic(path, f"{code}\n")
+    return code
+
+
+def start_run(workdir, run_id, release, p):
+    # Imported here: the log reader, which starts often and must answer fast, never
+    # needs it.
+    import subprocess
+
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    os.makedirs(run_dir)
+    wrapper = os.path.join(run_dir, "launch.sh")
+    with open(wrapper, "w", encoding="utf-8") as f:
+        f.write(p["launch_script"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
+    env.update(p.get("env") or {})
+    env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
+    command = list(p["command"])
+    log = open(os.path.join(run_dir, "train.log"), "ab")
+    try:
+        # New session (pid = pgid = sid), no terminal, stdin from /dev/null and our
+        # pipes closed, so the exec session that started us returns at once.
+        proc = subprocess.Popen(
+            ["/bin/sh", wrapper, run_dir] + command,
+            cwd=os.path.join(workdir, "current"),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise AgentError(f"could not start {command[0]}: {exc.strerror}") from None
+    finally:
+        log.close()
+    proc.returncode = 0  # never waited for here: the run outlives this script
+    started = time.time()
+    write_atomic(os.path.join(run_dir, "pid"), f"{proc.pid}\n")
+    meta = dict(p.get("meta") or {})
+    meta.update(
+        {
+            "run_id": run_id,
+            "release": release,
+            "command": command,
+            "pid": proc.pid,
+            "cwd": os.path.join(workdir, "current"),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "started_unix": round(started, 3),
+        }
+    )
+    write_atomic(os.path.join(run_dir, "meta.json"), json.dumps(meta, indent=2, sort_keys=True))
+    write_atomic(os.path.join(workdir, "active_run"), run_id + "\n")
+    return {"id": run_id, "pid": proc.pid, "run_dir": run_dir, "started": meta["started"]}

@@ -1,0 +1,160 @@
+"""What to stop and how: our runs and hand-started trainers, SIGTERM, a grace period,
+then SIGKILL."""
+
+import os
+import signal
+import time
+
+from .files import read_int, read_text
+from .processes import (
+    alive,
+    ancestors,
+    descendants,
+    process_env,
+    process_table,
+    runs_entry,
+    script_inside,
+)
+from .runs import active_run_id, run_ids, run_pid_alive, runs_dir, settle_exit_code
+
+KILL_WAIT_S = 5.0
+POLL_MIN_S = 0.005
+POLL_MAX_S = 0.1
+
+
+def find_targets(workdir, entry, scope="container"):
+    """Process groups (or single processes) to stop: our running runs, then any other
+    process whose command line runs the entry script. Nothing else, and never the
+    agent itself or its ancestors.
+
+    scope "container": the container is the trainer's own, so the entry script run
+    from anywhere is a stale run. scope "workdir" (no container: this machine or a
+    shared host): only a script under the workdir is ours; another project's script
+    of the same name is left alone."""
+    table = process_table()
+    mine = ancestors(os.getpid(), table)
+    my_groups = set(table[p].pgid for p in mine if p in table)
+    targets = []
+    covered_groups = set()
+    covered_pids = set()  # children of a stale trainer (e.g. data loader workers)
+    active = active_run_id(workdir)
+
+    for run_id in run_ids(workdir):
+        pid = read_int(os.path.join(runs_dir(workdir), run_id, "pid"))
+        if read_text(os.path.join(runs_dir(workdir), run_id, "exit_code")) is not None:
+            continue
+        if not run_pid_alive(pid, run_id, table) or pid in mine:
+            continue
+        targets.append(
+            {
+                "kind": "active" if run_id == active else "run",
+                "run_id": run_id,
+                "pid": pid,
+                "pgid": pid,
+                "group": True,
+                "cmdline": " ".join(table[pid].argv),
+            }
+        )
+        covered_groups.add(pid)
+
+    for proc in sorted(table.values(), key=lambda p: p.pid):
+        if not alive(proc) or proc.pid in mine or proc.pgid in covered_groups:
+            continue
+        if proc.pid in covered_pids:
+            continue
+        if not runs_entry(proc.argv, entry):
+            continue
+        if scope != "container" and not script_inside(proc, workdir):
+            continue
+        members = [p.pid for p in table.values() if p.pgid == proc.pgid and alive(p)]
+        family = descendants(proc.pid, table) | set([proc.pid])
+        # Signal the whole group only when it holds nothing but this process and its
+        # children (the usual `setsid`/job-control case); a group shared with a shell
+        # or other work gets the signal on this process and its children only.
+        whole_group = proc.pgid not in my_groups and all(
+            m in family or (m in table and runs_entry(table[m].argv, entry)) for m in members
+        )
+        run_id = process_env(proc.pid, "DFLASH_RUN_ID")
+        targets.append(
+            {
+                "kind": "stale",
+                "run_id": run_id,
+                "pid": proc.pid,
+                "pgid": proc.pgid if whole_group else None,
+                "group": whole_group,
+                "pids": sorted(family),
+                "cmdline": " ".join(proc.argv),
+            }
+        )
+        if whole_group:
+            covered_groups.add(proc.pgid)
+        covered_pids.update(family)
+    return targets
+
+
+def target_alive(target, table):
+    if target["group"]:
+        return any(alive(p) for p in table.values() if p.pgid == target["pgid"])
+    return any(alive(table.get(pid)) for pid in target["pids"])
+
+
+def send(target, sig):
+    try:
+        if target["group"]:
+            os.killpg(target["pgid"], sig)
+        else:
+            for pid in target["pids"]:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+    except ProcessLookupError:
+        pass
+
+
+def wait_gone(targets, deadline):
+    """Poll until every target has exited or the deadline passes; returns when each went."""
+    pending = list(targets)
+    pause = POLL_MIN_S
+    while pending:
+        table = process_table()
+        now = time.monotonic()
+        for target in list(pending):
+            if not target_alive(target, table):
+                target["_gone_at"] = now
+                pending.remove(target)
+        if not pending or now >= deadline:
+            break
+        # Most runs end within milliseconds of SIGTERM: look again soon, then less often.
+        time.sleep(min(pause, max(deadline - now, 0)))
+        pause = min(pause * 2, POLL_MAX_S)
+    return pending
+
+
+def stop_targets(workdir, targets, grace_s):
+    """SIGTERM to each group, `grace_s` to exit, then SIGKILL. Reports how each ended."""
+    if not targets:
+        return []
+    started = time.monotonic()
+    for target in targets:
+        send(target, signal.SIGTERM)
+    left = wait_gone(targets, started + grace_s)
+    killed_at = time.monotonic()
+    for target in left:
+        send(target, signal.SIGKILL)
+    still = wait_gone(left, killed_at + KILL_WAIT_S) if left else []
+    report = []
+    for target in targets:
+        entry = {k: v for k, v in target.items() if not k.startswith("_")}
+        if target in still:
+            entry["ended"] = "still running after SIGKILL"
+        elif target in left:
+            entry["ended"] = "killed"
+            entry["seconds"] = round(target["_gone_at"] - started, 2)
+        else:
+            entry["ended"] = "terminated"
+            entry["seconds"] = round(target["_gone_at"] - started, 2)
+        if target.get("run_id") and entry["ended"] != "still running after SIGKILL":
+            entry["exit_code"] = settle_exit_code(workdir, target["run_id"], target in left)
+        report.append(entry)
+    return report

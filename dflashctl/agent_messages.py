@@ -1,0 +1,141 @@
+"""The agent's messages on the wire, typed: what each verb takes and answers.
+
+They are plain JSON objects (the agent, stdlib-only and Python 3.6, builds them as
+dicts in dflashctl/agent/verbs.py); these TypedDicts name their fields for the CLI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class _ProcessToStop(TypedDict):
+    kind: str  # "active" | "run" | "stale"
+    run_id: str | None
+    pid: int
+    pgid: int | None
+    group: bool  # the signal goes to the whole process group
+    cmdline: str
+
+
+class ProcessToStop(_ProcessToStop, total=False):
+    """A run or hand-started trainer the agent would stop (the `inspect` verb's `to_stop`)."""
+
+    pids: list[int]  # without a group: the process and its children
+
+
+class _StoppedProcess(ProcessToStop):
+    ended: str  # "terminated" | "killed" | "still running after SIGKILL"
+
+
+class StoppedProcess(_StoppedProcess, total=False):
+    """How one of them ended."""
+
+    seconds: float
+    exit_code: int | None
+
+
+class Expectation(TypedDict):
+    """What this machine deployed last: the agent checks it is still so."""
+
+    release: str
+    manifest: dict[str, list]
+
+
+class _LaunchParams(TypedDict):
+    workdir: str
+    release: str | None  # None: the current release
+    run_id: str
+    entry: str
+    scope: str  # "container" | "workdir"
+    command: list[str]
+    env: dict[str, str]
+    grace_s: float
+    keep_releases: int
+    meta: dict[str, Any]
+    launch_script: str
+
+
+class LaunchParams(_LaunchParams, total=False):
+    """The `launch` verb's parameters; `deploy` takes them plus the build's."""
+
+    expect: Expectation
+    # deploy only
+    archive: str
+    base: str | None
+    upload_prefix: str
+
+
+class StartedRun(TypedDict):
+    id: str
+    pid: int
+    run_dir: str
+    started: str
+
+
+class BuildAnswer(TypedDict):
+    release: str
+    files: int
+    unpacked: int
+    linked: int
+    copied: int
+    leftovers_removed: list[str]
+    seconds: float
+
+
+class InspectAnswer(TypedDict):
+    python: str
+    release: str | None
+    manifest: dict[str, list] | None
+    active_run: str | None
+    to_stop: list[ProcessToStop]
+
+
+class _LaunchAnswer(TypedDict):
+    stopped: list[StoppedProcess]
+    stop_seconds: float
+    launch_seconds: float
+    release: str
+    run: StartedRun
+    releases_removed: list[str]
+
+
+class LaunchAnswer(_LaunchAnswer, total=False):
+    """The `launch` verb's answer; `deploy` adds `build`."""
+
+    build: BuildAnswer
+
+
+class StopAnswer(TypedDict):
+    stopped: list[StoppedProcess]
+    all_stopped: bool
+
+
+class RunRecord(TypedDict):
+    id: str
+    meta: dict[str, Any]
+    pid: int | None
+    status: str  # "running" | "exited" | "killed" | "lost"
+    exit_code: int | None
+    signal: int | None
+
+
+class RunsAnswer(TypedDict):
+    active_run: str | None
+    release: str | None
+    runs: list[RunRecord]
+
+
+class PrunedRun(TypedDict):
+    id: str
+    bytes: int
+    status: str
+    exit_code: int | None
+    signal: int | None
+
+
+class PruneAnswer(TypedDict):
+    removed: list[PrunedRun]
+    spared: list[str]
+    runs: int
+    dry: bool

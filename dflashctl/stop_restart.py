@@ -1,0 +1,88 @@
+"""restart and stop: the current release launched again, or the runs stopped; each one
+round trip to the agent, nothing synced."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+from dflashctl import agent_client, runs, terminal
+from dflashctl.agent_messages import StopAnswer
+from dflashctl.config import Config
+from dflashctl.connect import session
+from dflashctl.crash import rules_for
+from dflashctl.errors import HostError
+from dflashctl.launching import (
+    describe_stopped,
+    follow_unless_detached,
+    launch_params,
+    print_launched,
+    process_scope,
+    stop_and_launch,
+    trainer_command,
+)
+
+
+def restart(
+    config: Config,
+    *,
+    detach: bool,
+    extra_args: list[str] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """Stop stale runs and launch the current release again: one round trip, no sync."""
+    rules = rules_for(config)  # config mistakes first, before anything is contacted
+    with session(config) as target:
+        run_id = runs.new_id()
+        command = trainer_command(config, extra_args or [])
+        meta = {"config_digest": config.digest, "config_path": str(config.path), "restart": True}
+        params = launch_params(config, run_id, None, command, meta)
+        t0 = time.monotonic()
+        with terminal.spinner("stopping stale runs and launching"):
+            launched = stop_and_launch(config, target, params)
+        print_launched(launched, run_id, command, time.monotonic() - t0)
+        summary = {
+            "release": launched["release"],
+            "run_id": run_id,
+            "pid": launched["run"]["pid"],
+            "runs_stopped": launched["stopped"],
+            "command": command,
+            "target": target.describe(),
+        }
+        return follow_unless_detached(config, target, rules, summary, detach=detach)
+
+
+def stop(
+    config: Config,
+    *,
+    grace_s: float | None = None,
+) -> dict[str, Any]:
+    """Stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
+    grace = config.run.stop_grace_s if grace_s is None else grace_s
+    with session(config) as target:
+        params = {
+            "workdir": config.container.workdir,
+            "entry": config.trainer.entry,
+            "scope": process_scope(config),
+            "grace_s": grace,
+        }
+        with terminal.step("stopping runs") as step:
+            answer = cast(
+                StopAnswer,
+                agent_client.call_agent(
+                    target, config.container.python, "stop", params, timeout=grace + 60
+                ),
+            )
+            stopped = answer["stopped"]
+            step["done"] = (
+                f"stopped {len(stopped)} run(s)"
+                if stopped
+                else f"nothing to stop on {target.describe()}"
+            )
+        for item in stopped:
+            terminal.info(f"  {describe_stopped(item)}")
+        if not answer.get("all_stopped", True):
+            raise HostError(
+                "a run did not exit even after SIGKILL",
+                hint="check the container with `ps -ef`; the process may be stuck in I/O",
+            )
+        return {"stopped": stopped, "target": target.describe()}
