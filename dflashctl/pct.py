@@ -139,10 +139,12 @@ PUSH_FAILED = "dflashctl: pct push failed"
 _ARRIVED = "dflashctl: pct push arrived:"
 _ARRIVED_LINE = re.compile(re.escape(_ARRIVED) + r" (\S+) (\S+)")
 # Inside the container, before anything uses the file: its size and sha256 must be the
-# ones sent. Else it is removed, and its size and the free KiB of its folder go to
-# stderr (exit 199); else the command after it runs, reading the same stdin.
+# ones sent (a sha256 of "-": the first line of stdin, which `read` takes byte by byte
+# from a pipe, leaving the rest). Else it is removed, and its size and the free KiB of
+# its folder go to stderr (exit 199); else the command after it runs, on the same stdin.
 _CHECK_ARRIVED = (
-    'f=$1 size=$2 sha=$3; shift 3; s=$(wc -c < "$f" 2>/dev/null) || s=0; '
+    'f=$1 size=$2 sha=$3; shift 3; if [ "$sha" = - ]; then read -r sha || exit 1; fi; '
+    's=$(wc -c < "$f" 2>/dev/null) || s=0; '
     'h=$(sha256sum < "$f" 2>/dev/null) || h=-; '
     'if [ "$s" != "$size" ] || [ "${h%% *}" != "$sha" ]; then '
     'free=$(df -Pk "${f%/*}" 2>/dev/null | tail -n 1); rm -f -- "$f"; set -- $free; '
@@ -167,10 +169,11 @@ def push_script(vmid: int, staged: str, dest: str, mode: int) -> str:
     )
 
 
-def checked_argv(dest: str, size: int, sha256: str, then: Sequence[str]) -> list[str]:
+def checked_argv(dest: str, size: int, sha256: str | None, then: Sequence[str]) -> list[str]:
     """argv (for inside the container) that runs `then` only once `dest` has exactly
-    `size` bytes and `sha256`: no extra pct exec for the check."""
-    return ["sh", "-c", _CHECK_ARRIVED, "sh", dest, str(size), sha256, *then]
+    `size` bytes and `sha256` (None: the first line of stdin; `then` reads the rest):
+    no extra pct exec for the check."""
+    return ["sh", "-c", _CHECK_ARRIVED, "sh", dest, str(size), sha256 or "-", *then]
 
 
 def push_went_wrong(result: CommandResult) -> bool:
