@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,23 +204,28 @@ def _train(
         peak_flops=peak_flops(cfg),
     )
 
-    def save(step: int, export: bool = True) -> Path:
-        started = time.perf_counter()
+    writer = ckpt.CheckpointWriter(output_dir, log.line)
+
+    def collect(step: int) -> ckpt.TrainingState:
         lead = replicas[0]
-        state = ckpt.TrainingState(
+        return ckpt.TrainingState(
             step=step,
-            model=ckpt.trainable_state(lead.model),
-            optimizer=lead.optimizer.state_dict(),
+            model=ckpt.live_trainable_state(lead.model),
+            optimizer=lead.optimizer.state_dict(live=True),
             config=cfg.to_dict(),
             rng=ckpt.capture_rng(),
             nonfinite_count=lead.nonfinite_count,
         )
-        exporter = (lambda folder: workload.save_drafter(lead.model, folder)) if export else None
-        path = ckpt.save_checkpoint(output_dir, state, exporter)
-        log.line(f"checkpoint: {path} ({time.perf_counter() - started:.1f} s)")
-        return path
 
-    ctx.on_checkpoint = save
+    def save(step: int, export: bool = True) -> Path:
+        """Wait for any write in flight, then write this one (end of run, SIGTERM)."""
+        return writer.save(step, lambda: collect(step), workload.export_weights if export else None)
+
+    def save_periodic(step: int) -> None:
+        """Snapshot and go on training; the write finishes in the background."""
+        writer.save_async(step, lambda: collect(step), workload.export_weights, if_busy="skip")
+
+    ctx.on_checkpoint = save_periodic
 
     if term.is_set():
         log.line("stopped before training started: nothing trained, no checkpoint written")
@@ -256,6 +260,10 @@ def _train(
     supervisor.request_stop()  # release whatever still waits on a queue or the gate
     stuck = supervisor.join_all(STOP_GRACE_S)
     interrupts.abandon = None
+    try:
+        writer.wait()  # a periodic checkpoint still being written completes before we go on
+    except Exception:  # noqa: BLE001 - the writer logged it; the next checkpoint is written anew
+        pass
 
     result = TrainResult(
         exit_code=0,
@@ -300,9 +308,14 @@ def _train(
     if ctx.window_loss is not None:
         log.line(f"final loss {ctx.window_loss:.4f} (mean of the last {cfg.train.log_every} steps)")
     if cfg.eval.enabled:
-        lead.model.eval()
-        result.eval_line = workload.evaluate(lead.model)
-        lead.model.train()
+        # The saved checkpoint read back from disk, so the line is what a fresh process
+        # measures (python -m dflash.evaluate); the in-memory drafter only without one.
+        if result.checkpoint is not None:
+            result.eval_line = workload.evaluate_checkpoint(result.checkpoint)
+        if result.eval_line is None:
+            lead.model.eval()
+            result.eval_line = workload.evaluate(lead.model)
+            lead.model.train()
         if result.eval_line:
             log.line(result.eval_line)
     if result.checkpoint is not None:

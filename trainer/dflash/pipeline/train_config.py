@@ -188,6 +188,7 @@ class TrainSection(Section):
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: Amount = 3  # stop after more than this many non-finite losses
     loss_chunk: Amount = 0  # rows per loss chunk; 0 -> the objective's default
+    export_dtype: Dtype = "bfloat16"  # checkpoint drafter/ export; resume state stays fp32
 
 
 class RuntimeSection(Section):
@@ -217,6 +218,9 @@ class EvalSection(Section):
     enabled: bool = True
     num_prompts: Count = 4
     max_new_tokens: Count = 64
+    holdout: Amount | None = None  # data-file samples kept from training; None: num_prompts
+    source: Text | None = None  # .jsonl/.txt of eval prompts instead of held-out samples
+    prompt_tokens: Count = 32  # plain text: prompt with a document's first tokens (<= half)
 
 
 class DebugSection(Section):
