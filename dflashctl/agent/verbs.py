@@ -12,6 +12,8 @@
   prune    remove ended runs' folders beyond the newest N (never the active or a running one)
   settle   after an interrupted deploy: wait for a launch in flight, then say what runs
   hello    nothing: the container keeps the agent (see dflashctl/agent_client.py)
+  metrics  runs' metrics.jsonl records, following each run's resumed-from lineage
+           (metrics.py)
   log      stream a run's train.log in frames (logreader.py; main.py runs it directly)
 
 Every verb that changes the workdir holds its lock from its first check to its last
@@ -28,6 +30,7 @@ from .errors import AgentError, StaleBase
 from .files import lock_workdir, tree_bytes
 from .lineage import latest_checkpoint
 from .manifest import real_manifest
+from .metrics import op_metrics
 from .processes import process_table
 from .releases import build_release, current_release, gc_releases, releases_dir, swap_current
 from .runs import (
@@ -290,4 +293,5 @@ OPERATIONS = {
     "prune": op_prune,
     "settle": op_settle,
     "hello": op_hello,
+    "metrics": op_metrics,
 }

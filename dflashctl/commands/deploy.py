@@ -46,6 +46,14 @@ def deploy(
             "behind it instead of being refused.",
         ),
     ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Send more than trainer.confirm_above_mb without asking (needed off a terminal).",
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Send the changed trainer files, stop stale runs, launch and follow the new run."""
@@ -61,6 +69,7 @@ def deploy(
         start_container=start_container,
         fresh=fresh,
         wait=wait,
+        yes=yes,
         extra_args=list(trainer_args or []),
     )
     code, summary = run_deploy(cfg, options)

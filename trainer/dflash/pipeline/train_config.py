@@ -16,6 +16,7 @@ Declare one field per line.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = ["TrainConfig", "TrainConfigError", "load_train_config", "config_from_
 
 COMPILE_MODES = ("eager", "default", "reduce-overhead", "legacy-cudagraphs")
 SCHEDULES = ("pipelined", "sequential")
+COMM_DTYPES = ("float32", "bfloat16")
 DTYPES = ("float32", "bfloat16", "float16")
 PRESETS = ("tiny", "small", "qwen3-8b")
 
@@ -85,6 +87,12 @@ def _at_least(low: int):
         return value
 
     return AfterValidator(check)
+
+
+def _above_zero(value: float) -> float:
+    if value <= 0:
+        raise invalid(f"must be above 0, got {value}")
+    return value
 
 
 def _one_of(*allowed: str):
@@ -188,6 +196,7 @@ class TrainSection(Section):
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: Amount = 3  # stop after more than this many non-finite losses
     loss_chunk: Amount = 0  # rows per loss chunk; 0 -> the objective's default
+    export_dtype: Dtype = "bfloat16"  # checkpoint drafter/ export; resume state stays fp32
 
 
 class RuntimeSection(Section):
@@ -201,6 +210,19 @@ class RuntimeSection(Section):
     warmup_iters: Amount = 3  # compiled warm-up iterations (warm-up, record, replay)
     peak_tflops: Number = 0.0  # per device, for mfu; 0 -> known GPU table or none
     threads: Amount = 0  # torch intra-op threads; 0 -> leave torch's default
+    grad_comm_dtype: Annotated[Text, _one_of(*COMM_DTYPES)] = "float32"  # all-reduce precision
+    dist_backend: Annotated[Text, _one_of("auto", "nccl", "gloo")] = (
+        "auto"  # torchrun; auto: nccl on GPUs
+    )
+    grad_bucket_mb: Annotated[Number, AfterValidator(_above_zero)] = (
+        256.0  # torchrun all-reduce buckets
+    )
+    dist_timeout_s: Annotated[Number, AfterValidator(_above_zero)] = (
+        120.0  # torchrun: a hung collective
+    )
+    peer_timeout_s: Annotated[Number, AfterValidator(_above_zero)] = (
+        15.0  # torchrun: silent rank is dead
+    )
 
     @field_validator("compile")
     @classmethod
@@ -217,6 +239,26 @@ class EvalSection(Section):
     enabled: bool = True
     num_prompts: Count = 4
     max_new_tokens: Count = 64
+    holdout: Amount | None = None  # data-file samples kept from training; None: num_prompts
+    source: Text | None = None  # .jsonl/.txt of eval prompts instead of held-out samples
+    prompt_tokens: Count = 32  # plain text: prompt with a document's first tokens (<= half)
+
+
+class LoggingSection(Section):
+    # TensorBoard event files next to metrics.jsonl (`tensorboard --logdir runs/`);
+    # needs the tensorboard package (in the trainer extra)
+    tensorboard: bool = False
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard_installed(cls, value: bool) -> bool:
+        if value and importlib.util.find_spec("tensorboard") is None:
+            raise invalid(
+                "true needs the tensorboard package, which is not installed: pip install "
+                "tensorboard (it comes with dflashctl's trainer extra), or set it to false "
+                "(metrics.jsonl is written either way)"
+            )
+        return value
 
 
 class DebugSection(Section):
@@ -225,6 +267,7 @@ class DebugSection(Section):
     stop_at_step: Amount = 0  # act as if SIGTERM arrived after this step (tests, demos)
     # After this step, train no further until SIGTERM (tests: redeploy at a known step).
     hold_at_step: Amount = 0
+    on_ranks: IntList = Field(default_factory=list)  # torchrun: fail_in/tls_fix=false only here
     nonfinite_at_steps: IntList = Field(default_factory=list)  # poison the loss at these steps
     profile_steps: IntList = Field(default_factory=list)  # [first, last]: count CUDA graph launches
 
@@ -253,6 +296,7 @@ class TrainConfig(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
     debug: DebugSection = Field(default_factory=DebugSection)
 
     def to_dict(self) -> dict[str, Any]:
