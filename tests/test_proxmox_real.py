@@ -141,7 +141,9 @@ def test_a_failed_push_fails_the_deploy_and_keeps_the_previous_release_and_run(
         trainer_source=source,
         **{"trainer.entry": "train.py", "trainer.args": ["--sleep", "60"]},
     )
-    with small_tmp(container):
+    # Room for the agent's cached copy (about 66 KB of source) and a small first
+    # archive, not for the 200 KiB one.
+    with small_tmp(container, "160k"):
         first = cli("deploy", "--detach", "--json", "-c", str(path))
         assert first.returncode == 0, first.stderr
         first = json.loads(first.stdout)

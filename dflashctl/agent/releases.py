@@ -108,13 +108,19 @@ def gc_releases(workdir, keep, protect):
     removed = []
     for name in names:
         if name not in kept:
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-            try:
-                os.unlink(metadata_path(os.path.join(base, name)))
-            except OSError:
-                pass
+            remove_release(workdir, name)
             removed.append(name)
     return removed
+
+
+def remove_release(workdir, name):
+    """A release folder and the manifest beside it."""
+    path = os.path.join(releases_dir(workdir), name)
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.unlink(metadata_path(path))
+    except OSError:
+        pass
 
 
 def build_release(p):

@@ -32,7 +32,14 @@ from .lineage import latest_checkpoint
 from .manifest import real_manifest
 from .metrics import op_metrics
 from .processes import process_table
-from .releases import build_release, current_release, gc_releases, releases_dir, swap_current
+from .releases import (
+    build_release,
+    current_release,
+    gc_releases,
+    releases_dir,
+    remove_release,
+    swap_current,
+)
 from .runs import (
     active_run_id,
     run_ids,
@@ -99,9 +106,7 @@ def op_deploy(p):
         except AgentError:
             # Refused (or undone) before it became current: no orphan release left.
             if current_release(p["workdir"]) != built["release"]:
-                shutil.rmtree(
-                    os.path.join(releases_dir(p["workdir"]), built["release"]), ignore_errors=True
-                )
+                remove_release(p["workdir"], built["release"])
             raise
     finally:
         os.close(lock)

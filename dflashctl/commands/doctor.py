@@ -236,7 +236,7 @@ def _source_check(doctor: Doctor, config: Any) -> None:
 
     start = time.monotonic()
     try:
-        manifest, checked = preflight(config)
+        manifest, checked, _ = preflight(config)
     except DflashError as exc:
         doctor.add(Check("trainer source", FAIL, exc.message, exc.hint, True, 0.0))
         return
