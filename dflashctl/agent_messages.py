@@ -53,7 +53,8 @@ class _LaunchParams(TypedDict):
     grace_s: float
     keep_releases: int
     meta: dict[str, Any]
-    launch_script: str
+    supervisor: str  # runs/<id>/supervise.py (dflashctl/recovery.py)
+    recovery: dict[str, Any]  # run.retry and the crash rules, for the supervisor
 
 
 class LaunchParams(_LaunchParams, total=False):

@@ -78,6 +78,20 @@ class TrainerConfig:
 
 
 @dataclass
+class RetryConfig:
+    """Automatic recovery: the run's supervisor restarts the trainer after a crash a
+    restart fixes, resuming from the run's latest checkpoint (dflashctl/recovery.py)."""
+
+    max_restarts: int = 3  # 0: off
+    # Categories to retry; None: those whose crash rule says `retryable: true`.
+    on: list[str] | None = None
+    backoff_s: float = 10.0  # the first wait, doubled for each restart within the window
+    max_backoff_s: float = 300.0
+    window_s: float = 3600.0  # restarts counted within this window (0: the whole run)
+    resume_args: list[str] = field(default_factory=lambda: ["--resume"])
+
+
+@dataclass
 class RunConfig:
     stop_grace_s: float = 20.0
     keep_releases: int = 5
@@ -85,6 +99,7 @@ class RunConfig:
     # with DFLASH_RUN_ID, DFLASH_RUN_DIR and DFLASH_EXIT_CODE set: a notification
     # that works with nobody following the log.
     on_exit: str | None = None
+    retry: RetryConfig = field(default_factory=RetryConfig)
 
 
 @dataclass
@@ -380,6 +395,16 @@ def _check_semantics(config: Config, path: Path) -> None:
             "run.keep_releases",
             f"must be at least 1 (the current release), got {config.run.keep_releases}",
         )
+
+    retry = config.run.retry
+    if retry.max_restarts < 0:
+        fail("run.retry.max_restarts", f"must be 0 (off) or more, got {retry.max_restarts}")
+    for key in ("backoff_s", "max_backoff_s", "window_s"):
+        if getattr(retry, key) < 0:
+            fail(f"run.retry.{key}", f"must be 0 or more seconds, got {getattr(retry, key)}")
+    for i, category in enumerate(retry.on or []):
+        if not re.match(r"^[a-z][a-z0-9_]*$", category):
+            fail(f"run.retry.on[{i}]", f"{category!r} is not a crash category (lower_snake_case)")
 
     for i, rule in enumerate(config.crash_patterns):
         if not isinstance(rule, dict):

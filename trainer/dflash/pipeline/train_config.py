@@ -112,6 +112,12 @@ class EvalSection:
 class DebugSection:
     tls_fix: bool = True  # False reproduces the CUDA Graph Trees AssertionError on torch <= 2.12
     fail_in: str | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
+    # How the failure at fail_in looks: "exception" (a Python exception in that thread)
+    # or "sigkill" (the process killed, as the kernel's OOM killer does: retryable).
+    fail_kind: str = "exception"
+    # A file: the failure fires only while it does not exist, and creates it (so a
+    # restarted run gets past it: automatic recovery tests and demos).
+    fail_once_marker: str | None = None
     stop_at_step: int = 0  # act as if SIGTERM arrived after this step (tests, demos)
     nonfinite_at_steps: list[int] = field(default_factory=list)  # poison the loss at these steps
     profile_steps: list[int] = field(
@@ -277,6 +283,10 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.debug.fail_in is not None:
         parse_fail_in(cfg.debug.fail_in)
+    if cfg.debug.fail_kind not in ("exception", "sigkill"):
+        raise TrainConfigError(
+            f"debug.fail_kind: {cfg.debug.fail_kind!r} must be 'exception' or 'sigkill'"
+        )
 
 
 @dataclass(frozen=True)
