@@ -82,11 +82,12 @@ def decide(policy, history, crash, step, now):
         a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
     ]
     if len(recent) >= limit:
-        within = " within {:g} s".format(window) if window > 0 else ""
-        return False, "{} restarts{} already (run.retry.max_restarts {}): a crash loop".format(
-            len(recent), within, limit
+        within = f" within {window:g} s" if window > 0 else ""
+        return (
+            False,
+            f"{len(recent)} restarts{within} already (run.retry.max_restarts {limit}): a crash loop",
         )
-    return True, "{} is retryable".format(category)
+    return True, f"{category} is retryable"
 
 
 def backoff_s(policy, history, now):
@@ -146,7 +147,7 @@ def last_checkpoint(lines):
 # --------------------------------------------------------------------------- the loop
 
 
-class Supervisor(object):
+class Supervisor:
     def __init__(self, run_dir):
         self.run_dir = run_dir
         self.log = os.path.join(run_dir, "train.log")  # our stdout and the trainer's
@@ -186,7 +187,7 @@ class Supervisor(object):
             try:
                 self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
             except OSError as exc:
-                self.say("could not start {}: {}".format(argv[0], exc.strerror))
+                self.say(f"could not start {argv[0]}: {exc.strerror}")
                 return self.end(127)
             code = _wait(self.child)
             lines = _lines_from(self.log, offset)
@@ -210,46 +211,36 @@ class Supervisor(object):
                 crash = classify(lines, code, self.rules)
             except Exception as exc:  # an engine that cannot run decides nothing
                 crash = None
-                self.say("cannot classify the crash ({}); not retrying".format(exc))
+                self.say(f"cannot classify the crash ({exc}); not retrying")
             if crash is not None:
                 record.update(
                     category=crash["category"], rule=crash["rule"], summary=crash["summary"]
                 )
             retry, reason = decide(self.policy, self.attempts, crash, step, time.time())
             record["retried"], record["reason"] = retry, reason
-            what = crash["category"] if crash else "exit code {}".format(code)
-            at = " at step {}".format(step) if step is not None else ""
+            what = crash["category"] if crash else f"exit code {code}"
+            at = f" at step {step}" if step is not None else ""
             if not retry:
                 self.record(record)
                 if limit > 0:
-                    self.say(
-                        "attempt {} crashed{} ({}); not retried: {}".format(
-                            number, at, what, reason
-                        )
-                    )
+                    self.say(f"attempt {number} crashed{at} ({what}); not retried: {reason}")
                 return self.end(code)
             wait = backoff_s(self.policy, self.attempts, time.time())
             record["backoff_s"] = wait
             self.record(record)
             resume = (
-                "from checkpoint {}".format(checkpoint)
+                f"from checkpoint {checkpoint}"
                 if checkpoint
                 else "from the start (no checkpoint yet)"
             )
             self.say(
-                "attempt {}/{} crashed{} ({}); restarting in {:g} s, resuming {} (run.retry)".format(
-                    number, limit + 1, at, what, wait, resume
-                )
+                f"attempt {number}/{limit + 1} crashed{at} ({what}); restarting in {wait:g} s, resuming {resume} (run.retry)"
             )
             if not self.sleep(wait):
                 self.say("stopped while waiting to restart; not restarting")
                 return self.end(128 + self.stop_signal)
-            resumed_at = "step {}".format(_checkpoint_step(checkpoint)) if checkpoint else "step 0"
-            self.say(
-                "attempt {}/{}, resumed at {} after {}".format(
-                    number + 1, limit + 1, resumed_at, what
-                )
-            )
+            resumed_at = f"step {_checkpoint_step(checkpoint)}" if checkpoint else "step 0"
+            self.say(f"attempt {number + 1}/{limit + 1}, resumed at {resumed_at} after {what}")
 
     def sleep(self, seconds):
         """Wait, unless `stop` comes first (then False)."""
@@ -276,7 +267,7 @@ class Supervisor(object):
 
     def end(self, code):
         """The real end: exit_code (atomically), then run.on_exit once."""
-        _write_atomic(os.path.join(self.run_dir, "exit_code"), "{}\n".format(code))
+        _write_atomic(os.path.join(self.run_dir, "exit_code"), f"{code}\n")
         hook = os.environ.get("DFLASH_ON_EXIT")
         if hook:
             env = dict(
@@ -285,7 +276,7 @@ class Supervisor(object):
             sys.stdout.flush()
             status = subprocess.call(["/bin/sh", "-c", hook], stdin=subprocess.DEVNULL, env=env)
             if status != 0:
-                self.say("run.on_exit failed with exit status {}".format(status))
+                self.say(f"run.on_exit failed with exit status {status}")
         return code
 
 
@@ -327,7 +318,7 @@ def _utc(seconds):
 
 
 def _write_atomic(path, text):
-    tmp = "{}.tmp-{}".format(path, os.getpid())
+    tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
