@@ -112,13 +112,17 @@ class StopAnswer(TypedDict):
     all_stopped: bool
 
 
-class RunRecord(TypedDict):
+class _RunRecord(TypedDict):
     id: str
     meta: dict[str, Any]
     pid: int | None
     status: str  # "running" | "exited" | "killed" | "lost"
     exit_code: int | None
     signal: int | None
+
+
+class RunRecord(_RunRecord, total=False):
+    attempts: dict[str, Any] | None  # the supervisor's attempts.json (run.retry)
 
 
 class RunsAnswer(TypedDict):

@@ -33,9 +33,11 @@ import time
 
 ATTEMPTS_FILE = "attempts.json"
 SETTINGS_FILE = "recovery.json"
-# The line that starts each attempt after the first: `logs -f` (dflashctl/follow)
-# takes it as the start of a fresh attempt, whose crashes are its own.
-ATTEMPT_MARKER = "dflashctl: attempt "
+# The line that starts each attempt after the first ("dflashctl: attempt 2/4, resumed
+# at step 18400 after nccl_timeout"): `logs -f` (dflashctl/follow) takes it as the
+# start of a fresh attempt, whose crashes are its own.
+NEW_ATTEMPT = re.compile(r"^dflashctl: attempt (\d+)/(\d+), resumed at ")
+NOT_RETRIED = re.compile(r"^dflashctl: attempt \d+ crashed.*; not retried: (.*)$")
 _STEP = re.compile(r"^(?:\[rank\d+\]:\s?)?step (\d+)\b")
 _CHECKPOINT = re.compile(r"(?:^|\s)checkpoint: (/\S+)")
 
@@ -227,6 +229,7 @@ class Supervisor:
                 return self.end(code)
             wait = backoff_s(self.policy, self.attempts, time.time())
             record["backoff_s"] = wait
+            record["resume_step"] = _checkpoint_step(checkpoint) if checkpoint else 0
             self.record(record)
             resume = (
                 f"from checkpoint {checkpoint}"
@@ -239,7 +242,8 @@ class Supervisor:
             if not self.sleep(wait):
                 self.say("stopped while waiting to restart; not restarting")
                 return self.end(128 + self.stop_signal)
-            resumed_at = f"step {_checkpoint_step(checkpoint)}" if checkpoint else "step 0"
+            at = record["resume_step"]
+            resumed_at = f"step {at}" if at is not None else f"checkpoint {checkpoint}"
             self.say(f"attempt {number + 1}/{limit + 1}, resumed at {resumed_at} after {what}")
 
     def sleep(self, seconds):
@@ -310,7 +314,7 @@ def _lines_from(path, offset):
 
 def _checkpoint_step(path):
     found = re.search(r"(\d+)/*$", path or "")
-    return int(found.group(1)) if found else "?"
+    return int(found.group(1)) if found else None
 
 
 def _utc(seconds):

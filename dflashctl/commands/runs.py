@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
@@ -65,7 +66,7 @@ def runs(
             ("* " if run.active else "  ") + run.id,
             run.release or "-",
             (run.started or "-").replace("T", " ").rstrip("Z"),
-            run.state,
+            run,
         )
         for run in found
     ]
@@ -79,15 +80,18 @@ def runs(
         table.add_column(headers[1], no_wrap=True, overflow="ellipsis")
         table.add_column(headers[2], no_wrap=True)
         table.add_column(headers[3], no_wrap=True, min_width=17)
-        for run_id, release, started, state in rows:
+        for run_id, release, started, run in rows:
+            state = run.state
             style = _STYLES.get(state.status, "red")
             if state.status == "exited" and not state.ok:
                 style = "red"
-            table.add_row(run_id, release, started, f"[{style}]{state.describe()}[/{style}]")
+            table.add_row(
+                run_id, release, started, f"[{style}]{escape(run.describe_state())}[/{style}]"
+            )
         terminal.out.print(table)
     else:
         # Plain aligned columns off a terminal: nothing is cut short or wrapped.
-        lines = [headers] + [(a, b, c, d.describe()) for a, b, c, d in rows]
+        lines = [headers] + [(a, b, c, d.describe_state()) for a, b, c, d in rows]
         widths = [max(len(line[i]) for line in lines) for i in range(3)]
         for line in lines:
             cells = [cell.ljust(width) for cell, width in zip(line[:3], widths, strict=True)]

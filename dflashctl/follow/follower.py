@@ -387,6 +387,9 @@ class _Follower:
             signal=signal,
             interrupted=interrupted,
             summary=self.sink.summary,
+            recovered=self.sink.recovered,
+            attempt=self.sink.attempt,
+            not_retried=self.sink.not_retried,
             rundir=self.rundir,
             where=self.target.describe() if self.target is not None else None,
         )
