@@ -37,6 +37,9 @@ SETTINGS_FILE = "recovery.json"
 # at step 18400 after nccl_timeout"): `logs -f` (dflashctl/follow) takes it as the
 # start of a fresh attempt, whose crashes are its own.
 NEW_ATTEMPT = re.compile(r"^dflashctl: attempt (\d+)/(\d+), resumed at ")
+# "dflashctl: attempt 1/4 crashed at step 3 (killed, exit code 137); ...": the exit
+# status lets `logs -f` weigh the attempt's end as it would a run's.
+CRASHED = re.compile(r"^dflashctl: attempt \d+(?:/\d+)? crashed.*, exit code (\d+)\); ")
 NOT_RETRIED = re.compile(r"^dflashctl: attempt \d+ crashed.*; not retried: (.*)$")
 _STEP = re.compile(r"^(?:\[rank\d+\]:\s?)?step (\d+)\b")
 _CHECKPOINT = re.compile(r"(?:^|\s)checkpoint: (/\S+)")
@@ -220,12 +223,14 @@ class Supervisor:
                 )
             retry, reason = decide(self.policy, self.attempts, crash, step, time.time())
             record["retried"], record["reason"] = retry, reason
-            what = crash["category"] if crash else f"exit code {code}"
+            what = crash["category"] if crash else "unrecognised"
             at = f" at step {step}" if step is not None else ""
             if not retry:
                 self.record(record)
                 if limit > 0:
-                    self.say(f"attempt {number} crashed{at} ({what}); not retried: {reason}")
+                    self.say(
+                        f"attempt {number} crashed{at} ({what}, exit code {code}); not retried: {reason}"
+                    )
                 return self.end(code)
             wait = backoff_s(self.policy, self.attempts, time.time())
             record["backoff_s"] = wait
@@ -237,7 +242,7 @@ class Supervisor:
                 else "from the start (no checkpoint yet)"
             )
             self.say(
-                f"attempt {number}/{limit + 1} crashed{at} ({what}); restarting in {wait:g} s, resuming {resume} (run.retry)"
+                f"attempt {number}/{limit + 1} crashed{at} ({what}, exit code {code}); restarting in {wait:g} s, resuming {resume} (run.retry)"
             )
             if not self.sleep(wait):
                 self.say("stopped while waiting to restart; not restarting")

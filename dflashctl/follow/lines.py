@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from dflashctl.agent.supervisor import NEW_ATTEMPT, NOT_RETRIED
+from dflashctl.agent.supervisor import CRASHED, NEW_ATTEMPT, NOT_RETRIED
 from dflashctl.run_summary import RunSummary
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ class LineSink:
         self.recovered: list[CrashEvent] = []
         self.attempt = 1
         self.not_retried: str | None = None  # why the supervisor let the run end
+        self._attempt_exit: int | None = None  # how the last attempt ended
         self.summary = RunSummary()
         self.console = console
         self.show_lines = show_lines
@@ -66,8 +67,10 @@ class LineSink:
         if text.startswith("dflashctl: attempt "):
             if NEW_ATTEMPT.match(text):
                 self._new_attempt(int(NEW_ATTEMPT.match(text)[1]))
-            elif NOT_RETRIED.match(text):
-                self.not_retried = NOT_RETRIED.match(text)[1]
+            elif CRASHED.match(text):
+                self._attempt_exit = int(CRASHED.match(text)[1])
+                if NOT_RETRIED.match(text):
+                    self.not_retried = NOT_RETRIED.match(text)[1]
         events = self.detector.feed(text)
         self.summary.feed(text)
         if self.backlog is not None:
@@ -116,7 +119,8 @@ class LineSink:
         settled (shown, and kept as recovered); the new attempt's crashes are its own."""
         from dflashctl.crash import CrashDetector
 
-        events = self.detector.finish(None)
+        events = self.detector.finish(self._attempt_exit)
+        self._attempt_exit = None
         if self.backlog is not None:
             self._held_events.extend(events)
         else:
