@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from platformdirs import user_cache_path
+
 UPLOAD_PREFIX = "dflashctl-upload-"  # temp archives on the host and in the container
 
 
@@ -53,8 +55,8 @@ def _cache_path(config: Any) -> Path:
     host, ct = config.host, config.container
     key = json.dumps([host.address, host.port, host.user, ct.vmid, ct.workdir])
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "dflashctl" / "targets" / f"{digest}.json"
+    # The platform's per-user cache folder ($XDG_CACHE_HOME or ~/.cache on Linux).
+    return user_cache_path("dflashctl", appauthor=False) / "targets" / f"{digest}.json"
 
 
 def load_last_deploy(config: Any) -> LastDeploy | None:

@@ -118,7 +118,7 @@ class StandInWorkload(Workload):
             anchor_valid=torch.ones_like(anchors, dtype=torch.bool),
         )
 
-    def target_for(self, device):
+    def build_target(self, device):
         return StandInTarget().to(device).requires_grad_(False)
 
     def target_context(self, target, batch):

@@ -194,3 +194,53 @@ def test_help_does_not_import_heavy_modules(tmp_path):
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
     )
     assert "HEAVY []" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # An unknown key points at the key itself, a bad value at the value.
+        (MINIMAL + "  adress: x\n", "line 3, column 3: unknown key host.adress"),
+        (MINIMAL + "  port: twenty\n", "line 3, column 9: host.port: expected an integer"),
+        (
+            MINIMAL + "run:\n  keep_releases: 5\n  stop_grace_s: -2\n",
+            "line 5, column 17: run.stop_grace_s: must be 0 or more seconds",
+        ),
+        (
+            MINIMAL + "trainer:\n  args: [--steps, [1]]\n",
+            "line 4, column 19: trainer.args[1]: expected a string, got a list",
+        ),
+        # A key that is missing is reported where its section starts.
+        ("run: {}\nhost:\n  port: 22\n", "line 3, column 3: missing required value host.address"),
+    ],
+)
+def test_mistakes_say_where_they_are_in_the_file(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"{path}, {expected}" in str(info.value)
+
+
+def test_unknown_key_hint_lists_the_allowed_keys(tmp_path):
+    path = write(tmp_path, MINIMAL + "run:\n  keep: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "unknown key run.keep (did you mean run.keep_releases?)" in str(info.value)
+    assert info.value.hint == "allowed keys in run: stop_grace_s, keep_releases, on_exit, retry"
+
+
+def test_empty_sections_take_the_defaults_and_paths_still_resolve(tmp_path):
+    config = parse_config(MINIMAL + "trainer:\nrun: null\n", tmp_path / "d.yaml")
+    assert config.trainer.source == str(tmp_path / "trainer")
+    assert config.run.keep_releases == 5
+    assert config.host.known_hosts == str(Path.home() / ".ssh" / "known_hosts")
+
+
+def test_local_relative_workdir_and_python_resolve_against_the_config(tmp_path):
+    config = parse_config(
+        "host:\n  address: local\ncontainer:\n  vmid: null\n  workdir: work\n"
+        "  python: ../venv/bin/python\n",
+        tmp_path / "d.yaml",
+    )
+    assert config.container.workdir == str(tmp_path / "work")
+    assert config.container.python == str(tmp_path.parent / "venv" / "bin" / "python")

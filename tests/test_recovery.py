@@ -380,3 +380,34 @@ def test_stop_during_the_wait_ends_the_recovery(flaky):
     assert "trainer attempt 2" not in log.read_text()
     assert (run_dir / "exit_code").read_text() == "143\n"
     assert (run_dir / "notified").read_text() == "143 1\n"
+
+
+# --------------------------------------------------------------------------- run.retry in dflash.yaml
+
+
+def test_run_retry_defaults_and_what_the_supervisor_gets(tmp_path):
+    config = _config_with(tmp_path)
+    retry = config.run.retry
+    assert (retry.max_restarts, retry.on, retry.backoff_s, retry.window_s) == (3, None, 10, 3600)
+    settings = recovery.recovery_settings(config)
+    assert settings["retry"]["resume_args"] == ["--resume"]
+    by_name = {rule["name"]: rule for rule in settings["rules"]}
+    assert by_name["nccl_watchdog_timeout"]["retryable"] is True
+    json.dumps(settings)  # it travels as JSON
+
+
+@pytest.mark.parametrize(
+    ("retry", "expected"),
+    [
+        ({"max_restarts": -1}, "run.retry.max_restarts: must be 0 (off) or more, got -1"),
+        ({"backoff_s": -5}, "run.retry.backoff_s: must be 0 or more seconds"),
+        ({"on": ["NCCL timeout"]}, "'NCCL timeout' is not a crash category"),
+        ({"retries": 3}, "unknown key run.retry.retries"),
+    ],
+)
+def test_run_retry_mistakes_are_named(tmp_path, retry, expected):
+    from dflashctl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        _config_with(tmp_path, run={"retry": retry})
+    assert expected in str(info.value)

@@ -22,8 +22,17 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from dflash.pipeline.logging import RunLog  # noqa: E402
-from dflash.pipeline.train_config import TrainConfig, TrainConfigError, load_train_config  # noqa: E402
+try:
+    from dflash.pipeline.logging import RunLog
+    from dflash.pipeline.train_config import TrainConfig, TrainConfigError, load_train_config
+except ModuleNotFoundError as exc:  # the container's python lacks a trainer dependency
+    if exc.name not in ("pydantic", "pydantic_core", "yaml", "torch", "transformers"):
+        raise
+    sys.exit(
+        f"setup error: {sys.executable} cannot import {exc.name}, which the trainer needs; "
+        f"install the trainer's dependencies there: {sys.executable} -m pip install "
+        "torch transformers safetensors 'pydantic>=2.6' pyyaml"
+    )
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
@@ -60,15 +69,12 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
 
+    # Every check of the config itself (device layout included) has run by now; what is
+    # left needs the target's config.json or the data, and the workload checks those
+    # before it builds the target.
     import torch
     from dflash.pipeline.run import Interrupts, train
-    from dflash.pipeline.warmup import check_device_layout
 
-    try:
-        check_device_layout(cfg.runtime.drafter_devices, cfg.runtime.compile)
-    except TrainConfigError as exc:  # before minutes of set-up, not after
-        print(f"config error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
 

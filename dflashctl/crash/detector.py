@@ -9,8 +9,9 @@ thread's device and stage come from its last "drafter-2 on cuda:7: <stage>" line
 
 Lines outside tracebacks are matched against the one-line rules (NCCL watchdog, kernel
 OOM killer, segfault, ...). Most lines match nothing, so every line first passes one
-compiled keyword gate built from the literals the rules' regexes require; only a hit
-runs the regexes of the rules that literal belongs to.
+compiled keyword gate built from the rules' keywords (text every line a rule matches
+contains, stated in the rule); only a hit runs the regexes of the rules that keyword
+belongs to. Rules without keywords are tried on every line.
 
 The first failure is the root cause; the rest are consequences.
 """

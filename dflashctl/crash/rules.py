@@ -1,9 +1,10 @@
 """Crash rules: loading templates/crash_patterns.yaml plus the user's rules, validated.
 
 A rule names one kind of failure (its category) and says how to recognise it in a log.
-Every regex is compiled once here, and the literal text that any match of it must
-contain is worked out from the regex itself, so that the detector can skip the common
-log line with a few substring tests instead of running every regex on it.
+Every regex is compiled once here. A rule may also list `keywords`: text one of which
+every line it matches contains. The detector merges them into one cheap test, so the
+common log line (a step line) costs that test instead of every rule's regexes; a rule
+without keywords is tried on every line.
 """
 
 from __future__ import annotations
@@ -16,11 +17,6 @@ from typing import Any
 
 from dflashctl.errors import ConfigError
 from dflashctl.resources import template_path
-
-try:  # the regex parser moved in Python 3.11
-    from re import _parser as _sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 SEVERITIES = ("fatal", "error", "warning")
 SCOPES = ("any", "line", "traceback")
@@ -36,6 +32,7 @@ _KEYS = {
     "retryable",
     "hint",
     "excerpt_after",
+    "keywords",
 }
 _REQUIRED = ("name", "category", "hint")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -55,8 +52,8 @@ class Rule:
     last_frame: re.Pattern[str] | None = None
     unless: tuple[re.Pattern[str], ...] = ()
     excerpt_after: int = 0
-    # Substrings one of which every line matched by `patterns` contains; None when the
-    # regexes are too loose to say (such a rule is tried on every line).
+    # Substrings one of which every line matched by `patterns` contains, as the rule
+    # states them; None: the rule is tried on every line.
     keywords: tuple[str, ...] | None = field(default=None, compare=False)
 
     def matches_line(self, line: str) -> bool:
@@ -214,7 +211,7 @@ def parse_rule(data: Any, *, where: str = "dflash.yaml", key: str = "crash_patte
         last_frame=last_frame,
         unless=unless,
         excerpt_after=excerpt_after,
-        keywords=_keywords_for(patterns),
+        keywords=_keywords(data.get("keywords"), patterns, fail),
     )
 
 
@@ -239,133 +236,42 @@ def _compile_one(value: Any, field_name: str, fail) -> re.Pattern[str] | None:
         raise fail(field_name, f"invalid regular expression {value!r}: {exc}") from exc
 
 
-# --- required literals -----------------------------------------------------------------
+# --- keywords ------------------------------------------------------------------------
 
 
-def _keywords_for(patterns: Sequence[re.Pattern[str]]) -> tuple[str, ...] | None:
-    """Substrings such that every line any of `patterns` matches contains one of them."""
-    if not patterns:
-        return None
-    keywords: set[str] = set()
-    for pattern in patterns:
-        literals = required_literals(pattern)
-        if not literals:
-            return None
-        keywords |= literals
-    return tuple(sorted(keywords))
+def _keywords(value: Any, patterns: Sequence[re.Pattern[str]], fail) -> tuple[str, ...] | None:
+    """The rule's keywords, checked against its regexes as far as text can be.
 
-
-def required_literals(pattern: re.Pattern[str]) -> set[str] | None:
-    """A set of strings one of which every match of `pattern` contains, or None.
-
-    Walks the parsed regex: in a sequence the longest run of literal characters (or the
-    best set found inside a group) is required; an alternation requires one of its
-    branches' sets. Case-insensitive patterns and short literals give None, which means
-    "try this regex on every line".
+    The promise a keyword list makes (every line the rule matches contains one of them)
+    is the rule author's: it cannot be proven from a regex with the public API. What is
+    checked is that each regex is case-sensitive (keywords are compared exactly) and
+    either spells one of the keywords (its text, escapes removed) or matches one, which
+    catches a typo or a keyword list meant for another rule. The tests feed real crash
+    logs through the built-in rules.
     """
-    if pattern.flags & re.IGNORECASE:
+    if value is None:
         return None
-    try:
-        parsed = _sre_parse.parse(pattern.pattern, pattern.flags)
-    except Exception:  # noqa: BLE001 - any parser surprise just disables the shortcut
-        return None
-    found = _required_in_sequence(list(parsed))
-    if not found or min(len(s) for s in found) < 3:
-        return None
-    return found
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
+        raise fail("keywords", "expected a non-empty string or a list of them")
+    if not patterns:
+        raise fail("keywords", "only apply to a rule with a regex")
+    for i, pattern in enumerate(patterns):
+        where = "regex" if len(patterns) == 1 else f"regex[{i}]"
+        if pattern.flags & re.IGNORECASE:
+            raise fail(
+                "keywords",
+                f"{where} is case-insensitive but keywords are compared exactly; "
+                "drop keywords (the rule is then tried on every line)",
+            )
+        spelled = _ESCAPED.sub(r"\1", pattern.pattern)
+        if not any(word in spelled or pattern.search(word) for word in words):
+            raise fail(
+                "keywords",
+                f"{where} {pattern.pattern!r} neither contains nor matches any of {words}: "
+                "every line the rule matches must contain one of its keywords",
+            )
+    return tuple(words)
 
 
-_MAX_EXPANSION = 128  # how many exact strings a small alternation may expand to
-
-
-def _required_in_sequence(items: list[tuple[Any, Any]]) -> set[str] | None:
-    candidates: list[set[str]] = []
-    current: set[str] = {""}  # the exact strings the items since the last break spell
-
-    def end_run() -> None:
-        nonlocal current
-        if any(current):
-            candidates.append(current)
-        current = {""}
-
-    for op, arg in items:
-        exact = _exact_strings(op, arg)
-        if exact is not None and len(current) * len(exact) <= _MAX_EXPANSION:
-            current = {a + b for a in current for b in exact}
-            continue
-        end_run()
-        name = str(op)
-        if name == "SUBPATTERN":
-            sub_flags = arg[1] if len(arg) > 1 else 0
-            if not sub_flags & re.IGNORECASE:
-                _add(candidates, _required_in_sequence(list(arg[-1])))
-        elif name == "BRANCH":
-            union: set[str] = set()
-            for branch in arg[1]:
-                inner = _required_in_sequence(list(branch))
-                if not inner:
-                    union = set()
-                    break
-                union |= inner
-            _add(candidates, union)
-        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and arg[0] >= 1:
-            _add(candidates, _required_in_sequence(list(arg[2])))
-        elif name == "ATOMIC_GROUP":
-            _add(candidates, _required_in_sequence(list(arg)))
-        # anything else (classes, look-arounds, back-references) just breaks the run
-    end_run()
-    if not candidates:
-        return None
-    # The best set gives the fewest false hits: capital letters are rarer in logs than
-    # lower case (a step line has none), then longer literals, then fewer of them.
-    return max(
-        candidates,
-        key=lambda s: (all(not x.islower() for x in s), min(len(x) for x in s) >= 4, -len(s)),
-    )
-
-
-def _add(candidates: list[set[str]], found: set[str] | None) -> None:
-    if found and all(found):
-        candidates.append(found)
-
-
-def _exact_strings(op: Any, arg: Any) -> set[str] | None:
-    """The finite set of strings one regex item matches, or None when it is open-ended."""
-    name = str(op)
-    if name == "LITERAL":
-        return {chr(arg)}
-    if name == "AT":  # anchors and \b match no text
-        return {""}
-    if name == "IN":
-        chars = set()
-        for kind, value in arg:
-            if str(kind) != "LITERAL":
-                return None
-            chars.add(chr(value))
-        return chars if len(chars) <= 8 else None
-    if name == "SUBPATTERN":
-        if len(arg) > 1 and arg[1] & re.IGNORECASE:
-            return None
-        return _exact_sequence(list(arg[-1]))
-    if name == "BRANCH":
-        union: set[str] = set()
-        for branch in arg[1]:
-            inner = _exact_sequence(list(branch))
-            if inner is None:
-                return None
-            union |= inner
-        return union if len(union) <= _MAX_EXPANSION else None
-    if name in ("MAX_REPEAT", "MIN_REPEAT") and arg[0] == 0 and arg[1] == 1:
-        inner = _exact_sequence(list(arg[2]))
-        return None if inner is None else inner | {""}
-    return None
-
-
-def _exact_sequence(items: list[tuple[Any, Any]]) -> set[str] | None:
-    result: set[str] = {""}
-    for op, arg in items:
-        exact = _exact_strings(op, arg)
-        if exact is None or len(result) * len(exact) > _MAX_EXPANSION:
-            return None
-        result = {a + b for a in result for b in exact}
-    return result
+_ESCAPED = re.compile(r"\\([^A-Za-z0-9])")  # \. -> .  (\d, \s stay as they are)

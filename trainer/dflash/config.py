@@ -1,6 +1,6 @@
 """The drafter's configuration and the published rule for picking target layers.
 
-One dataclass holds everything that shapes the drafter: the Qwen3-style body
+One pydantic model holds everything that shapes the drafter: the Qwen3-style body
 (copied from the target, since the drafter shares its embedding and LM head),
 the target layers whose hidden states form the context, the block size, the
 mask token and the loss decay gamma. `to_hf_dict` writes it in the
@@ -10,10 +10,19 @@ mask token and the loss decay gamma. `to_hf_dict` writes it in the
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # gamma values of the published recipe, by block size; others interpolate.
 PUBLISHED_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -48,23 +57,38 @@ def default_gamma(block_size: int) -> float:
     return max(1.0, round(0.44 * block_size, 2))
 
 
-@dataclass(kw_only=True)
-class DrafterConfig:
+def _at_least_1(value: int, info: ValidationInfo) -> int:
+    if value < 1:
+        raise ValueError(f"DrafterConfig.{info.field_name} must be >= 1, got {value}")
+    return value
+
+
+Size = Annotated[int, AfterValidator(_at_least_1)]
+
+
+class DrafterConfig(BaseModel):
+    """Validated on construction; derived values (the context layers, gamma) are worked
+    out by validators from the other fields, never by changing the config afterwards.
+    Mistakes raise ValueError (``DrafterConfig.<field> ...``)."""
+
+    # Lax types: the values come from transformers configs and config.json files.
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
     # Body (Qwen3 decoder layers); hidden_size and vocab_size equal the target's.
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
+    hidden_size: Size
+    intermediate_size: Size
+    num_hidden_layers: Size
+    num_attention_heads: Size
+    num_key_value_heads: Size
+    head_dim: Size
+    vocab_size: Size
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 40960
     attention_bias: bool = False
     # DFlash specifics.
-    num_target_layers: int
-    target_layer_ids: list[int] = field(default_factory=list)
+    num_target_layers: Size
+    target_layer_ids: list[int] = Field(default_factory=list)  # empty -> the published rule
     block_size: int = 16
     mask_token_id: int
     gamma: float = 0.0  # 0 -> default_gamma(block_size)
@@ -73,29 +97,45 @@ class DrafterConfig:
     eos_token_id: int | list[int] | None = None
     tie_word_embeddings: bool = False
 
-    def __post_init__(self) -> None:
-        if not self.target_layer_ids:
-            self.target_layer_ids = select_target_layers(
-                self.num_target_layers, self.num_hidden_layers
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:  # one plain sentence, as callers report it
+            raise ValueError(_first_message(exc)) from None
+
+    @field_validator("target_layer_ids")
+    @classmethod
+    def _context_layers(cls, value: list[int], info: ValidationInfo) -> list[int]:
+        total = info.data.get("num_target_layers")
+        if total is None:
+            return value
+        if not value:
+            return select_target_layers(total, info.data["num_hidden_layers"])
+        bad = [i for i in value if not 0 <= i < total]
+        if bad:
+            raise ValueError(
+                f"DrafterConfig.target_layer_ids {bad} are outside the target's {total} layers"
             )
-        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
-        if self.gamma == 0.0:
-            self.gamma = default_gamma(self.block_size)
-        positive = (
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "vocab_size",
-            "num_target_layers",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"DrafterConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.block_size < 2:
-            raise ValueError(f"DrafterConfig.block_size must be >= 2, got {self.block_size}")
+        return value
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(f"DrafterConfig.block_size must be >= 2, got {value}")
+        return value
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, value: float, info: ValidationInfo) -> float:
+        if value == 0.0 and "block_size" in info.data:
+            return default_gamma(info.data["block_size"])
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"DrafterConfig.gamma must be a positive number, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> DrafterConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"DrafterConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple "
@@ -106,14 +146,7 @@ class DrafterConfig:
                 f"DrafterConfig.mask_token_id must be an id in the target vocabulary "
                 f"[0, {self.vocab_size}), got {self.mask_token_id}"
             )
-        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
-        if bad:
-            raise ValueError(
-                f"DrafterConfig.target_layer_ids {bad} are outside the target's "
-                f"{self.num_target_layers} layers"
-            )
-        if not (self.gamma > 0 and math.isfinite(self.gamma)):
-            raise ValueError(f"DrafterConfig.gamma must be a positive number, got {self.gamma}")
+        return self
 
     @property
     def num_context_layers(self) -> int:
@@ -162,14 +195,10 @@ class DrafterConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown DrafterConfig keys {unknown}; allowed: {sorted(names)}")
         return cls(**data)
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -266,3 +295,13 @@ def _rope_theta(get) -> float:
         )
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     return float(theta or get("rope_theta") or 10000.0)
+
+
+def _first_message(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    if error["type"] == "value_error":
+        return str(error["ctx"]["error"])
+    where = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown DrafterConfig key {where}; allowed: {sorted(DrafterConfig.model_fields)}"
+    return f"DrafterConfig.{where}: {error['msg']}, got {error['input']!r}"

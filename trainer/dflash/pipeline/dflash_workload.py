@@ -34,7 +34,7 @@ from dflash.data import (
     synthetic_samples,
 )
 from dflash.objective import expected_acceptance_length
-from dflash.pipeline.train_config import TrainConfig, TrainConfigError
+from dflash.pipeline.train_config import TargetSection, TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
 from dflash.spec_decode import evaluate
 from dflash.target import build_tiny_target, freeze, layers_run_for_context, load_target
@@ -91,6 +91,28 @@ def build_random_target(
     return freeze(model)
 
 
+def target_shape(target: TargetSection):
+    """The target's transformers config without its weights: the preset's shape, or the
+    folder's config.json alone (a missing or unreadable one is a config error)."""
+    if not target.path:
+        if target.preset == "tiny":  # build_tiny_target's shape, built on the meta device
+            with torch.device("meta"):
+                return build_tiny_target(initializer_range=target.init_std).config
+        from transformers import Qwen3Config
+
+        return Qwen3Config(
+            tie_word_embeddings=False, initializer_range=target.init_std, **PRESETS[target.preset]
+        )
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(target.path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TrainConfigError(
+            f"target.path: cannot read the model config in {target.path}: {exc}"
+        ) from None
+
+
 class DrafterLoss(nn.Module):
     """The compiled region: drafter forward over all blocks + weighted chunked loss."""
 
@@ -122,13 +144,14 @@ class DFlashWorkload(Workload):
         super().__init__(cfg)
         self.target_dtype = DTYPES[cfg.target.dtype]
         self.drafter_dtype = DTYPES[cfg.drafter.dtype]
-        self._targets: dict[torch.device, nn.Module] = {}
         self._notes: list[str] = []
+        # Everything that can be checked from configs is checked before a weight is read:
+        # the target's shape comes from its config.json (or the preset), so a drafter that
+        # does not fit it fails here, not after an 8B model has been loaded.
+        self.target_config = target_shape(cfg.target)
         self.tokenizer = self._tokenizer()
-        first = torch.device(cfg.runtime.target_devices[0])
-        self.target_config = self.target_for(first).config
         self.drafter_cfg = self._drafter_config()
-        self.samples = self._samples(self.target_for(first))
+        self.samples = self._samples()  # only synthetic data builds the target here
 
     # -- setup
 
@@ -163,22 +186,18 @@ class DFlashWorkload(Workload):
         except ValueError as exc:
             raise TrainConfigError(f"drafter: {exc}") from None
 
-    def _samples(self, target: nn.Module) -> list[Sample]:
+    def _samples(self) -> list[Sample]:
         data = self.cfg.data
         started = time.perf_counter()
         if data.source == "synthetic":
-            response = data.seq_len - data.prompt_len
-            if response < 2 * self.cfg.drafter.block_size:
-                raise TrainConfigError(
-                    "data.seq_len - data.prompt_len must leave at least 2 blocks of response"
-                )
+            response = data.seq_len - data.prompt_len  # >= 2 blocks: checked by the config
             high = (
                 self.drafter_cfg.mask_token_id
                 if self.tokenizer is None
                 else len(self.tokenizer) - 4
             )
             samples = synthetic_samples(
-                target,
+                self.target_for(self.cfg.runtime.target_devices[0]),
                 num_samples=data.num_samples,
                 prompt_len=data.prompt_len,
                 response_len=response,
@@ -261,17 +280,11 @@ class DFlashWorkload(Workload):
 
     # -- target
 
-    def target_for(self, device: torch.device) -> nn.Module:
-        device = torch.device(device)
-        if device not in self._targets:
-            t = self.cfg.target
-            if t.path:
-                self._targets[device] = load_target(t.path, device=device, dtype=self.target_dtype)
-            else:
-                self._targets[device] = build_random_target(
-                    t.preset, device, self.target_dtype, t.seed, t.init_std
-                )
-        return self._targets[device]
+    def build_target(self, device: torch.device) -> nn.Module:
+        t = self.cfg.target
+        if t.path:
+            return load_target(t.path, device=device, dtype=self.target_dtype)
+        return build_random_target(t.preset, device, self.target_dtype, t.seed, t.init_std)
 
     def target_context(self, target: nn.Module, batch: Batch) -> torch.Tensor:
         context = target_context(
@@ -284,14 +297,8 @@ class DFlashWorkload(Workload):
     def build_drafter(self, device: torch.device) -> nn.Module:
         device = torch.device(device)
         drafter = DFlashDrafter(self.drafter_cfg).to(device=device, dtype=self.drafter_dtype)
-        embed, head = target_parts(self._target_near(device))
+        embed, head = target_parts(self.target_for(device))
         return drafter.bind_target(embed, head)
-
-    def _target_near(self, device: torch.device) -> nn.Module:
-        """A target on ``device`` for its frozen embedding and LM head (and evaluation)."""
-        if device in self._targets:
-            return self._targets[device]
-        return self.target_for(device)
 
     def loss_module(self, drafter: nn.Module) -> nn.Module:
         chunk = self.cfg.train.loss_chunk or 64
@@ -372,7 +379,7 @@ class DFlashWorkload(Workload):
     def evaluate(self, drafter: nn.Module) -> str | None:
         ev = self.cfg.eval
         device = next(drafter.parameters()).device
-        target = self._target_near(device)
+        target = self.target_for(device)
         prompts = self._eval_prompts()
         if not prompts:
             return None

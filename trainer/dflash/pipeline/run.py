@@ -29,7 +29,7 @@ from dflash.pipeline.threads import (
     run_target_loop,
 )
 from dflash.pipeline.train_config import TrainConfig, parse_fail_in
-from dflash.pipeline.warmup import WarmupGate, check_device_layout
+from dflash.pipeline.warmup import WarmupGate
 from dflash.pipeline.workload import Workload
 
 STOP_GRACE_S = 8.0  # every thread joined within this after a stop (the run must end within 10 s)
@@ -126,8 +126,7 @@ def _train(
     source_dir: Path | None,
     interrupts: Interrupts,
 ) -> TrainResult:
-    runtime = cfg.runtime
-    check_device_layout(runtime.drafter_devices, runtime.compile)
+    runtime = cfg.runtime  # validated when loaded: the device layout included
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     output_dir = cfg.resolved_output_dir()
@@ -159,14 +158,7 @@ def _train(
     start_step = resume_state.step if resume_state else 0
     total_steps = cfg.train.steps
 
-    # ---- models
-    targets: dict[torch.device, torch.nn.Module] = {}
-
-    def target_on(device: torch.device) -> torch.nn.Module:
-        if device not in targets:
-            targets[device] = workload.target_for(device)
-        return targets[device]
-
+    # ---- models (targets: built once per device and kept by the workload)
     replicas: list[DrafterReplica] = []
     for rank, device in enumerate(drafter_devices):
         torch.manual_seed(cfg.seed)  # identical initial weights on every replica
@@ -189,11 +181,11 @@ def _train(
             replica.nonfinite_count = resume_state.nonfinite_count
         if runtime.schedule == "sequential":
             replica.target_device = target_devices[rank % len(target_devices)]
-            replica.target = target_on(replica.target_device)
+            replica.target = workload.target_for(replica.target_device)
         replicas.append(replica)
     if runtime.schedule == "pipelined":
         for device in target_devices:
-            target_on(device)
+            workload.target_for(device)
     if resume_state is not None:
         ckpt.restore_rng(resume_state.rng)
 
@@ -249,7 +241,7 @@ def _train(
             supervisor.spawn(
                 f"target-{i}",
                 lambda i=i, device=device, owned=owned: run_target_loop(
-                    ctx, i, device, targets[device], batch_queues[i], remaining * owned
+                    ctx, i, device, workload.target_for(device), batch_queues[i], remaining * owned
                 ),
             )
     else:

@@ -1,145 +1,266 @@
-"""The trainer's configuration: typed sections loaded from YAML plus ``--set`` overrides.
+"""The trainer's configuration: typed sections (pydantic) loaded from YAML plus ``--set``.
 
-Every key is checked: an unknown key, a wrong type or a value outside its allowed set
-raises ``TrainConfigError`` naming the file and the dotted key path.
+Every key is checked before anything is built: an unknown key, a wrong type, a value
+outside its allowed set or two values that do not fit together raise
+``TrainConfigError`` naming the file (with the line and column) or the ``--set``, and
+the dotted key path. ``--set`` values are read as YAML, so they are typed like the
+file's. Derived values (``runtime.compile: auto``) are worked out by validators that
+return the value to keep; nothing changes a loaded config afterwards.
+
+Types are strict (``steps: "5"`` is not an integer) with three harmless exceptions kept
+from the YAML reading: a number may be written as text (YAML 1.1 reads ``1e-3`` as a
+string), a number where text is expected becomes text, and a single value where a list
+is expected is a list of one (``--set runtime.drafter_devices=cuda:0``).
+Declare one field per line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dflash.masks import ATTENTION_BACKENDS
+from dflash.pipeline.config_errors import (
+    TrainConfigError,
+    first_mistake,
+    invalid,
+    load_yaml_with_marks,
+)
+
+__all__ = ["TrainConfig", "TrainConfigError", "load_train_config", "config_from_dict"]
 
 COMPILE_MODES = ("eager", "default", "reduce-overhead", "legacy-cudagraphs")
 SCHEDULES = ("pipelined", "sequential")
 DTYPES = ("float32", "bfloat16", "float16")
+PRESETS = ("tiny", "small", "qwen3-8b")
 
 
-class TrainConfigError(ValueError):
-    """A user mistake in the trainer config or its overrides."""
+# ---------------------------------------------------------------- value types
 
 
-@dataclass(kw_only=True)
-class TargetSection:
-    preset: str = "tiny"  # built-in random shape when path is empty: tiny | small | qwen3-8b
-    path: str | None = None  # local Hugging Face checkpoint folder; empty -> random weights
-    dtype: str = "float32"
+def _number_from_text(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _text_from_number(value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _list_of_one(value: Any) -> Any:
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return [value]
+    return value
+
+
+def _at_least(low: int):
+    def check(value: int) -> int:
+        if value < low:
+            raise invalid(
+                f"must be at least 1, got {value}"
+                if low == 1
+                else f"must be 0 or more, got {value}"
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+def _one_of(*allowed: str):
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise invalid(f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _devices(value: list[str]) -> list[str]:
+    if not value:
+        raise invalid("must name a device, e.g. [cpu] or [cuda:0]")
+    for dev in value:
+        if dev != "cpu" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+            raise invalid(f"{dev!r} is not 'cpu' or 'cuda:N'")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number_from_text)]
+Text = Annotated[str, BeforeValidator(_text_from_number)]
+Count = Annotated[int, _at_least(1)]  # 1 or more
+Amount = Annotated[int, _at_least(0)]  # 0 or more
+IntList = Annotated[list[int], BeforeValidator(_list_of_one)]
+Devices = Annotated[list[Text], BeforeValidator(_list_of_one), AfterValidator(_devices)]
+Dtype = Annotated[Text, _one_of(*DTYPES)]
+
+
+class Section(BaseModel):
+    # Defaults go through the validators too (runtime.compile: auto is resolved).
+    model_config = ConfigDict(strict=True, extra="forbid", validate_default=True)
+
+
+# ---------------------------------------------------------------- sections
+
+
+class TargetSection(Section):
+    preset: Annotated[Text, _one_of(*PRESETS)] = "tiny"  # random shape when path is empty
+    path: Text | None = None  # local Hugging Face checkpoint folder; empty -> random weights
+    dtype: Dtype = "float32"
     seed: int = 0  # seed of the random target (and of its synthetic data)
-    init_std: float = 0.02  # weight init of the random target (larger: sharper logits)
+    init_std: Number = 0.02  # weight init of the random target (larger: sharper logits)
 
 
-@dataclass(kw_only=True)
-class DrafterSection:
-    num_layers: int = 2
-    block_size: int = 4
-    gamma: float = 0.0  # 0 -> the published value for the block size
-    intermediate_size: int | None = None  # None -> the target's
-    dtype: str = "float32"  # model weights; the optimizer keeps an fp32 master copy
+class DrafterSection(Section):
+    num_layers: Count = 2
+    block_size: Count = 4
+    gamma: Number = 0.0  # 0 -> the published value for the block size
+    intermediate_size: Count | None = None  # None -> the target's
+    dtype: Dtype = "float32"  # model weights; the optimizer keeps an fp32 master copy
     # sdpa_dense (the reference) | sdpa_chunked (same result, skips context no block
     # of a chunk can see: the fast one on GPU) | flex (GPU)
-    attention: str = "sdpa_dense"
-    attention_chunk: int = 32  # sdpa_chunked: anchors per chunk
-    mask_token_id: int | None = None  # None -> the tokenizer's <|MASK|>, else the last id
+    attention: Annotated[Text, _one_of(*ATTENTION_BACKENDS)] = "sdpa_dense"
+    attention_chunk: Count = 32  # sdpa_chunked: anchors per chunk
+    mask_token_id: Amount | None = None  # None -> the tokenizer's <|MASK|>, else the last id
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, value: float) -> float:
+        if not value >= 0:
+            raise invalid(
+                f"must be 0 (the published value for the block size) or more, got {value}"
+            )
+        return value
 
 
-@dataclass(kw_only=True)
-class DataSection:
-    source: str = (
-        "synthetic"  # synthetic (the target continues random prompts) | random | a .jsonl/.txt path
-    )
-    tokenizer: str | None = (
-        None  # local tokenizer folder; None -> target.path, else the built-in tiny one
-    )
-    num_samples: int = 256  # synthetic/random: how many sequences
-    seq_len: int = 64  # every batch is padded/truncated to exactly this length
-    batch_size: int = 4  # sequences per drafter per step
-    num_anchors: int = 8  # anchors per sequence
-    prompt_len: int = 8  # synthetic: random prompt length before the target continues
+class DataSection(Section):
+    # synthetic (the target continues random prompts) | random | a .jsonl/.txt path
+    source: Text = "synthetic"
+    tokenizer: Text | None = None  # local tokenizer folder; None -> target.path, else built-in tiny
+    num_samples: Count = 256  # synthetic/random: how many sequences
+    seq_len: Count = 64  # every batch is padded/truncated to exactly this length
+    batch_size: Count = 4  # sequences per drafter per step
+    num_anchors: Count = 8  # anchors per sequence
+    prompt_len: Count = 8  # synthetic: random prompt length before the target continues
 
 
-@dataclass(kw_only=True)
-class OptimSection:
-    lr: float = 6e-4
-    warmup_ratio: float = 0.04
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
+class OptimSection(Section):
+    lr: Number = 6e-4
+    warmup_ratio: Number = 0.04
+    min_lr_ratio: Number = 0.0
+    weight_decay: Number = 0.0
+    beta1: Number = 0.9
+    beta2: Number = 0.95
+    eps: Number = 1e-8
+    grad_clip: Number = 1.0
+
+    @field_validator("warmup_ratio")
+    @classmethod
+    def _warmup_ratio(cls, value: float) -> float:
+        if not 0 <= value < 1:
+            raise invalid(f"must be in [0, 1), got {value}")
+        return value
 
 
-@dataclass(kw_only=True)
-class TrainSection:
-    steps: int = 100
-    log_every: int = 10
-    checkpoint_every: int = 0  # 0 -> only at the end (and on SIGTERM)
+class TrainSection(Section):
+    steps: Count = 100
+    log_every: Count = 10
+    checkpoint_every: Amount = 0  # 0 -> only at the end (and on SIGTERM)
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
-    max_nonfinite: int = 3  # stop after more than this many non-finite losses
-    loss_chunk: int = 0  # rows per loss chunk; 0 -> the objective's default
+    max_nonfinite: Amount = 3  # stop after more than this many non-finite losses
+    loss_chunk: Amount = 0  # rows per loss chunk; 0 -> the objective's default
 
 
-@dataclass(kw_only=True)
-class RuntimeSection:
-    target_devices: list[str] = field(default_factory=lambda: ["cpu"])
-    drafter_devices: list[str] = field(default_factory=lambda: ["cpu"])
+class RuntimeSection(Section):
+    target_devices: Devices = Field(default_factory=lambda: ["cpu"])
+    drafter_devices: Devices = Field(default_factory=lambda: ["cpu"])
     # auto | eager | default | reduce-overhead | legacy-cudagraphs; auto: reduce-overhead
     # (CUDA Graph Trees) when the drafters are on GPUs, eager on CPU
-    compile: str = "auto"
-    schedule: str = "pipelined"  # pipelined | sequential
-    queue_size: int = 8  # hidden-state batches buffered per drafter
-    warmup_iters: int = 3  # compiled warm-up iterations (warm-up, record, replay)
-    peak_tflops: float = 0.0  # per device, for mfu; 0 -> known GPU table or none
-    threads: int = 0  # torch intra-op threads; 0 -> leave torch's default
+    compile: Text = "auto"
+    schedule: Annotated[Text, _one_of(*SCHEDULES)] = "pipelined"
+    queue_size: Count = 8  # hidden-state batches buffered per drafter
+    warmup_iters: Amount = 3  # compiled warm-up iterations (warm-up, record, replay)
+    peak_tflops: Number = 0.0  # per device, for mfu; 0 -> known GPU table or none
+    threads: Amount = 0  # torch intra-op threads; 0 -> leave torch's default
+
+    @field_validator("compile")
+    @classmethod
+    def _compile_mode(cls, value: str, info: ValidationInfo) -> str:
+        if value == "auto":  # the mode to use, decided once here
+            on_gpu = any(d.startswith("cuda") for d in info.data.get("drafter_devices", []))
+            return "reduce-overhead" if on_gpu else "eager"
+        if value not in COMPILE_MODES:
+            raise invalid(f"{value!r} is not one of {', '.join(COMPILE_MODES)}")
+        return value
 
 
-@dataclass(kw_only=True)
-class EvalSection:
+class EvalSection(Section):
     enabled: bool = True
-    num_prompts: int = 4
-    max_new_tokens: int = 64
+    num_prompts: Count = 4
+    max_new_tokens: Count = 64
 
 
-@dataclass(kw_only=True)
-class DebugSection:
+class DebugSection(Section):
     tls_fix: bool = True  # False reproduces the CUDA Graph Trees AssertionError on torch <= 2.12
-    fail_in: str | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
+    fail_in: Text | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
     # How the failure at fail_in looks: "exception" (a Python exception in that thread)
     # or "sigkill" (the process killed, as the kernel's OOM killer does: retryable).
-    fail_kind: str = "exception"
+    fail_kind: Annotated[Text, _one_of("exception", "sigkill")] = "exception"
     # A file: the failure fires only while it does not exist, and creates it (so a
     # restarted run gets past it: automatic recovery tests and demos).
-    fail_once_marker: str | None = None
-    stop_at_step: int = 0  # act as if SIGTERM arrived after this step (tests, demos)
-    nonfinite_at_steps: list[int] = field(default_factory=list)  # poison the loss at these steps
-    profile_steps: list[int] = field(
-        default_factory=list
-    )  # [first, last]: count CUDA graph launches
+    fail_once_marker: Text | None = None
+    stop_at_step: Amount = 0  # act as if SIGTERM arrived after this step (tests, demos)
+    nonfinite_at_steps: IntList = Field(default_factory=list)  # poison the loss at these steps
+    profile_steps: IntList = Field(default_factory=list)  # [first, last]: count CUDA graph launches
+
+    @field_validator("fail_in")
+    @classmethod
+    def _fail_in(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_fail_in(value)
+            except TrainConfigError as exc:
+                raise invalid(str(exc).removeprefix("debug.fail_in: ")) from None
+        return value
 
 
-@dataclass(kw_only=True)
-class TrainConfig:
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, Section)
+
+
+class TrainConfig(Section):
     seed: int = 0
-    output_dir: str | None = None  # None -> $DFLASH_RUN_DIR/outputs, else ./outputs
-    target: TargetSection = field(default_factory=TargetSection)
-    drafter: DrafterSection = field(default_factory=DrafterSection)
-    data: DataSection = field(default_factory=DataSection)
-    optim: OptimSection = field(default_factory=OptimSection)
-    train: TrainSection = field(default_factory=TrainSection)
-    runtime: RuntimeSection = field(default_factory=RuntimeSection)
-    eval: EvalSection = field(default_factory=EvalSection)
-    debug: DebugSection = field(default_factory=DebugSection)
+    output_dir: Text | None = None  # None -> $DFLASH_RUN_DIR/outputs, else ./outputs
+    target: TargetSection = Field(default_factory=TargetSection)
+    drafter: DrafterSection = Field(default_factory=DrafterSection)
+    data: DataSection = Field(default_factory=DataSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    debug: DebugSection = Field(default_factory=DebugSection)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def resolved_output_dir(self) -> Path:
         if self.output_dir:
@@ -147,146 +268,41 @@ class TrainConfig:
         run_dir = os.environ.get("DFLASH_RUN_DIR")
         return Path(run_dir) / "outputs" if run_dir else Path("outputs")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections_take_the_defaults(cls, data: Any) -> Any:
+        """``train:`` with nothing under it (YAML null) is an empty section."""
+        if not isinstance(data, dict):
+            return data
+        sections = [name for name, f in cls.model_fields.items() if _is_section(f.annotation)]
+        return {k: {} if v is None and k in sections else v for k, v in data.items()}
 
-# ---------------------------------------------------------------- building from data
+    @model_validator(mode="after")
+    def _sections_fit_together(self) -> TrainConfig:
+        """Checks across sections, all before anything is built."""
+        block, seq_len = self.drafter.block_size, self.data.seq_len
+        if seq_len < 2 * block:
+            raise invalid(
+                f"must be at least twice drafter.block_size ({block}), got {seq_len}",
+                key=("data", "seq_len"),
+            )
+        if self.data.source == "synthetic" and seq_len - self.data.prompt_len < 2 * block:
+            raise invalid(
+                f"{self.data.prompt_len} leaves {seq_len - self.data.prompt_len} of "
+                f"data.seq_len ({seq_len}) for the response; synthetic data needs at least "
+                f"2 blocks (2 x drafter.block_size = {2 * block})",
+                key=("data", "prompt_len"),
+            )
+        from dflash.pipeline.warmup import check_device_layout  # (it imports this module)
 
-
-def _is_section(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option, where)
-            except TrainConfigError as exc:
-                errors.append(str(exc))
-        raise TrainConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, list):
-            raise TrainConfigError(f"{where}: expected a list, got {value!r}")
-        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise TrainConfigError(f"{where}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise TrainConfigError(f"{where}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise TrainConfigError(f"{where}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise TrainConfigError(f"{where}: expected a string, got {value!r}")
-    raise TrainConfigError(f"{where}: unsupported type {tp!r}")
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise TrainConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        prefix = f"{where}." if where else ""
-        raise TrainConfigError(
-            f"unknown key {prefix}{unknown[0]}; allowed under {where or 'the top level'}: "
-            + ", ".join(names)
-        )
-    kwargs = {}
-    for name in names:
-        if name not in data:
-            continue
-        key = f"{where}.{name}" if where else name
-        tp = hints[name]
-        kwargs[name] = (
-            _build(tp, data[name], key) if _is_section(tp) else _coerce(data[name], tp, key)
-        )
-    return cls(**kwargs)
-
-
-def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise TrainConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
-
-
-def validate(cfg: TrainConfig) -> None:
-    if cfg.runtime.compile == "auto":
-        on_gpu = any(dev.startswith("cuda") for dev in cfg.runtime.drafter_devices)
-        cfg.runtime.compile = "reduce-overhead" if on_gpu else "eager"
-    _check_choice("runtime.compile", cfg.runtime.compile, COMPILE_MODES)
-    _check_choice("runtime.schedule", cfg.runtime.schedule, SCHEDULES)
-    _check_choice("target.dtype", cfg.target.dtype, DTYPES)
-    _check_choice("drafter.dtype", cfg.drafter.dtype, DTYPES)
-    _check_choice("drafter.attention", cfg.drafter.attention, ATTENTION_BACKENDS)
-    _check_choice("target.preset", cfg.target.preset, ("tiny", "small", "qwen3-8b"))
-    positive = {
-        "train.steps": cfg.train.steps,
-        "train.log_every": cfg.train.log_every,
-        "data.seq_len": cfg.data.seq_len,
-        "data.batch_size": cfg.data.batch_size,
-        "data.num_anchors": cfg.data.num_anchors,
-        "runtime.queue_size": cfg.runtime.queue_size,
-        "drafter.attention_chunk": cfg.drafter.attention_chunk,
-        "drafter.num_layers": cfg.drafter.num_layers,
-        "drafter.block_size": cfg.drafter.block_size,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise TrainConfigError(f"{key}: must be at least 1, got {value}")
-    if (
-        cfg.runtime.warmup_iters < 0
-        or cfg.train.max_nonfinite < 0
-        or cfg.train.checkpoint_every < 0
-    ):
-        raise TrainConfigError(
-            "runtime.warmup_iters, train.max_nonfinite and train.checkpoint_every must be >= 0"
-        )
-    if not cfg.runtime.target_devices or not cfg.runtime.drafter_devices:
-        raise TrainConfigError(
-            "runtime.target_devices and runtime.drafter_devices must each name a device"
-        )
-    for key in ("target_devices", "drafter_devices"):
-        for dev in getattr(cfg.runtime, key):
-            if dev != "cpu" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
-                raise TrainConfigError(f"runtime.{key}: {dev!r} is not 'cpu' or 'cuda:N'")
-    if not 0 <= cfg.optim.warmup_ratio < 1:
-        raise TrainConfigError(
-            f"optim.warmup_ratio: must be in [0, 1), got {cfg.optim.warmup_ratio}"
-        )
-    if cfg.data.seq_len < 2 * cfg.drafter.block_size:
-        raise TrainConfigError(
-            f"data.seq_len ({cfg.data.seq_len}) must be at least twice drafter.block_size "
-            f"({cfg.drafter.block_size})"
-        )
-    if cfg.debug.fail_in is not None:
-        parse_fail_in(cfg.debug.fail_in)
-    if cfg.debug.fail_kind not in ("exception", "sigkill"):
-        raise TrainConfigError(
-            f"debug.fail_kind: {cfg.debug.fail_kind!r} must be 'exception' or 'sigkill'"
-        )
+        try:
+            check_device_layout(self.runtime.drafter_devices, self.runtime.compile)
+        except TrainConfigError as exc:
+            raise invalid(
+                str(exc).removeprefix("runtime.drafter_devices: "),
+                key=("runtime", "drafter_devices"),
+            ) from None
+        return self
 
 
 @dataclass(frozen=True)
@@ -338,7 +354,9 @@ def _apply_override(data: dict, path: list[str], value: Any) -> None:
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
-    data: dict = {}
+    """The config at ``path`` (None: the defaults) with ``overrides`` applied, validated."""
+    data: Any = {}
+    places: dict = {}
     source = "the defaults"
     if path is not None:
         source = str(path)
@@ -347,23 +365,41 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
         except OSError as exc:
             raise TrainConfigError(f"cannot read config {path}: {exc.strerror}") from None
         try:
-            data = yaml.safe_load(text) or {}
+            data, places = load_yaml_with_marks(text)
         except yaml.YAMLError as exc:
             raise TrainConfigError(f"{path}: not valid YAML: {exc}") from None
+        data = data or {}
         if not isinstance(data, dict):
             raise TrainConfigError(f"{path}: the top level must be a mapping")
+    set_by: dict[tuple[str, ...], str] = {}
     try:
         for text in overrides:
             key_path, value = parse_override(text)
             _apply_override(data, key_path, value)
-        cfg = _build(TrainConfig, data, "")
-        validate(cfg)
+            set_by[tuple(key_path)] = text
     except TrainConfigError as exc:
         raise TrainConfigError(f"{source}: {exc}") from None
-    return cfg
+    return _validated(data, source, places, set_by)
 
 
-def config_from_dict(data: dict) -> TrainConfig:
-    cfg = _build(TrainConfig, data, "")
-    validate(cfg)
-    return cfg
+def config_from_dict(data: dict, source: str = "config") -> TrainConfig:
+    return _validated(data, source, {}, {})
+
+
+def _validated(data: dict, source: str, places: dict, set_by: dict) -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        loc, sentence = first_mistake(exc, TrainConfig)
+    # The --set that gave the value, or the section it created (``--set trian.steps=3``).
+    override = next(
+        (text for key, text in set_by.items() if key[: len(loc)] == loc or loc[: len(key)] == key),
+        None,
+    )
+    if override is not None:
+        where = f"{source}, --set {override}"
+    elif loc in places:
+        where = f"{source}, {places[loc]}"
+    else:
+        where = source
+    raise TrainConfigError(f"{where}: {sentence}")

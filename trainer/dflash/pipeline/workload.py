@@ -83,6 +83,7 @@ class Workload:
         self.batch_size = cfg.data.batch_size
         self.seq_len = cfg.data.seq_len
         self.num_anchors = cfg.data.num_anchors
+        self._targets: dict[torch.device, torch.nn.Module] = {}  # the run's one target cache
 
     # -- data (prefetcher thread; CPU only)
 
@@ -119,7 +120,15 @@ class Workload:
 
     # -- target (target loops; no grad)
 
-    def target_for(self, device: torch.device) -> torch.nn.Module:
+    def target_for(self, device: torch.device | str) -> torch.nn.Module:
+        """The target on ``device``: built on first use (before the threads start), then
+        the same module for the target loop, the drafters' embedding/head and evaluation."""
+        device = torch.device(device)
+        if device not in self._targets:
+            self._targets[device] = self.build_target(device)
+        return self._targets[device]
+
+    def build_target(self, device: torch.device) -> torch.nn.Module:
         raise NotImplementedError
 
     def target_context(self, target: torch.nn.Module, batch: Batch) -> torch.Tensor:
