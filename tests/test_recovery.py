@@ -21,7 +21,7 @@ from dflashctl.agent.supervisor import backoff_s, decide
 from dflashctl.crash import load_rules
 from dflashctl.follow.lines import LineSink
 from dflashctl.runs import describe_attempts
-from tests.test_deploy_support import kill_runs, wait_for
+from tests.test_deploy_support import kill_runs, pid_alive, wait_for
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 POLICY = {"max_restarts": 3, "on": None, "backoff_s": 10, "max_backoff_s": 60, "window_s": 3600}
@@ -254,6 +254,16 @@ if mode == "loop":  # progresses a little each time, then dies like the OOM kill
 if mode == "same-step":
     print("step 5/100 | loss 2.0", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+if mode == "orphan":  # leaves a worker behind in the run's process group
+    if attempt == 1:
+        child = os.fork()
+        if child == 0:
+            time.sleep(120)
+            os._exit(0)
+        print(f"worker {child}", flush=True)
+        print("step 2/4 | loss 2.0", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    print("training complete", flush=True)
 if mode == "once":
     if attempt == 1:
         print("step 3/6 | loss 2.0", flush=True)
@@ -363,6 +373,17 @@ def test_a_crash_repeating_at_the_same_step_is_not_retried(flaky):
     log = (only_run(path) / "train.log").read_text()
     assert log.count("trainer attempt") == 2
     assert "not retried: it crashed at step 5 again, as attempt 1 did" in log
+
+
+def test_what_a_crashed_attempt_left_behind_is_killed_before_the_restart(flaky):
+    path = flaky("orphan")
+    done = cli("deploy", "-c", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (only_run(path) / "train.log").read_text()
+    worker = int(log.split("worker ")[1].split()[0])
+    assert f"killed 1 process(es) attempt 1 left behind (pid {worker})" in log
+    assert log.index("left behind") < log.index("attempt 2/4, resumed")
+    assert not pid_alive(worker)
 
 
 def test_stop_during_the_wait_ends_the_recovery(flaky):

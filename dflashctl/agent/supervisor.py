@@ -247,9 +247,23 @@ class Supervisor:
             if not self.sleep(wait):
                 self.say("stopped while waiting to restart; not restarting")
                 return self.end(128 + self.stop_signal)
+            self.reap_leftovers(number)
             at = record["resume_step"]
             resumed_at = f"step {at}" if at is not None else f"checkpoint {checkpoint}"
             self.say(f"attempt {number + 1}/{limit + 1}, resumed at {resumed_at} after {what}")
+
+    def reap_leftovers(self, number):
+        """Processes the crashed attempt left in the run's process group (data loader
+        workers, ranks) hold memory and GPUs the next attempt needs: they go first."""
+        left = _group_members()
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if left:
+            pids = ", ".join(map(str, left))
+            self.say(f"killed {len(left)} process(es) attempt {number} left behind (pid {pids})")
 
     def sleep(self, seconds):
         """Wait, unless `stop` comes first (then False)."""
@@ -297,6 +311,28 @@ def _wait(child):
         except InterruptedError:  # pragma: no cover - PEP 475 retries for us
             continue
     return 128 - code if code < 0 else code
+
+
+def _group_members():
+    """Live processes of our process group, other than this one (from /proc)."""
+    me, group = os.getpid(), os.getpgid(0)
+    if group != me:
+        # Not started as the run's own group leader (by hand, from a shell): the group
+        # is somebody else's, and nothing in it is ours to kill.
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == group and fields[0] not in "ZX":
+            found.append(int(name))
+    return sorted(found)
 
 
 def _size(path):
