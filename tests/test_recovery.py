@@ -195,15 +195,19 @@ def test_the_program_decides_with_the_rules_it_was_given(tmp_path):
     settings = recovery.recovery_settings(_config_with(tmp_path, crash_patterns=[rule]))
     settings["retry"].update(backoff_s=0)
     marker = tmp_path / "failed-once"
+    saved, unfinished = tmp_path / "ckpt" / "step-000002", tmp_path / "ckpt" / "step-000004"
+    saved.mkdir(parents=True)
     script = (
         "import os, sys\n"
         f"m = {str(marker)!r}\n"
         "print('step', os.environ['DFLASH_ATTEMPT'], '| loss 1.0', flush=True)\n"
         "if not os.path.exists(m):\n"
         "    open(m, 'w').close()\n"
+        f"    print('checkpoint: {saved} (0.1 s)', flush=True)\n"
+        f"    print('checkpoint: {unfinished} (0.1 s)', flush=True)\n"
         "    print('OSError: [Errno 116] Stale file handle', flush=True)\n"
         "    sys.exit(1)\n"
-        "print('args', sys.argv[1:], flush=True)\n"
+        "print('args', sys.argv[1:], os.environ.get('DFLASH_RESUME_FROM'), flush=True)\n"
     )
     settings["command"] = [sys.executable, "-c", script]
     run_dir = tmp_path / "run"
@@ -220,8 +224,10 @@ def test_the_program_decides_with_the_rules_it_was_given(tmp_path):
         )
     text = (run_dir / "train.log").read_text()
     assert done.returncode == 0, text
-    assert "dflashctl: attempt 2/4, resumed at " in text and "after storage" in text
-    assert "args ['--resume']" in text  # run.retry.resume_args on the restart only
+    assert "dflashctl: attempt 2/4, resumed at step 2 after storage" in text
+    # run.retry.resume_args on the restart only, and the run's own latest checkpoint
+    # that exists (step 4's folder never made it) in the variable of continued runs.
+    assert f"args ['--resume'] {saved}" in text
     record = json.loads((run_dir / "attempts.json").read_text())
     assert [(a["attempt"], a.get("category"), a["retried"]) for a in record["attempts"]] == [
         (1, "storage", True),
@@ -432,3 +438,14 @@ def test_run_retry_mistakes_are_named(tmp_path, retry, expected):
     with pytest.raises(ConfigError) as info:
         _config_with(tmp_path, run={"retry": retry})
     assert expected in str(info.value)
+
+
+def test_logs_of_a_run_waiting_to_restart_say_it_is_running(flaky):
+    path = flaky("loop", backoff_s=120)
+    assert cli("deploy", "-c", str(path), "--detach").returncode == 0
+    log = only_run(path) / "train.log"
+    wait_for(lambda: "restarting in 120 s" in log.read_text(), timeout=30, what="the wait")
+    shown = cli("logs", "-c", str(path))
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "is still running" in shown.stderr
+    assert cli("stop", "-c", str(path)).returncode == 0

@@ -141,10 +141,12 @@ def last_step(lines):
 
 
 def last_checkpoint(lines):
+    """The last checkpoint folder the trainer said it wrote ("checkpoint: /path") that
+    is there (a folder being written when the crash came may not be)."""
     found = None
     for line in lines:
         match = _CHECKPOINT.search(line)
-        if match:
+        if match and os.path.isdir(match.group(1)):
             found = match.group(1)
     return found
 
@@ -186,7 +188,14 @@ class Supervisor:
             if number > 1:
                 argv += list(self.policy.get("resume_args") or [])
                 if checkpoint:
-                    env["DFLASH_RETRY_CHECKPOINT"] = checkpoint
+                    # The variable a continued run reads its checkpoint from (it may
+                    # name the checkpoint of the run this one continues): now this
+                    # run's own latest one. Without one yet, it stays as it was.
+                    env.update(
+                        DFLASH_RESUME_FROM=checkpoint,
+                        DFLASH_RESUMED_RUN=os.environ.get("DFLASH_RUN_ID", ""),
+                        DFLASH_RESUMED_STEP=str(_checkpoint_step(checkpoint) or ""),
+                    )
             offset = _size(self.log)
             started = time.time()
             try:

@@ -372,7 +372,8 @@ class _Follower:
         crashes = self.sink.crashes
         if state is None or state.status == "running":
             exit_code, signal = None, None
-            status = "crashed" if crashes else "running"
+            # A crash the run's supervisor is restarting from does not end the run.
+            status = "crashed" if crashes and not self.sink.restarting else "running"
             run_status = None if state is None else state.status
         else:
             exit_code, signal, run_status = state.exit_code, state.signal, state.status

@@ -53,6 +53,8 @@ class LineSink:
         self.attempt = 1
         self.not_retried: str | None = None  # why the supervisor let the run end
         self._attempt_exit: int | None = None  # how the last attempt ended
+        # The last attempt crashed and the supervisor is about to restart it.
+        self.restarting = False
         self.summary = RunSummary()
         self.console = console
         self.show_lines = show_lines
@@ -71,6 +73,8 @@ class LineSink:
                 self._attempt_exit = int(CRASHED.match(text)[1])
                 if NOT_RETRIED.match(text):
                     self.not_retried = NOT_RETRIED.match(text)[1]
+                else:
+                    self.restarting = True
         events = self.detector.feed(text)
         self.summary.feed(text)
         if self.backlog is not None:
@@ -131,6 +135,7 @@ class LineSink:
         self.recovered.extend(self.detector.crashes)
         self.detector = CrashDetector(self.rules)
         self.attempt = number
+        self.restarting = False
 
     @property
     def crashes(self) -> list[CrashEvent]:
