@@ -113,17 +113,21 @@ def describe_attempts(attempts: dict[str, Any] | None, *, running: bool) -> str 
     if not items:
         return None
     most = (attempts or {}).get("max_attempts")
-    of = f"/{most}" if most else ""
     last = items[-1]
+
+    def numbered(n: int) -> str:
+        # Past the limit (restarts older than run.retry.window_s no longer count): `6`.
+        return f"{n}/{most}" if most and n <= most else str(n)
+
     if last.get("retried"):
         at = last.get("resume_step")
         where = f"resumed at step {at}" if at is not None else "restarted"
-        text = f"attempt {last['attempt'] + 1}{of}, {where} after {last.get('category')}"
+        text = f"attempt {numbered(last['attempt'] + 1)}, {where} after {last.get('category')}"
         return text if running else text + " (ended before it reported)"
     recovered = [a.get("category") for a in items if a.get("retried")]
     notes = []
     if recovered:
-        notes.append(f"attempt {last['attempt']}{of}")
+        notes.append(f"attempt {numbered(last['attempt'])}")
         notes.append("after recovering from " + ", ".join(dict.fromkeys(map(str, recovered))))
     if last.get("reason") not in (None, "finished", "stopped"):
         notes.append(f"not retried: {last['reason']}")

@@ -270,6 +270,9 @@ if mode == "orphan":  # leaves a worker behind in the run's process group
         print("step 2/4 | loss 2.0", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     print("training complete", flush=True)
+if mode == "wait":  # dies of the SIGTERM `stop` sends (no handler)
+    print("step 1/100 | loss 2.0", flush=True)
+    time.sleep(60)
 if mode == "once":
     if attempt == 1:
         print("step 3/6 | loss 2.0", flush=True)
@@ -390,6 +393,18 @@ def test_what_a_crashed_attempt_left_behind_is_killed_before_the_restart(flaky):
     assert f"killed 1 process(es) attempt 1 left behind (pid {worker})" in log
     assert log.index("left behind") < log.index("attempt 2/4, resumed")
     assert not pid_alive(worker)
+
+
+def test_a_run_stopped_while_it_trains_is_not_restarted(flaky):
+    path = flaky("wait")
+    assert cli("deploy", "-c", str(path), "--detach").returncode == 0
+    run_dir = only_run(path)
+    wait_for(lambda: "step 1/100" in (run_dir / "train.log").read_text(), what="the trainer")
+    assert cli("stop", "-c", str(path)).returncode == 0
+    assert (run_dir / "exit_code").read_text() == "143\n"
+    record = json.loads((run_dir / "attempts.json").read_text())
+    assert [(a["exit_code"], a["reason"]) for a in record["attempts"]] == [(143, "stopped")]
+    assert "trainer attempt 2" not in (run_dir / "train.log").read_text()
 
 
 def test_stop_during_the_wait_ends_the_recovery(flaky):

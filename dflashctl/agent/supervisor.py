@@ -36,7 +36,7 @@ SETTINGS_FILE = "recovery.json"
 # The line that starts each attempt after the first ("dflashctl: attempt 2/4, resumed
 # at step 18400 after nccl_timeout"): `logs -f` (dflashctl/follow) takes it as the
 # start of a fresh attempt, whose crashes are its own.
-NEW_ATTEMPT = re.compile(r"^dflashctl: attempt (\d+)/(\d+), resumed at ")
+NEW_ATTEMPT = re.compile(r"^dflashctl: attempt (\d+)(?:/\d+)?, resumed at ")
 # "dflashctl: attempt 1/4 crashed at step 3 (killed, exit code 137); ...": the exit
 # status lets `logs -f` weigh the attempt's end as it would a run's.
 CRASHED = re.compile(r"^dflashctl: attempt \d+(?:/\d+)? crashed.*, exit code (\d+)\); ")
@@ -251,7 +251,7 @@ class Supervisor:
                 else "from the start (no checkpoint yet)"
             )
             self.say(
-                f"attempt {number}/{limit + 1} crashed{at} ({what}, exit code {code}); restarting in {wait:g} s, resuming {resume} (run.retry)"
+                f"attempt {_numbered(number, limit)} crashed{at} ({what}, exit code {code}); restarting in {wait:g} s, resuming {resume} (run.retry)"
             )
             if not self.sleep(wait):
                 self.say("stopped while waiting to restart; not restarting")
@@ -259,7 +259,9 @@ class Supervisor:
             self.reap_leftovers(number)
             at = record["resume_step"]
             resumed_at = f"step {at}" if at is not None else f"checkpoint {checkpoint}"
-            self.say(f"attempt {number + 1}/{limit + 1}, resumed at {resumed_at} after {what}")
+            self.say(
+                f"attempt {_numbered(number + 1, limit)}, resumed at {resumed_at} after {what}"
+            )
 
     def reap_leftovers(self, number):
         """Processes the crashed attempt left in the run's process group (data loader
@@ -320,6 +322,11 @@ def _wait(child):
         except InterruptedError:  # pragma: no cover - PEP 475 retries for us
             continue
     return 128 - code if code < 0 else code
+
+
+def _numbered(number, limit):
+    """`2/4`; past the limit (restarts older than the window no longer count) just `6`."""
+    return f"{number}/{limit + 1}" if number <= limit + 1 else str(number)
 
 
 def _group_members():
