@@ -209,20 +209,7 @@ def test_the_program_decides_with_the_rules_it_was_given(tmp_path):
         "    sys.exit(1)\n"
         "print('args', sys.argv[1:], os.environ.get('DFLASH_RESUME_FROM'), flush=True)\n"
     )
-    settings["command"] = [sys.executable, "-c", script]
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "recovery.json").write_text(json.dumps(settings))
-    (run_dir / "supervise.py").write_text(recovery.supervisor_program())
-    with open(run_dir / "train.log", "wb") as log:
-        done = subprocess.run(
-            [sys.executable, "-S", str(run_dir / "supervise.py"), str(run_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={"PATH": os.environ["PATH"]},
-            timeout=60,
-        )
-    text = (run_dir / "train.log").read_text()
+    run_dir, done, text = run_program(tmp_path, settings, script)
     assert done.returncode == 0, text
     assert "dflashctl: attempt 2/4, resumed at step 2 after storage" in text
     # run.retry.resume_args on the restart only, and the run's own latest checkpoint
@@ -234,6 +221,42 @@ def test_the_program_decides_with_the_rules_it_was_given(tmp_path):
         (2, None, False),
     ]
     assert (run_dir / "exit_code").read_text() == "0\n"
+
+
+def run_program(tmp_path, settings, script, **env):
+    """Run the supervisor program as the agent would, on a `python -c script` trainer;
+    (run dir, the completed process, train.log)."""
+    settings = dict(settings, command=[sys.executable, "-c", script])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "recovery.json").write_text(json.dumps(settings))
+    (run_dir / "supervise.py").write_text(recovery.supervisor_program())
+    with open(run_dir / "train.log", "wb") as log:
+        done = subprocess.run(
+            [sys.executable, "-S", str(run_dir / "supervise.py"), str(run_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={"PATH": os.environ["PATH"], **env},
+            timeout=60,
+        )
+    return run_dir, done, (run_dir / "train.log").read_text()
+
+
+def test_without_a_checkpoint_of_its_own_a_continued_run_restarts_where_it_started(tmp_path):
+    settings = recovery.recovery_settings(_config_with(tmp_path))
+    settings["retry"].update(backoff_s=0)
+    script = (
+        "import os, signal\n"
+        "print('from', os.environ.get('DFLASH_RESUME_FROM'), flush=True)\n"
+        "if os.environ['DFLASH_ATTEMPT'] == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    earlier = "/w/runs/earlier/outputs/checkpoints/step-000300"
+    _, done, text = run_program(tmp_path, settings, script, DFLASH_RESUME_FROM=earlier)
+    assert done.returncode == 0, text
+    assert "resuming from checkpoint " + earlier in text
+    assert "dflashctl: attempt 2/4, resumed at step 300 after killed" in text
+    assert text.count("from " + earlier) == 2  # the variable as the run was given it
 
 
 def _config_with(tmp_path, **extra):

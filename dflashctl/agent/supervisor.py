@@ -183,6 +183,9 @@ class Supervisor:
         checkpoint = None
         while True:
             number = len(self.attempts) + 1
+            if number > 1 and self.stop_signal is not None:  # came after the wait
+                self.say("stopped before the restart; not restarting")
+                return self.end(128 + self.stop_signal)
             argv = list(self.command)
             env = dict(os.environ, DFLASH_ATTEMPT=str(number))
             if number > 1:
@@ -243,13 +246,12 @@ class Supervisor:
                 return self.end(code)
             wait = backoff_s(self.policy, self.attempts, time.time())
             record["backoff_s"] = wait
-            record["resume_step"] = _checkpoint_step(checkpoint) if checkpoint else 0
+            # Without a checkpoint of its own yet, the run starts again where it
+            # started: step 0, or the checkpoint of the run it continues.
+            start = checkpoint or os.environ.get("DFLASH_RESUME_FROM") or None
+            record["resume_step"] = _checkpoint_step(start) if start else 0
             self.record(record)
-            resume = (
-                f"from checkpoint {checkpoint}"
-                if checkpoint
-                else "from the start (no checkpoint yet)"
-            )
+            resume = f"from checkpoint {start}" if start else "from the start (no checkpoint yet)"
             self.say(
                 f"attempt {_numbered(number, limit)} crashed{at} ({what}, exit code {code}); restarting in {wait:g} s, resuming {resume} (run.retry)"
             )
@@ -258,7 +260,7 @@ class Supervisor:
                 return self.end(128 + self.stop_signal)
             self.reap_leftovers(number)
             at = record["resume_step"]
-            resumed_at = f"step {at}" if at is not None else f"checkpoint {checkpoint}"
+            resumed_at = f"step {at}" if at is not None else f"checkpoint {start}"
             self.say(
                 f"attempt {_numbered(number + 1, limit)}, resumed at {resumed_at} after {what}"
             )
