@@ -237,7 +237,7 @@ class RetryConfig(Section):
 
     max_restarts: int = 3  # 0: off
     # Categories to retry; None: those whose crash rule says `retryable: true`.
-    on: list[str] | None = None
+    categories: list[str] | None = None
     backoff_s: float = 10.0  # the first wait, doubled for each restart within the window
     max_backoff_s: float = 300.0
     window_s: float = 3600.0  # restarts counted within this window (0: the whole run)
@@ -257,7 +257,7 @@ class RetryConfig(Section):
             raise invalid(f"must be 0 or more seconds, got {value}")
         return value
 
-    @field_validator("on")
+    @field_validator("categories")
     @classmethod
     def _categories(cls, value: list[str] | None) -> list[str] | None:
         for category in value or []:

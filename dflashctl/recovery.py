@@ -84,7 +84,7 @@ def recovery_settings(config: Config) -> dict[str, Any]:
     return {
         "retry": {
             "max_restarts": retry.max_restarts,
-            "on": list(retry.on) if retry.on is not None else None,
+            "categories": list(retry.categories) if retry.categories is not None else None,
             "backoff_s": retry.backoff_s,
             "max_backoff_s": retry.max_backoff_s,
             "window_s": retry.window_s,

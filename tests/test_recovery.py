@@ -24,7 +24,13 @@ from dflashctl.runs import describe_attempts
 from tests.test_deploy_support import kill_runs, pid_alive, wait_for
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
-POLICY = {"max_restarts": 3, "on": None, "backoff_s": 10, "max_backoff_s": 60, "window_s": 3600}
+POLICY = {
+    "max_restarts": 3,
+    "categories": None,
+    "backoff_s": 10,
+    "max_backoff_s": 60,
+    "window_s": 3600,
+}
 KILLED = {"category": "killed", "retryable": True, "rule": "killed"}
 TRACEBACK = {"category": "python_exception", "retryable": False, "rule": "python_traceback"}
 
@@ -60,11 +66,11 @@ def test_nothing_recognised_is_not_retried():
     assert not retry and "no failure dflashctl recognises" in reason
 
 
-def test_run_retry_on_names_the_categories_instead_of_the_rules():
-    policy = dict(POLICY, on=["python_exception"])
+def test_run_retry_categories_names_them_instead_of_the_rules():
+    policy = dict(POLICY, categories=["python_exception"])
     assert decide(policy, [], TRACEBACK, 40, now=1000.0)[0]
     retry, reason = decide(policy, [], KILLED, 40, now=1000.0)
-    assert not retry and reason == "killed is not in run.retry.on (python_exception)"
+    assert not retry and reason == "killed is not in run.retry.categories (python_exception)"
 
 
 def test_max_restarts_0_turns_recovery_off():
@@ -453,7 +459,12 @@ def test_stop_during_the_wait_ends_the_recovery(flaky):
 def test_run_retry_defaults_and_what_the_supervisor_gets(tmp_path):
     config = _config_with(tmp_path)
     retry = config.run.retry
-    assert (retry.max_restarts, retry.on, retry.backoff_s, retry.window_s) == (3, None, 10, 3600)
+    assert (retry.max_restarts, retry.categories, retry.backoff_s, retry.window_s) == (
+        3,
+        None,
+        10,
+        3600,
+    )
     settings = recovery.recovery_settings(config)
     assert settings["retry"]["resume_args"] == ["--resume"]
     by_name = {rule["name"]: rule for rule in settings["rules"]}
@@ -466,7 +477,7 @@ def test_run_retry_defaults_and_what_the_supervisor_gets(tmp_path):
     [
         ({"max_restarts": -1}, "run.retry.max_restarts: must be 0 (off) or more, got -1"),
         ({"backoff_s": -5}, "run.retry.backoff_s: must be 0 or more seconds"),
-        ({"on": ["NCCL timeout"]}, "'NCCL timeout' is not a crash category"),
+        ({"categories": ["NCCL timeout"]}, "'NCCL timeout' is not a crash category"),
         ({"retries": 3}, "unknown key run.retry.retries"),
     ],
 )

@@ -61,10 +61,10 @@ def decide(policy, history, crash, step, now):
     if crash is None:
         return False, "no failure dflashctl recognises, so nothing says a restart would help"
     category = crash["category"]
-    allowed = policy.get("on")
+    allowed = policy.get("categories")
     if allowed is not None:
         if category not in allowed:
-            return False, "{} is not in run.retry.on ({})".format(
+            return False, "{} is not in run.retry.categories ({})".format(
                 category, ", ".join(allowed) or "empty"
             )
     elif not crash.get("retryable"):
