@@ -174,7 +174,8 @@ def test_the_program_carries_the_crash_detector_and_needs_only_the_standard_libr
         modules
     )
     for name, (_, source) in modules.items():
-        for node in ast.walk(ast.parse(source)):
+        # The container's python may be old: 3.7 is what README promises.
+        for node in ast.walk(ast.parse(source, feature_version=(3, 7))):
             found = []
             if isinstance(node, ast.Import):
                 found = [alias.name for alias in node.names]
