@@ -9,6 +9,14 @@
 #   bench/gpu_proof.sh attention  drafter attention backends, one eager step each (bench_attention.py)
 #   bench/gpu_proof.sh oom     a real CUDA out-of-memory: qwen3-8b.yaml at batch 32 (gpu-cuda-oom.log)
 #   bench/gpu_proof.sh all     proof + bench
+#   bench/gpu_proof.sh dist    the trainer on several GPUs (bench_dist.py): dist-perf + dist-faults
+#   bench/gpu_proof.sh dist-perf    1 GPU vs 2 replicas (in-process NCCL) vs torchrun 2 ranks,
+#                                   torchrun 1 rank vs plain, warm-up of 1 vs 2 drafters
+#   bench/gpu_proof.sh dist-faults  crash in rank 1, SIGTERM to rank 1, TLS fix off on rank 1
+#                                   (and on), all under torchrun
+#     (one GPU: the subset that applies; then 2 ranks share cuda:0 over gloo).
+#     BENCH_DIST_ARGS adds bench_dist.py options, e.g. "--bf16 --split"; writes
+#     $OUT/<mode>.txt and $OUT/<mode>/{results.json,summary.txt,dist-logs.tar.gz,layout.txt}
 # Logs go to $OUT (default ./gpu-proof-out). Run from the repository root.
 set -u
 MODE=${1:-all}
@@ -39,6 +47,22 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
   python3 bench/bench_trainer.py --config trainer/configs/qwen3-8b.yaml --steps "$STEPS" \
     --log-every 5 --variants "$VARIANTS" --timeout 240 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
 fi
+
+case "$MODE" in
+  dist|dist-perf|dist-faults)
+    PART=all
+    [ "$MODE" = dist-perf ] && PART=perf
+    [ "$MODE" = dist-faults ] && PART=faults
+    echo "== the trainer on several GPUs: $PART"
+    # shellcheck disable=SC2086  # BENCH_DIST_ARGS is a list of options
+    python3 bench/bench_dist.py --part "$PART" --steps "${BENCH_STEPS:-20}" --out "$OUT/$MODE" \
+      ${BENCH_DIST_ARGS:-} 2>&1 | tee "$OUT/$MODE.txt"
+    if [ "$PART" != faults ] && [ -f "$OUT/$MODE/results.json" ]; then
+      echo "== 8-GPU layouts from these numbers"
+      python3 bench/layout_8gpu.py --results "$OUT/$MODE/results.json" 2>&1 | tee "$OUT/$MODE/layout.txt"
+    fi
+    ;;
+esac
 
 if [ "$MODE" = attention ]; then
   echo "== drafter attention backends on qwen3-8b.yaml (eager forward + backward)"

@@ -201,14 +201,34 @@ class ContainerConfig(Section):
         return value
 
 
+# Left out of a deploy unless trainer.exclude says otherwise: caches, version control,
+# and the weights, data and run outputs that a trainer folder often holds (a deploy
+# names what it left out).
+DEFAULT_EXCLUDE = [
+    "__pycache__/", "*.pyc", ".git/", ".venv/", "venv/", ".ipynb_checkpoints/",
+    "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.onnx", "*.h5",
+    "*.npy", "*.npz", "*.arrow", "*.parquet",
+    "checkpoints/", "outputs/", "data/", "datasets/", "wandb/", "runs/", "mlruns/",
+    "lightning_logs/",
+]  # fmt: skip
+
+
 class TrainerConfig(Section):
     source: str = "trainer"
     entry: str = "train_dflash_pipeline.py"
     args: TextList = Field(default_factory=list)
     env: TextMapping = Field(default_factory=dict)
-    exclude: list[str] = Field(
-        default_factory=lambda: ["__pycache__/", "*.pyc", ".git/", "checkpoints/", "outputs/"]
-    )
+    exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDE))
+    # A deploy that would send more than this asks first (off a terminal: needs --yes);
+    # null: never ask.
+    confirm_above_mb: float | None = 100.0
+
+    @field_validator("confirm_above_mb")
+    @classmethod
+    def _confirm_above(cls, value: float | None) -> float | None:
+        if value is not None and value < 0:
+            raise invalid(f"must be 0 or more megabytes, got {value}", "or null to never ask")
+        return value
 
     @field_validator("source")
     @classmethod

@@ -23,16 +23,22 @@ partial releases and abandoned uploads.
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import typer
+
 from dflashctl import agent_client, hints, pct, releases, runs, sync, terminal
 from dflashctl.agent_messages import InspectAnswer, LaunchAnswer, LaunchParams, ProcessToStop
+from dflashctl.archive import Archive
 from dflashctl.config import Config
 from dflashctl.connect import open_proxmox, session
 from dflashctl.crash import rules_for
@@ -46,6 +52,7 @@ from dflashctl.launching import (
     stop_and_launch,
     trainer_command,
 )
+from dflashctl.source_cache import SourceCache
 
 if TYPE_CHECKING:
     from dflashctl.target import Target
@@ -109,18 +116,42 @@ class Plan:
         return self.new_release or self.base_release
 
 
-def preflight(config: Config) -> tuple[sync.Manifest, int]:
-    """The local checks that need no host: the tree, the entry script, every .py compiles."""
+def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
+    """The local checks that need no host: the tree (every file readable), the entry
+    script, every .py compiles. Returns the manifest, how many .py files compile, and
+    what trainer.exclude left out."""
     source = Path(config.trainer.source)
-    manifest = sync.build_manifest(source, config.trainer.exclude)
+    cache = SourceCache(source)
+    manifest, skipped = sync.scan(source, config.trainer.exclude, cache)
     entry = Path(config.trainer.entry).as_posix()
     if entry not in manifest:
         raise UsageError(
             f"trainer.entry {entry} is not in {source} (or trainer.exclude leaves it out)",
             hint="set trainer.entry to a .py file inside trainer.source",
         )
-    checked = sync.check_syntax(source, manifest)
-    return manifest, checked
+    checked = sync.check_syntax(source, manifest, cache)
+    cache.save(manifest)
+    return manifest, checked, skipped
+
+
+def confirm_size(config: Config, plan: Plan, *, yes: bool) -> None:
+    """More than trainer.confirm_above_mb to send: ask on a terminal; elsewhere
+    only --yes sends it. Refusing is exit 2 with nothing sent."""
+    limit = config.trainer.confirm_above_mb
+    size = plan.bytes_to_send if plan.new_release else 0
+    if yes or limit is None or size <= limit * 1e6:
+        return
+    largest = sorted(plan.diff.changed, key=lambda p: -plan.manifest[p][0])[:3]
+    what = ", ".join(f"{p} ({terminal.human_bytes(plan.manifest[p][0])})" for p in largest)
+    question = (
+        f"this deploy sends {terminal.human_bytes(size)}, more than "
+        f"trainer.confirm_above_mb ({limit:g} MB); largest: {what}"
+    )
+    hint = "leave big files out with trainer.exclude, or raise trainer.confirm_above_mb"
+    if not (sys.stdin.isatty() and terminal.interactive()):
+        raise UsageError(f"{question}; nothing was sent", hint=f"pass --yes to send it, {hint}")
+    if not typer.confirm(f"{question}. Send it?", err=True):
+        raise UsageError("nothing was sent", hint=hint)
 
 
 def git_state(source: Path) -> dict[str, Any]:
@@ -149,12 +180,18 @@ def git_state(source: Path) -> dict[str, Any]:
 
 
 def upload_and_deploy(
-    config: Config, target: Target, plan: Plan, archive: bytes, launch: LaunchParams
+    config: Config,
+    target: Target,
+    plan: Plan,
+    archive: Archive,
+    launch: LaunchParams,
+    progress: Callable[[int], None] | None = None,
 ) -> LaunchAnswer:
     """Round trip 2, one command on the host: the archive arrives on its stdin (no
-    extra round trips for a file transfer), is `pct push`ed into the container as one
-    file, and the agent, reading the rest of stdin, builds the release, stops stale
-    runs and launches. Returns the agent's answer."""
+    extra round trips for a file transfer), streamed from disk as it is sent, written
+    to a file on the host as it arrives, `pct push`ed into the container as one file,
+    and the agent, reading the rest of stdin, builds the release, stops stale runs and
+    launches. `progress(n)` as pieces of the archive go out. Returns the agent's answer."""
     workdir, python = config.container.workdir, config.container.python
     release = plan.new_release
     assert release is not None
@@ -186,15 +223,16 @@ def upload_and_deploy(
         "-delete 2>/dev/null\n"
         # GNU head reads no more than it is asked for: the rest of stdin is the agent's.
         # (umask in a subshell: the agent's files keep the usual modes.)
-        f"(umask 077; head -c {len(archive)} > {shlex.quote(staged)})\n"
-        f'if [ "$(wc -c < {shlex.quote(staged)})" -ne {len(archive)} ]; then\n'
+        f"(umask 077; head -c {archive.size} > {shlex.quote(staged)})\n"
+        f'if [ "$(wc -c < {shlex.quote(staged)})" -ne {archive.size} ]; then\n'
         f"  rm -f -- {shlex.quote(staged)}; echo '{_UPLOAD_CUT}' >&2; exit 198\n"
         "fi\n"
         f"{push}"
         f"exec {run_agent}\n"
     )
-    stdin = archive + agent_client.agent_input("deploy", params)
-    timeout = 600 + float(params["grace_s"])
+    stdin = itertools.chain(archive.chunks(progress), [agent_client.agent_input("deploy", params)])
+    # Room for a slow link: 1 MB/s on top of the agent's own work.
+    timeout = 600 + float(params["grace_s"]) + archive.size / 1e6
     try:
         result = target.transport.run(
             ["sh", "-c", script], stdin=stdin, timeout=timeout, check=False
@@ -239,6 +277,7 @@ class DeployOptions:
     dry_run: bool = False
     start_container: bool = False
     extra_args: list[str] = field(default_factory=list)
+    yes: bool = False  # send more than trainer.confirm_above_mb without asking
 
 
 def deploy(
@@ -250,10 +289,13 @@ def deploy(
     # A mistake in crash_patterns is a config error: said before anything is contacted.
     rules = rules_for(config)
     with terminal.step("checking the trainer source") as step:
-        manifest, checked = preflight(config)
+        manifest, checked, skipped = preflight(config)
         step["done"] = (
             f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
         )
+    left_out = skipped.describe(terminal.human_bytes)
+    if left_out:
+        terminal.info(f"  {left_out}")
     meta = {"config_digest": config.digest, "config_path": str(config.path)}
     # Asking git takes a few subprocesses: done while the host answers.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
@@ -264,6 +306,7 @@ def deploy(
             if last is not None:
                 try:
                     plan = plan_from(config, options, manifest, last.release, last.manifest)
+                    confirm_size(config, plan, yes=options.yes)
                     summary = _execute(config, target, plan, meta, git, started, last)
                 except (agent_client.AgentFailed, pct.ContainerNotRunning) as exc:
                     if isinstance(exc, agent_client.AgentFailed) and not exc.stale:
@@ -273,7 +316,9 @@ def deploy(
                 plan = inspected_plan(config, target, options, manifest)
                 if options.dry_run:
                     return 0, print_plan(config, plan)
+                confirm_size(config, plan, yes=options.yes)
                 summary = _execute(config, target, plan, meta, git, started, None)
+            summary["left_out"] = skipped.names()
             return follow_unless_detached(config, target, rules, summary, detach=options.detach)
 
 
@@ -338,11 +383,15 @@ def _execute(config, target, plan, meta, git, started, last):
     archive_bytes = 0
     t0 = time.monotonic()
     if plan.new_release:
-        archive = sync.make_archive(Path(config.trainer.source), manifest, diff.changed)
-        archive_bytes = len(archive)
+        archive = Archive.of_release(Path(config.trainer.source), manifest, diff.changed)
+        archive_bytes = archive.size
         size = terminal.human_bytes(plan.bytes_to_send)
-        with terminal.spinner(f"sending {len(diff.changed)} files ({size}){stopping}, launching"):
-            launched = upload_and_deploy(config, target, plan, archive, params)
+        with terminal.transfer(
+            archive.size,
+            f"sending {len(diff.changed)} files",
+            f"unpacking{stopping}, launching",
+        ) as progress:
+            launched = upload_and_deploy(config, target, plan, archive, params, progress)
         built = launched["build"]
         # One call did it all: what the agent did not spend stopping and launching
         # went into sending and unpacking.

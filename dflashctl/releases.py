@@ -32,7 +32,7 @@ def upload_prefix(workdir: str, vmid: int | None) -> str:
 
 def upload_path(prefix: str, release_id: str, folder: str = "/tmp") -> str:
     """Where the archive of changed files waits before it is unpacked (removed after)."""
-    return posixpath.join(folder, f"{prefix}{release_id}.tar.gz")
+    return posixpath.join(folder, f"{prefix}{release_id}.tar")
 
 
 # --------------------------------------------------------------------------- last deploy

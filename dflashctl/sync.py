@@ -1,98 +1,38 @@
-"""What to send: the manifest of the local trainer tree, and an archive of what changed.
+"""What to send: the manifest of the local trainer tree, and what `trainer.exclude` left out.
 
 The manifest maps each file's path (relative, with "/") to [size, sha256, mode]
 (mode "755" for a file its owner may execute, else "644": a `chmod +x` alone is a
-change that deploys) after
-`trainer.exclude`, which uses .gitignore syntax: `*` and `?` stay inside one path
-segment, `**` spans segments, a trailing `/` matches folders only, a pattern with a
-`/` before its end is anchored at the tree's top, `!` re-includes what an earlier
-pattern excluded (not inside an excluded folder, as in git), `#` starts a comment.
+change that deploys) after `trainer.exclude`, which has .gitignore semantics (the
+pathspec library's GitIgnoreSpec): `*` and `?` stay inside one path segment, `**`
+spans segments, a trailing `/` matches folders only, a pattern with a `/` before its
+end is anchored at the tree's top, `!` re-includes what an earlier pattern excluded
+(not inside an excluded folder, as in git), `#` starts a comment.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import os
-import re
-import tarfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-# One definition of the manifest's name and file modes, shared with the agent that
-# checks releases where the trainer runs.
-from dflashctl.agent.manifest import MANIFEST_NAME, file_mode
-from dflashctl.errors import UsageError
+import pathspec
 
+# One definition of file modes, shared with the agent that checks releases where the
+# trainer runs.
+from dflashctl.agent.manifest import file_mode
+from dflashctl.errors import UsageError
+from dflashctl.source_cache import SourceCache
+
+# The archive's first member: the manifest of the whole new release. The agent takes
+# the first member as such whatever its name, so a trainer file of any name (this one,
+# or a MANIFEST.json of its own) is just a file.
+METADATA_MEMBER = ".dflashctl/manifest.json"
 Manifest = dict[str, list]  # path -> [size, sha256, mode]
 
 
 # --------------------------------------------------------------------------- excludes
-
-
-@dataclass(frozen=True)
-class _Rule:
-    regex: re.Pattern[str]
-    negate: bool
-    dir_only: bool
-
-
-def _segment_regex(glob: str) -> str:
-    out = []
-    i = 0
-    while i < len(glob):
-        c = glob[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            end = glob.find("]", i + 2 if glob[i + 1 : i + 2] in ("!", "]") else i + 1)
-            if end == -1:
-                out.append(re.escape(c))
-            else:
-                body = glob[i + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body.replace(chr(92), chr(92) * 2)}]")
-                i = end
-        elif c == "\\" and i + 1 < len(glob):
-            i += 1
-            out.append(re.escape(glob[i]))
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
-
-
-def _compile(pattern: str) -> _Rule | None:
-    line = pattern.rstrip("\n")
-    if not line.strip() or line.startswith("#"):
-        return None
-    negate = line.startswith("!")
-    if negate:
-        line = line[1:]
-    line = line.rstrip(" ")
-    dir_only = line.endswith("/")
-    line = line.rstrip("/")
-    if not line:
-        return None
-    anchored = "/" in line
-    line = line.lstrip("/")
-    parts = line.split("/")
-    regex = []
-    for index, part in enumerate(parts):
-        last = index == len(parts) - 1
-        if part == "**":
-            # `a/**/b` matches a/b too; a trailing `**` matches everything inside.
-            regex.append(".*" if last else "(?:.*/)?")
-        else:
-            regex.append(_segment_regex(part) + ("" if last else "/"))
-    body = "".join(regex)
-    prefix = "" if anchored else "(?:.*/)?"
-    return _Rule(re.compile(f"^{prefix}{body}$"), negate, dir_only)
 
 
 class Excludes:
@@ -100,47 +40,104 @@ class Excludes:
 
     def __init__(self, patterns: Iterable[str]) -> None:
         self.patterns = list(patterns)
-        self._rules = [r for r in map(_compile, self.patterns) if r is not None]
+        try:
+            self._spec = pathspec.GitIgnoreSpec.from_lines(self.patterns)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(
+                f"trainer.exclude: {exc}", hint="fix the pattern (gitignore syntax)"
+            ) from None
 
     def excluded(self, rel_path: str, is_dir: bool) -> bool:
-        result = False
-        for rule in self._rules:
-            if rule.dir_only and not is_dir:
-                continue
-            if rule.regex.match(rel_path):
-                result = not rule.negate
-        return result
+        # GitIgnoreSpec tells a folder from a file by a trailing "/".
+        return self._spec.match_file(rel_path + "/" if is_dir else rel_path)
+
+
+# Left out without a word: every tree has them, and nobody means to deploy them.
+_UNREMARKABLE = ("__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+
+
+@dataclass
+class Skipped:
+    """What `trainer.exclude` left out: folders (not entered, so not counted) and files."""
+
+    folders: list[str] = field(default_factory=list)
+    files: list[tuple[str, int]] = field(default_factory=list)  # (path, size)
+
+    def add(self, rel: str, is_dir: bool, size: int) -> None:
+        name = rel.rsplit("/", 1)[-1]
+        if name in _UNREMARKABLE or name.endswith((".pyc", ".pyo")):
+            return
+        if is_dir:
+            self.folders.append(rel + "/")
+        else:
+            self.files.append((rel, size))
+
+    def names(self) -> list[str]:
+        return self.folders + [rel for rel, _ in self.files]
+
+    def describe(self, human_bytes, limit: int = 6) -> str | None:
+        """One line: folders first, then the largest files with their sizes."""
+        items = self.folders + [
+            f"{rel} ({human_bytes(size)})"
+            for rel, size in sorted(self.files, key=lambda item: (-item[1], item[0]))
+        ]
+        if not items:
+            return None
+        shown = ", ".join(items[:limit])
+        more = f" and {len(items) - limit} more" if len(items) > limit else ""
+        return f"left out by trainer.exclude: {shown}{more}"
 
 
 # --------------------------------------------------------------------------- manifest
 
 
-def iter_files(source: Path, excludes: Excludes) -> Iterator[str]:
-    """Relative paths of the files to deploy; excluded folders are not entered.
+def iter_files(source: Path, excludes: Excludes, skipped: Skipped | None = None) -> Iterator[str]:
+    """Relative paths of the files to deploy; excluded folders are not entered (and
+    noted in `skipped`, with the excluded files).
 
     A symlink is deployed as what it points at (a file, or a folder's files); a link
     back to a folder above it is not followed twice.
     """
-    yield from _walk(Path(source), "", excludes, frozenset([os.path.realpath(source)]))
+    seen = frozenset([os.path.realpath(source)])
+    yield from _walk(Path(source), "", excludes, seen, skipped or Skipped())
 
 
-def _walk(folder: Path, prefix: str, excludes: Excludes, seen: frozenset) -> Iterator[str]:
+def _walk(
+    folder: Path, prefix: str, excludes: Excludes, seen: frozenset, skipped: Skipped
+) -> Iterator[str]:
     try:
         entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
     except OSError as exc:
-        raise UsageError(
-            f"cannot read {folder}: {exc.strerror}",
-            hint="make it readable, or leave it out with trainer.exclude",
-        ) from None
+        raise unreadable(folder, exc) from None
     for entry in entries:
         rel = prefix + entry.name
         if entry.is_dir():
             real = os.path.realpath(entry.path)
-            if excludes.excluded(rel, True) or real in seen:
-                continue
-            yield from _walk(Path(entry.path), rel + "/", excludes, seen | {real})
-        elif entry.is_file() and not excludes.excluded(rel, False):
-            yield rel  # (dangling links, sockets and fifos are neither)
+            if excludes.excluded(rel, True):
+                skipped.add(rel, True, 0)
+            elif real not in seen:
+                yield from _walk(Path(entry.path), rel + "/", excludes, seen | {real}, skipped)
+        elif entry.is_file():  # (dangling links, sockets and fifos are neither)
+            if excludes.excluded(rel, False):
+                skipped.add(rel, False, _size(entry))
+            else:
+                yield rel
+
+
+def _size(entry: os.DirEntry) -> int:
+    try:
+        return entry.stat().st_size
+    except OSError:
+        return 0
+
+
+def unreadable(path: Path, exc: OSError) -> UsageError:
+    """A file or folder of the source that cannot be read: exit 2, before any host is
+    contacted."""
+    return UsageError(
+        f"cannot read {path}: {exc.strerror or exc}",
+        hint="make it readable (chmod u+r), or leave it out with trainer.exclude",
+    )
 
 
 def sha256_file(path: Path) -> str:
@@ -151,7 +148,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_manifest(source: Path, exclude: Iterable[str]) -> Manifest:
+def scan(
+    source: Path, exclude: Iterable[str], cache: SourceCache | None = None
+) -> tuple[Manifest, Skipped]:
+    """The manifest of the tree and what trainer.exclude left out of it. With a cache,
+    a file whose size, mtime and inode are as remembered is not read again."""
     source = Path(source)
     if not source.is_dir():
         raise UsageError(
@@ -159,12 +160,25 @@ def build_manifest(source: Path, exclude: Iterable[str]) -> Manifest:
             hint="point trainer.source in dflash.yaml at the trainer's folder",
         )
     excludes = Excludes(exclude)
+    skipped = Skipped()
     manifest: Manifest = {}
-    for rel in iter_files(source, excludes):
+    for rel in iter_files(source, excludes, skipped):
         path = source / rel
-        stat = path.stat()
-        manifest[rel] = [stat.st_size, sha256_file(path), file_mode(stat.st_mode)]
-    return manifest
+        try:
+            stat = path.stat()
+            sha = cache.sha256(rel, stat) if cache else None
+            if sha is None:
+                sha = sha256_file(path)
+                if cache:
+                    cache.remember(rel, stat, sha, after=path.stat())
+            manifest[rel] = [stat.st_size, sha, file_mode(stat.st_mode)]
+        except OSError as exc:
+            raise unreadable(path, exc) from None
+    return manifest, skipped
+
+
+def build_manifest(source: Path, exclude: Iterable[str]) -> Manifest:
+    return scan(source, exclude)[0]
 
 
 @dataclass
@@ -186,60 +200,34 @@ def diff_manifests(local: Manifest, remote: Manifest | None) -> Diff:
     return Diff(changed, removed, unchanged)
 
 
-# --------------------------------------------------------------------------- archive
-
-
-def make_archive(source: Path, manifest: Manifest, paths: Iterable[str]) -> bytes:
-    """A gzip'd tar of MANIFEST.json (the whole new tree) and the files in `paths`.
-
-    Each file is read once and checked against the manifest, so a file edited while
-    we pack it is reported instead of deployed half-old, half-new.
-    """
-    buffer = io.BytesIO()
-    # Level 1: the code is small and the link fast; the time goes into compressing.
-    with tarfile.open(
-        fileobj=buffer, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT
-    ) as tar:
-        text = json.dumps(manifest, sort_keys=True).encode()
-        _add_bytes(tar, MANIFEST_NAME, text, 0o644)
-        for rel in paths:
-            path = Path(source) / rel
-            data = path.read_bytes()
-            size, sha, mode = manifest[rel]
-            if [len(data), hashlib.sha256(data).hexdigest()] != [size, sha]:
-                raise UsageError(
-                    f"{path} changed while it was being packed",
-                    hint="run the deploy again once your editor has saved",
-                )
-            _add_bytes(tar, rel, data, int(mode, 8))
-    return buffer.getvalue()
-
-
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = mode
-    tar.addfile(info, io.BytesIO(data))
-
-
 # --------------------------------------------------------------------------- preflight
 
 
-def check_syntax(source: Path, manifest: Manifest) -> int:
-    """Compile every .py file; the first syntax error becomes a UsageError naming
-    file:line with the offending line and a caret. Returns how many were checked."""
+def check_syntax(source: Path, manifest: Manifest, cache: SourceCache | None = None) -> int:
+    """Compile every .py file (but those whose content the cache knows compiles); the
+    first syntax error becomes a UsageError naming file:line with the offending line
+    and a caret. Returns how many were checked."""
     checked = 0
     for rel in sorted(manifest):
         if not rel.endswith(".py"):
             continue
+        sha = manifest[rel][1]
+        if cache and cache.compiles(sha):
+            checked += 1
+            continue
         path = Path(source) / rel
-        text = path.read_bytes()
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise unreadable(path, exc) from None
         try:
             compile(text, str(path), "exec", dont_inherit=True)
         except SyntaxError as exc:
             raise UsageError(_syntax_message(path, exc), hint="fix it, then deploy again") from None
         except ValueError as exc:  # e.g. null bytes in the source
             raise UsageError(f"{path}: cannot compile: {exc}") from None
+        if cache and hashlib.sha256(text).hexdigest() == sha:
+            cache.compiled(sha)
         checked += 1
     return checked
 

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,10 +21,14 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+_json_mode = False  # --json: no progress reports on top of the step lines
+
+
 def set_quiet_stdout(quiet: bool) -> None:
     """With --json, everything human goes to stderr so stdout stays parseable."""
-    global out
+    global out, _json_mode
     out = err if quiet else Console(highlight=False, soft_wrap=True)
+    _json_mode = quiet
 
 
 def print_json(data: object, *, indent: int | None = None) -> None:
@@ -79,6 +83,93 @@ def spinner(message: str) -> contextlib.AbstractContextManager:
     """A spinner while something runs, on a terminal only (elsewhere nothing, so that
     logs stay one line per step)."""
     return err.status(message) if interactive() else contextlib.nullcontext()
+
+
+# Off a terminal, a transfer reports itself at most this often (a log stays short).
+PLAIN_PROGRESS_EVERY_S = 5.0
+
+
+@contextlib.contextmanager
+def transfer(total: int, message: str, then: str) -> Iterator[Callable[[int], None]]:
+    """Report a transfer of `total` bytes; yields `sent(n)`, callable from any thread.
+
+    On a terminal: a progress bar with bytes, rate and time left, then a spinner with
+    `then` (what the other side does once everything has arrived). Elsewhere: a plain
+    line every PLAIN_PROGRESS_EVERY_S seconds. With --json: nothing.
+    """
+    if _json_mode:
+        yield lambda n: None
+    elif interactive():
+        with _progress_bar(total, message, then) as sent:
+            yield sent
+    else:
+        yield PlainProgress(total, message).sent
+
+
+@contextlib.contextmanager
+def _progress_bar(total: int, message: str, then: str) -> Iterator[Callable[[int], None]]:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(message, total=total)
+
+        def sent(n: int) -> None:
+            bar.advance(task, n)
+            if bar.tasks[0].completed >= total:
+                bar.update(task, description=then)
+
+        yield sent
+
+
+class PlainProgress:
+    """`  sending 3 files: 120.0 MiB of 1.0 GiB (12%), 95.1 MiB/s, 9 s left`, at most
+    every `every` seconds, for logs and pipes."""
+
+    def __init__(
+        self,
+        total: int,
+        message: str,
+        *,
+        every: float = PLAIN_PROGRESS_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total = total
+        self.message = message
+        self.every = every
+        self.clock = clock
+        self.done = 0
+        self.started = self.last = clock()
+
+    def sent(self, n: int) -> None:
+        self.done += n
+        now = self.clock()
+        if now - self.last < self.every or self.done >= self.total:
+            return
+        self.last = now
+        rate = self.done / max(now - self.started, 1e-9)
+        left = (self.total - self.done) / rate if rate > 0 else 0.0
+        percent = 100 * self.done // max(self.total, 1)
+        err.print(
+            f"  {self.message}: {human_bytes(self.done)} of {human_bytes(self.total)} "
+            f"({percent}%), {human_bytes(int(rate))}/s, {human_duration(round(left))} left",
+            markup=False,
+        )
 
 
 def human_bytes(n: int) -> str:

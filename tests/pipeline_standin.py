@@ -150,8 +150,11 @@ class StandInWorkload(Workload):
         return "eval | tau 1.50 | lossless yes | 16 tokens | 1.5 tokens/target forward"
 
     def save_drafter(self, drafter, folder: Path) -> None:
+        self.export_weights(drafter.state_dict(), folder)
+
+    def export_weights(self, weights, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save(drafter.state_dict(), folder / "standin.pt")
+        torch.save(weights, folder / "standin.pt")
 
 
 def standin_config(tmp_path: Path, **sections) -> TrainConfig:

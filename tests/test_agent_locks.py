@@ -9,6 +9,7 @@ import pytest
 from dflashctl import sync
 from dflashctl.agent import files, verbs
 from dflashctl.agent.errors import AgentError, StaleBase
+from dflashctl.archive import Archive
 
 
 def _locked_out(workdir) -> bool:
@@ -48,8 +49,8 @@ def test_deploy_holds_one_lock_from_build_to_launch(tmp_path, monkeypatch):
     source.mkdir()
     (source / "train.py").write_text("print('hi')\n")
     manifest = sync.build_manifest(source, [])
-    archive = tmp_path / "upload.tar.gz"
-    archive.write_bytes(sync.make_archive(source, manifest, list(manifest)))
+    archive = tmp_path / "upload.tar"
+    archive.write_bytes(Archive.of_release(source, manifest, list(manifest)).read_all())
     seen = {}
 
     def launch(p):

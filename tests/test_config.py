@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.config import load_config, parse_config
+from dflashctl.config import DEFAULT_EXCLUDE, load_config, parse_config
 from dflashctl.errors import ConfigError
 from dflashctl.resources import template_path
 
@@ -27,6 +27,8 @@ def test_template_is_a_valid_config(tmp_path):
     assert config.host.address == "pve.lan"
     assert config.container.vmid == 200
     assert config.trainer.exclude[0] == "__pycache__/"
+    assert config.trainer.exclude == DEFAULT_EXCLUDE  # the template shows the defaults
+    assert config.trainer.confirm_above_mb == 100
     assert len(config.digest) == 64
 
 
@@ -101,6 +103,10 @@ def test_local_workdir_is_a_local_path(tmp_path):
         ),
         (MINIMAL + "run:\n  keep_releases: 0\n", "run.keep_releases: must be at least 1"),
         (MINIMAL + "run:\n  stop_grace_s: -1\n", "run.stop_grace_s: must be 0 or more seconds"),
+        (
+            MINIMAL + "trainer:\n  confirm_above_mb: -5\n",
+            "trainer.confirm_above_mb: must be 0 or more megabytes",
+        ),
         (MINIMAL + "crash_patterns: [oops]\n", "crash_patterns[0]: expected a mapping"),
         ("- just\n- a list\n", "expected a mapping of sections"),
         (MINIMAL + "  proxy_jump: 'a b@c'\n", "host.proxy_jump: expected user@host[:port]"),

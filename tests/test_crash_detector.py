@@ -220,6 +220,52 @@ def test_torchrun_rank_prefixes_are_understood(rules):
     assert event.category == "illegal_memory_access"
 
 
+def test_threads_of_different_ranks_keep_their_own_device(rules):
+    """One torchrun log: rank 0's drafter-0 (unprefixed) and rank 1's, whose lines carry
+    torch's [rank1]: prefix; the failure is rank 1's, on rank 1's device."""
+    lines = [
+        "drafter-0 on cuda:0: warming compiled graphs",
+        "[rank1]: drafter-0 on cuda:1: warming compiled graphs",
+        "drafter-0 on cuda:0: training",
+        "[rank1]: drafter-0 failed:",
+        "[rank1]: Traceback (most recent call last):",
+        *(f"[rank1]: {line}" for line in frames()),
+        "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered",
+        "drafter-0 on cuda:0: training",
+    ]
+    [event] = classify_text(lines, 1, rules)
+    assert (event.thread, event.device) == ("drafter-0 (rank 1)", "cuda:1")
+    assert event.stage == "warming compiled graphs"
+
+
+def test_a_rank_stopped_by_another_ranks_failure_names_that_rank(rules):
+    """Rank 0's own log (another host): its drafter's collective failed because rank 1
+    died; the trainer names rank 1's cause (a real gloo run's lines, paths shortened)."""
+    cause = (
+        "rank 1 failed: rank 1/2 on host gpu-b (pid 16368): drafter-0 on cuda:1 failed: "
+        "InjectedFailure: injected failure in drafter-0 at step 3 (debug.fail_in)"
+    )
+    lines = [
+        "drafter-0 on cuda:0: training",
+        "drafter-0 failed:",
+        "Traceback (most recent call last):",
+        '  File "/root/dflash/current/dflash/pipeline/replicas.py", line 293, in _average',
+        "    work.wait()",
+        "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:434. This is typically caused by a remote worker crashing.",
+        "The above exception was the direct cause of the following exception:",
+        "Traceback (most recent call last):",
+        '  File "/root/dflash/current/dflash/pipeline/replicas.py", line 262, in average',
+        "    raise cause from exc",
+        f"dflash.pipeline.distributed.PeerFailure: {cause}",
+        f"training failed (rank 0/2 on host gpu-a (pid 16367)): drafter-0 on cuda:0 failed: "
+        f"PeerFailure: {cause}",
+    ]
+    event = classify_text(lines, 1, rules)[0]
+    assert (event.category, event.thread, event.device) == ("peer_failure", "drafter-0", "cuda:0")
+    assert "rank 1/2 on host gpu-b" in event.message and "drafter-0 on cuda:1" in event.message
+
+
 def test_a_crash_after_a_progress_bar_redraw_is_found(rules):
     [event] = classify(
         rules, "eval:  99%|#########9| 99/100\rFatal Python error: Segmentation fault", -11

@@ -21,7 +21,13 @@ from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import ConfigError, HostError, UsageError
 from dflashctl.runs import list_runs, run_state
 from dflashctl.stop_restart import restart
-from tests.test_deploy_support import pid_alive, project, snapshot, wait_for  # noqa: F401
+from tests.test_deploy_support import (  # noqa: F401
+    pid_alive,
+    project,
+    release_manifest,
+    snapshot,
+    wait_for,
+)
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 
@@ -45,8 +51,9 @@ def test_first_deploy_lands_files_swaps_current_and_launches(project):
     for rel in ("train.py", "helpers.py", "configs/tiny.yaml"):
         assert (project.current() / rel).read_bytes() == (project.source / rel).read_bytes()
     assert not (project.current() / "__pycache__").exists()
-    manifest = json.loads((project.current() / "MANIFEST.json").read_text())
+    manifest = release_manifest(project.current())
     assert sorted(manifest) == ["configs/tiny.yaml", "helpers.py", "train.py"]
+    assert sorted(os.listdir(project.current())) == ["configs", "helpers.py", "train.py"]
 
     run_dir = project.run_dir(summary["run_id"])
     assert (project.workdir / "active_run").read_text().strip() == summary["run_id"]
@@ -162,7 +169,8 @@ def test_old_releases_beyond_keep_releases_are_removed(project):
         _, summary = detached(project.config())
         seen.append(summary["release"])
     kept = {p.name for p in (project.workdir / "releases").iterdir()}
-    assert kept == set(seen[-2:])  # keep_releases: 2, the current one included
+    # keep_releases: 2, the current one included; each with its record beside it.
+    assert kept == set(seen[-2:]) | {f"{r}.manifest.json" for r in seen[-2:]}
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(project, capsys):
@@ -216,7 +224,7 @@ def test_interrupted_upload_leaves_previous_release_and_run(project, monkeypatch
     _, first = detached(project.config())
     (project.source / "helpers.py").write_text("def greeting():\n    return 'never arrives'\n")
 
-    def interrupted(config, target, plan, archive, launch):
+    def interrupted(config, target, plan, archive, launch, progress=None):
         # What an interrupted build leaves behind: a half-filled partial release.
         partial = project.workdir / "releases" / f"{plan.new_release}.partial"
         partial.mkdir()
@@ -369,7 +377,7 @@ def test_readers_never_see_a_missing_or_half_written_current(project):
     def read_current() -> None:
         while not done.is_set():
             try:
-                manifest = json.loads((project.workdir / "current" / "MANIFEST.json").read_text())
+                manifest = release_manifest((project.workdir / "current").resolve())
                 for rel in manifest:
                     (project.workdir / "current" / rel).stat()
             except (OSError, ValueError) as exc:

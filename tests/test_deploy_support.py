@@ -13,6 +13,7 @@ The fake trainer behaves as its arguments say, so one tree covers every ending:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -119,6 +120,11 @@ class LocalProject:
 
     def current(self) -> Path:
         return (self.workdir / "current").resolve()
+
+
+def release_manifest(release: Path) -> dict[str, list]:
+    """dflashctl's manifest of a release, kept beside it (releases/<id>.manifest.json)."""
+    return json.loads(Path(f"{release}.manifest.json").read_text())["manifest"]
 
 
 def snapshot(root: Path) -> dict[str, object]:

@@ -190,6 +190,25 @@ def test_a_second_signal_abandons_the_current_step():
     assert log.lines[-1] == "received SIGINT again: abandoning the current step"
 
 
+def test_a_sigterm_repeated_at_once_is_the_same_stop_request():
+    """`dflashctl stop` signals the process group; torchrun, in it, forwards the SIGTERM to
+    its ranks: one request arriving twice must not abandon the step being checkpointed."""
+    import io
+    import signal as signals
+
+    from dflash.pipeline.logging import RunLog
+    from dflash.pipeline.run import Interrupts
+
+    log = RunLog(io.StringIO())
+    interrupts = Interrupts(log)
+    abandoned = []
+    interrupts.abandon = lambda: abandoned.append(True)
+    interrupts._on_signal(signals.SIGTERM, None)
+    interrupts._on_signal(signals.SIGTERM, None)
+    assert interrupts.term.is_set() and not abandoned
+    assert log.lines[-1] == "received SIGTERM again at once: taken as the same stop request"
+
+
 def test_resume_names_the_config_keys_that_changed(tmp_path):
     run_standin(tmp_path, train={"steps": 4, "log_every": 2})
     result, log = run_standin(

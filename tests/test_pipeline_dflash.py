@@ -47,11 +47,14 @@ def test_tiny_cpu_demo_learns_and_reports(tmp_path):
     final = next(line for line in lines if line.startswith("final loss "))
     assert float(final.split()[2]) == pytest.approx(losses[-1], abs=1e-4)
     ev = next(line for line in lines if line.startswith("eval | "))
+    checkpoint = run_dir / "outputs" / "checkpoints" / "step-000600"
     tau = re.fullmatch(
-        r"eval \| tau (\S+) \| lossless yes \| \d+ tokens \| \S+ tokens/target forward", ev
+        r"eval \| tau (\S+) \| lossless yes \| \d+ tokens \| \S+ tokens/target forward"
+        rf" \| checkpoint {re.escape(str(checkpoint))} \(drafter bfloat16\)"
+        rf" \| per prompt: {re.escape(str(checkpoint / 'eval.json'))}",
+        ev,
     )
     assert tau and float(tau.group(1)) > 1.3
-    checkpoint = run_dir / "outputs" / "checkpoints" / "step-000600"
     assert f"drafter checkpoint: {checkpoint}" in lines
     assert (checkpoint / "drafter" / "model.safetensors").is_file()
     assert (checkpoint / "drafter" / "config.json").is_file()

@@ -1,24 +1,36 @@
-"""sync: gitignore-style excludes, the manifest, the diff, the archive, the syntax check."""
+"""sync and archive: gitignore-style excludes, the manifest, the diff, the streamed archive,
+the syntax check."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
+from dflashctl.archive import CHUNK, Archive
 from dflashctl.errors import UsageError
+from dflashctl.source_cache import SourceCache
 from dflashctl.sync import (
-    MANIFEST_NAME,
+    METADATA_MEMBER,
     Excludes,
     build_manifest,
     check_syntax,
     diff_manifests,
-    make_archive,
+    scan,
 )
+
+
+def make_archive(source, manifest, paths) -> bytes:
+    """The streamed archive, whole (these trees are small), with the manifest as metadata."""
+    return Archive.of_release(source, manifest, paths).read_all()
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
@@ -84,7 +96,7 @@ def test_a_chmod_alone_changes_the_manifest_and_travels_as_the_new_mode(tmp_path
     after = build_manifest(src, [])
     assert after["run.sh"][2] == "755" and after["run.sh"][:2] == before["run.sh"][:2]
     assert diff_manifests(after, before).changed == ["run.sh"]
-    with tarfile.open(fileobj=io.BytesIO(make_archive(src, after, ["run.sh"])), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(make_archive(src, after, ["run.sh"])), mode="r:") as tar:
         assert tar.getmember("run.sh").mode == 0o755
 
 
@@ -109,10 +121,10 @@ def test_archive_holds_the_manifest_and_only_the_changed_files(tmp_path):
     (src / "run.sh").chmod(0o755)
     manifest = build_manifest(src, [])
     data = make_archive(src, manifest, ["lib/a.py", "run.sh"])
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         names = tar.getnames()
-        assert names == [MANIFEST_NAME, "lib/a.py", "run.sh"]
-        assert json.loads(tar.extractfile(MANIFEST_NAME).read()) == manifest
+        assert names == [METADATA_MEMBER, "lib/a.py", "run.sh"]
+        assert json.loads(tar.extractfile(METADATA_MEMBER).read()) == manifest
         assert tar.extractfile("lib/a.py").read() == b"a = 1\n"
         assert tar.getmember("run.sh").mode == 0o755
 
@@ -121,7 +133,7 @@ def test_archive_refuses_a_file_that_changed_after_the_manifest(tmp_path):
     src = tree(tmp_path, {"train.py": "print(1)\n"})
     manifest = build_manifest(src, [])
     (src / "train.py").write_text("print(2)  # saved meanwhile\n")
-    with pytest.raises(UsageError, match="changed while it was being packed"):
+    with pytest.raises(UsageError, match="changed while it was being sent"):
         make_archive(src, manifest, ["train.py"])
 
 
@@ -150,3 +162,140 @@ def test_symlinks_are_deployed_as_what_they_point_at_and_loops_are_cut(tmp_path)
     (src / "dangling.py").symlink_to(tmp_path / "nowhere.py")
     manifest = build_manifest(src, ["/shared/outputs/"])
     assert sorted(manifest) == ["lib/a.py", "shared/util.py", "train.py"]
+
+
+def test_archive_size_is_known_before_reading_and_pieces_stay_small(tmp_path):
+    src = tree(tmp_path, {f"pkg/m{i}.py": f"x = {i}\n" for i in range(300)})
+    (src / "big.dat").write_bytes(os.urandom(3 * CHUNK + 123))
+    manifest = build_manifest(src, [])
+    archive = Archive(src, manifest, sorted(manifest), {})
+    sent: list[int] = []
+    digest = hashlib.sha256()
+    pieces = list(archive.chunks(sent.append, digest))
+    assert sum(map(len, pieces)) == archive.size == sum(sent)
+    assert digest.hexdigest() == hashlib.sha256(b"".join(pieces)).hexdigest()
+    assert archive.size % tarfile.RECORDSIZE == 0
+    # Small files share a piece; no piece holds much more than one chunk.
+    assert len(pieces) < 10 and max(map(len, pieces)) < 2 * CHUNK + tarfile.BLOCKSIZE * 4
+    with tarfile.open(fileobj=io.BytesIO(b"".join(pieces)), mode="r:") as tar:
+        assert sorted(tar.getnames()) == sorted(manifest)
+        assert tar.extractfile("big.dat").read() == (src / "big.dat").read_bytes()
+
+
+def test_archive_takes_any_file_name(tmp_path):
+    names = [
+        "MANIFEST.json",
+        "with space.txt",
+        "ünïcode.py",
+        "x" * 120 + "/long.txt",
+        "a\udcffb.txt",
+    ]
+    src = tmp_path / "src"
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(name.encode("utf-8", "surrogateescape"))
+    manifest = build_manifest(src, [])
+    assert sorted(manifest) == sorted(names)
+    data = Archive(src, manifest, sorted(manifest), {}).read_all()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:", encoding="utf-8") as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}
+    assert got == {n: n.encode("utf-8", "surrogateescape") for n in names}
+
+
+def test_archive_stops_before_its_end_when_a_file_shrank(tmp_path):
+    src = tree(tmp_path, {"a.txt": "a" * 1000, "b.txt": "b" * 1000})
+    manifest = build_manifest(src, [])
+    archive = Archive(src, manifest, ["a.txt", "b.txt"], {})
+    (src / "b.txt").write_text("short")
+    produced = bytearray()
+    with pytest.raises(UsageError, match="b.txt changed while it was being sent"):
+        for piece in archive.chunks():
+            produced += piece
+    assert len(produced) < archive.size  # the receiver sees a short upload
+
+
+def test_scan_names_what_the_excludes_left_out(tmp_path):
+    src = tree(
+        tmp_path,
+        {
+            "train.py": "x = 1\n",
+            "model.safetensors": "w" * 5000,
+            "tok.bin": "t" * 10,
+            "data/train.jsonl": "{}\n",
+            "pkg/__pycache__/a.pyc": "junk",
+            "wandb/run-1/log": "l",
+        },
+    )
+    manifest, skipped = scan(src, ["__pycache__/", "*.safetensors", "*.bin", "data/", "wandb/"])
+    assert sorted(manifest) == ["train.py"]
+    assert skipped.names() == ["data/", "wandb/", "model.safetensors", "tok.bin"]
+    line = skipped.describe(lambda n: f"{n} B")
+    assert line == (
+        "left out by trainer.exclude: data/, wandb/, model.safetensors (5000 B), tok.bin (10 B)"
+    )
+    assert scan(src, [])[1].describe(str) is None
+
+
+# Root reads any file: the CLI runs without the capabilities that let it.
+NO_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_unreadable_file_or_folder_is_exit_2_naming_it_before_any_host(tmp_path, what):
+    src = tree(tmp_path / "src", {"train.py": "x = 1\n", "lib/secret.txt": "s"})
+    bad = src / "lib" / "secret.txt" if what == "file" else src / "lib"
+    config = tmp_path / "dflash.yaml"
+    # Port 9 on loopback: nothing listens there; contacting it would be exit 3.
+    config.write_text(
+        "host: {address: 127.0.0.1, port: 9}\ncontainer: {vmid: 200}\n"
+        "trainer: {source: src, entry: train.py}\n"
+    )
+    bad.chmod(0)
+    try:
+        argv = [sys.executable, "-m", "dflashctl", "deploy", "-c", str(config), "--detach"]
+        if os.geteuid() == 0:
+            argv = NO_OVERRIDE + argv
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        bad.chmod(0o755)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot read {bad}: Permission denied" in result.stderr
+    assert "Traceback" not in result.stderr and "127.0.0.1" not in result.stderr
+
+
+def test_source_cache_skips_reading_files_whose_stat_is_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = tree(tmp_path / "src", {"big.dat": "a" * 4096, "new.py": "x = 1\n"})
+    old = time.time_ns() - 60 * 10**9
+    os.utime(src / "big.dat", ns=(old, old))  # older than the racy window
+    first = SourceCache(src)
+    manifest, _ = scan(src, [], first)
+    assert check_syntax(src, manifest, first) == 1
+    first.save(manifest)
+
+    # Same size, same mtime, same inode: taken as unchanged without reading it (as git
+    # does); a file changed just before the scan ("racy") is read every time.
+    (src / "big.dat").write_text("b" * 4096)
+    os.utime(src / "big.dat", ns=(old, old))
+    (src / "new.py").write_text("x = 2\n")
+    again, _ = scan(src, [], SourceCache(src))
+    assert again["big.dat"] == manifest["big.dat"]
+    assert again["new.py"][1] == hashlib.sha256(b"x = 2\n").hexdigest()
+
+    os.utime(src / "big.dat", ns=(old, old + 1))  # any change of mtime: read again
+    third, _ = scan(src, [], SourceCache(src))
+    assert third["big.dat"][1] == hashlib.sha256(b"b" * 4096).hexdigest()
+
+
+def test_source_cache_remembers_only_content_that_compiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = tree(tmp_path / "src", {"a.py": "x = 1\n"})
+    cache = SourceCache(src)
+    manifest, _ = scan(src, [], cache)
+    check_syntax(src, manifest, cache)
+    cache.save(manifest)
+    (src / "a.py").write_text("x = (\n")
+    cache = SourceCache(src)
+    broken, _ = scan(src, [], cache)
+    with pytest.raises(UsageError, match="a.py:1:"):
+        check_syntax(src, broken, cache)

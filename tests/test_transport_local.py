@@ -121,3 +121,23 @@ def test_put_file_into_a_missing_folder_is_a_host_error(local, tmp_path):
 def test_get_file_of_a_missing_path_is_a_host_error(local, tmp_path):
     with pytest.raises(HostError, match=f"cannot read {tmp_path}/nothing"):
         local.get_file(str(tmp_path / "nothing"))
+
+
+def _pieces(total: int, piece: int = 256 * 1024, fail_after: int | None = None):
+    sent = 0
+    while sent < total:
+        if fail_after is not None and sent >= fail_after:
+            raise ValueError("the source changed")
+        n = min(piece, total - sent)
+        yield b"x" * n
+        sent += n
+
+
+def test_stdin_streams_from_pieces(local):
+    result = local.run(["wc", "-c"], stdin=_pieces(16 << 20))
+    assert int(result.stdout_text) == 16 << 20
+
+
+def test_a_failing_stdin_ends_the_input_and_its_error_is_raised(local):
+    with pytest.raises(ValueError, match="the source changed"):
+        local.run(["wc", "-c"], stdin=_pieces(4 << 20, fail_after=1 << 20))

@@ -197,3 +197,30 @@ def test_the_pid_line_is_found_after_shell_noise_and_removed():
     quiet = _StderrReader(_ScriptedStderr([b"12\n"]))  # digits alone are not the pid line
     quiet.join(5)
     assert (quiet.pid, bytes(quiet.data)) == (None, b"12\n")
+
+
+def _pieces(total: int, piece: int = 256 * 1024, fail_after: int | None = None):
+    sent = 0
+    while sent < total:
+        if fail_after is not None and sent >= fail_after:
+            raise ValueError("the source changed")
+        n = min(piece, total - sent)
+        yield bytes([sent // piece % 251]) * n
+        sent += n
+
+
+def test_stdin_streams_from_pieces_in_linear_time(ssh):
+    # 64 MiB in pieces: one sendall of it all would slice the whole on every packet.
+    total = 64 << 20
+    started = time.monotonic()
+    result = ssh.run(["sh", "-c", "wc -c"], stdin=_pieces(total), timeout=120)
+    assert int(result.stdout_text) == total
+    assert time.monotonic() - started < 30
+
+
+def test_a_failing_stdin_ends_the_input_early_and_its_error_is_raised(ssh):
+    with pytest.raises(ValueError, match="the source changed"):
+        ssh.run(["sh", "-c", "wc -c"], stdin=_pieces(4 << 20, fail_after=1 << 20), timeout=60)
+    # The command saw the end of its input and exited: the connection still serves.
+    result = ssh.run(["sh", "-c", "wc -c"], stdin=_pieces(1 << 20))
+    assert int(result.stdout_text) == 1 << 20

@@ -3,6 +3,12 @@
     cd trainer && python train_dflash_pipeline.py --config configs/tiny-cpu.yaml \
         [--set train.steps=200 --set output_dir=/tmp/out] [--resume]
 
+The same script is the entry point of every rank under torchrun (one process per GPU,
+any number of hosts; see dflash/pipeline/distributed.py):
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
+        train_dflash_pipeline.py --config configs/qwen3-8b.yaml
+
 Exit status: 0 finished (or stopped by SIGTERM after writing a checkpoint), 1 a thread
 failed (its traceback is in the log), 2 the config is wrong.
 """
@@ -73,16 +79,37 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     # left needs the target's config.json or the data, and the workload checks those
     # before it builds the target.
     import torch
+    from dflash.pipeline import distributed
     from dflash.pipeline.run import Interrupts, train
 
+    info = distributed.DistInfo.from_env()
+    if info.enabled:  # torchrun: this process takes its local rank's share of the GPUs
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for key in ("target_devices", "drafter_devices"):
+            shifted = distributed.shift_devices(getattr(cfg.runtime, key), info, count)
+            setattr(cfg.runtime, key, shifted)
+        drafter = torch.device(cfg.runtime.drafter_devices[0])
+        if drafter.type == "cuda":
+            torch.cuda.set_device(drafter)  # NCCL's device, and no stray context on cuda:0
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
 
-    log = RunLog()
+    log = distributed.RankLog(info.rank) if info.enabled else RunLog()
     # Before the slow set-up (building the target, making data): a stop then is not lost.
     interrupts = Interrupts(log)
     interrupts.install()
+    coordinator = None
     try:
+        if info.enabled:
+            coordinator = distributed.Coordinator(
+                info,
+                log,
+                backend=distributed.backend_for(
+                    cfg.runtime.drafter_devices, cfg.runtime.dist_backend
+                ),
+                timeout_s=cfg.runtime.dist_timeout_s,
+            )
+            coordinator.start_monitor(cfg.runtime.peer_timeout_s)
         workload = (workload_factory or default_workload)(cfg)
         result = train(
             cfg,
@@ -92,15 +119,23 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
             source_dir=HERE,
             handle_signals=False,
             interrupts=interrupts,
+            coordinator=coordinator,
         )
     except TrainConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr, flush=True)
+        if coordinator is not None:
+            coordinator.post_failure(f"config error: {exc}")
         return EXIT_CONFIG
-    except Exception:  # set-up or the end of the run failed: same report format
+    except Exception as exc:  # set-up or the end of the run failed: same report format
         log.block("main failed:\n" + traceback.format_exc())
+        if coordinator is not None:
+            coordinator.post_failure(f"main failed: {type(exc).__name__}: {exc}")
+            distributed.abort_collectives()
         exit_without_teardown(EXIT_FAILED)
     finally:
         interrupts.restore()
+    if coordinator is not None and (result.exit_code != EXIT_OK or result.stuck_threads):
+        distributed.abort_collectives()
     if result.exit_code != EXIT_OK or result.stuck_threads:
         # The run has logged why it failed and joined its threads (up to run.STOP_GRACE_S).
         exit_without_teardown(result.exit_code or EXIT_FAILED)

@@ -67,12 +67,12 @@ def tree_bytes(path):
 
 
 def oldest_first(base, names, stamp):
-    """Ids carry their UTC second; within one second, the age of `stamp` (a file written
-    once, when the release or run was made) decides."""
+    """Ids carry their UTC second; within one second, the age of `stamp(path)` (a file
+    written once, when the release or run at `path` was made) decides."""
 
     def age(name):
         try:
-            mtime = os.stat(os.path.join(base, name, stamp)).st_mtime_ns
+            mtime = os.stat(stamp(os.path.join(base, name))).st_mtime_ns
         except OSError:
             mtime = 0
         return (name[:15], mtime, name)

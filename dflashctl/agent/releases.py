@@ -10,8 +10,15 @@ import tarfile
 import time
 
 from .errors import AgentError, StaleBase
-from .files import oldest_first, sha256_file, write_atomic
-from .manifest import MANIFEST_NAME, file_mode
+from .files import oldest_first, sha256_file
+from .manifest import (
+    METADATA_SUFFIX,
+    file_mode,
+    metadata_path,
+    read_metadata,
+    stat_identity,
+    write_metadata,
+)
 
 ABANDONED_UPLOAD_S = 60
 
@@ -55,8 +62,14 @@ def remove_leftovers(workdir, keep_archive, upload_prefix):
     base = releases_dir(workdir)
     if os.path.isdir(base):
         for name in os.listdir(base):
+            path = os.path.join(base, name)
             if name.endswith(".partial"):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(os.path.join("releases", name))
+            elif name.endswith(METADATA_SUFFIX) and not os.path.isdir(
+                path[: -len(METADATA_SUFFIX)]
+            ):
+                os.unlink(path)  # the record of a release that never got into place
                 removed.append(os.path.join("releases", name))
     if not upload_prefix:
         return removed
@@ -88,7 +101,7 @@ def gc_releases(workdir, keep, protect):
         return []
     names = [n for n in os.listdir(base) if not n.endswith(".partial")]
     names = oldest_first(
-        base, [n for n in names if os.path.isdir(os.path.join(base, n))], MANIFEST_NAME
+        base, [n for n in names if os.path.isdir(os.path.join(base, n))], metadata_path
     )
     kept = set(names[-keep:]) if keep > 0 else set()
     kept.update(p for p in protect if p)
@@ -96,6 +109,10 @@ def gc_releases(workdir, keep, protect):
     for name in names:
         if name not in kept:
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            try:
+                os.unlink(metadata_path(os.path.join(base, name)))
+            except OSError:
+                pass
             removed.append(name)
     return removed
 
@@ -118,7 +135,8 @@ def build_release(p):
         os.mkdir(partial)
         try:
             base_dir = base and os.path.join(releases_dir(workdir), base)
-            counts = fill_release(partial, archive, base_dir)
+            counts, manifest, stats = fill_release(partial, archive, base_dir)
+            write_metadata(final, manifest, stats)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -133,18 +151,27 @@ def build_release(p):
 
 
 def fill_release(partial, archive, base_dir):
+    """Unpack the archive into `partial`, link the rest from `base_dir`, check every
+    file; returns (counts, manifest, stats)."""
     unpacked = {}
+    stats = {}
     manifest = None
-    with tarfile.open(archive, "r:*") as tar:
+    folders = {partial}  # made already: thousands of small files share a few folders
+    with tarfile.open(archive, "r:") as tar:
         for member in tar:
-            name = safe_member_path(member.name)
-            if name == MANIFEST_NAME:
+            if manifest is None:  # the first member is dflashctl's, whatever its name
+                if not member.isfile():
+                    raise AgentError("the uploaded archive does not start with its manifest")
                 manifest = json.loads(tar.extractfile(member).read().decode("utf-8"))
                 continue
+            name = safe_member_path(member.name)
             if not member.isfile():
                 raise AgentError(f"archive member {member.name!r} is not a regular file")
             dest = os.path.join(partial, name)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            folder = os.path.dirname(dest)
+            if folder not in folders:
+                os.makedirs(folder, exist_ok=True)
+                folders.add(folder)
             digest = hashlib.sha256()
             src = tar.extractfile(member)
             with open(dest, "wb") as out:
@@ -154,14 +181,18 @@ def fill_release(partial, archive, base_dir):
                         break
                     digest.update(chunk)
                     out.write(chunk)
-            os.chmod(dest, member.mode & 0o7777)
+                out.flush()
+                os.fchmod(out.fileno(), member.mode & 0o7777)
+                stats[name] = stat_identity(os.fstat(out.fileno()))
             unpacked[name] = [member.size, digest.hexdigest()]
     if manifest is None:
-        raise AgentError(f"the uploaded archive has no {MANIFEST_NAME}")
+        raise AgentError("the uploaded archive is empty")
+    base_manifest, base_stats = read_metadata(base_dir) if base_dir else ({}, {})
     linked = copied = 0
     for rel, entry in sorted(manifest.items()):
         size, sha, mode = entry
         rel = safe_member_path(rel)
+        dest = os.path.join(partial, rel)
         if rel in unpacked:
             if unpacked[rel] != [size, sha]:
                 raise AgentError(
@@ -175,8 +206,10 @@ def fill_release(partial, archive, base_dir):
                 "deploy again",
             )
         src = os.path.join(base_dir, rel)
-        dest = os.path.join(partial, rel)
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        folder = os.path.dirname(dest)
+        if folder not in folders:
+            os.makedirs(folder, exist_ok=True)
+            folders.add(folder)
         try:
             os.link(src, dest)
             linked += 1
@@ -189,8 +222,12 @@ def fill_release(partial, archive, base_dir):
             shutil.copy2(src, dest)
             copied += 1
         # Validate what we reuse: the previous release may have been edited in place.
+        # A link whose stat is as recorded for the previous release is that content.
         st = os.stat(dest)
-        if st.st_size != size or sha256_file(dest) != sha:
+        recorded = base_stats.get(rel) == stat_identity(st) and (
+            list(base_manifest.get(rel) or [])[:2] == [size, sha]
+        )
+        if st.st_size != size or not (recorded or sha256_file(dest) == sha):
             raise StaleBase(
                 f"{rel} in the previous release changed since it was inspected", "deploy again"
             )
@@ -200,5 +237,7 @@ def fill_release(partial, archive, base_dir):
             os.unlink(dest)
             shutil.copyfile(src, dest)
             os.chmod(dest, int(mode, 8))
-    write_atomic(os.path.join(partial, MANIFEST_NAME), json.dumps(manifest, sort_keys=True))
-    return {"files": len(manifest), "unpacked": len(unpacked), "linked": linked, "copied": copied}
+            st = os.stat(dest)
+        stats[rel] = stat_identity(st)
+    counts = {"files": len(manifest), "unpacked": len(unpacked), "linked": linked, "copied": copied}
+    return counts, manifest, stats

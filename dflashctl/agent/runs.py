@@ -5,6 +5,7 @@ table, never from the log."""
 import json
 import os
 import signal
+import sys
 import time
 
 from .errors import AgentError
@@ -85,7 +86,9 @@ def run_ids(workdir):
         return []
     base = runs_dir(workdir)
     return oldest_first(
-        base, [n for n in names if os.path.isdir(os.path.join(base, n))], "supervise.py"
+        base,
+        [n for n in names if os.path.isdir(os.path.join(base, n))],
+        lambda run_dir: os.path.join(run_dir, "supervise.py"),
     )
 
 
@@ -105,6 +108,18 @@ def settle_exit_code(workdir, run_id, was_killed):
     return code
 
 
+def bytecode_env(env, run_dir):
+    """Keep the run's bytecode out of its release: the release stays exactly what was
+    deployed (and may be shared with other runs through hard links). Python 3.8+
+    caches it in the run's folder instead; older ones do not write it. A trainer.env
+    (or an environment) that says otherwise wins."""
+    if "PYTHONPYCACHEPREFIX" in env or "PYTHONDONTWRITEBYTECODE" in env:
+        return {}
+    if sys.version_info < (3, 8):  # noqa: UP036 (the agent runs on 3.6+; so may the trainer)
+        return {"PYTHONDONTWRITEBYTECODE": "1"}
+    return {"PYTHONPYCACHEPREFIX": os.path.join(run_dir, "pycache")}
+
+
 def start_run(workdir, run_id, release, p):
     # Imported here: the log reader, which starts often and must answer fast, never
     # needs it.
@@ -122,6 +137,7 @@ def start_run(workdir, run_id, release, p):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
     env.update(p.get("env") or {})
     env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
+    env.update(bytecode_env(env, run_dir))
     log = open(os.path.join(run_dir, "train.log"), "ab")
     try:
         # New session (pid = pgid = sid), no terminal, stdin from /dev/null and our

@@ -30,6 +30,14 @@ def deploy(
     start_container: Annotated[
         bool, typer.Option("--start-container", help="Start the container if it is stopped.")
     ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Send more than trainer.confirm_above_mb without asking (needed off a terminal).",
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ) -> None:
     """Send the changed trainer files, stop stale runs, launch and follow the new run."""
@@ -43,6 +51,7 @@ def deploy(
         detach=detach,
         dry_run=dry_run,
         start_container=start_container,
+        yes=yes,
         extra_args=list(trainer_args or []),
     )
     code, summary = run_deploy(cfg, options)

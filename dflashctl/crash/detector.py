@@ -58,7 +58,7 @@ _ANNOUNCE_FAILED = re.compile(r"^(?P<thread>[A-Za-z][\w.-]*) failed:\s*$")
 _ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?):\s*$")
 # CPython reports exceptions it swallowed (in __del__, at exit) this way; the run goes on.
 _IGNORED = "Exception ignored"
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:\s?")
 _GPU_IN_MESSAGE = re.compile(r"\bGPU (\d+)\b|\bcuda:(\d+)\b")
 _SITE_PACKAGES = re.compile(r"^.*[/\\](?:site|dist)-packages[/\\]")
 # The fixed lines PyTorch appends to a CUDA error's message.
@@ -141,6 +141,7 @@ class CrashDetector:
         self._traces: list[_Trace] = []
         self._pending: list[_Pending] = []
         self._recent: deque[str] = deque(maxlen=12)
+        self._rank: str | None = None  # rank of the line being read (its [rankN]: prefix)
         self._finished = False
 
     # --- public API ---------------------------------------------------------------------
@@ -151,8 +152,14 @@ class CrashDetector:
         line = line.rstrip("\n")
         if "\r" in line:  # progress bars redraw with \r: what is left visible counts
             line = _last_redraw(line)
+        # torchrun's ranks share one log; the trainer prefixes ranks other than 0 the way
+        # torch does. Threads of different ranks have the same names: keep them apart.
+        self._rank = None
         if line.startswith("[rank"):
-            line = _RANK_PREFIX.sub("", line, count=1)
+            prefix = _RANK_PREFIX.match(line)
+            if prefix:
+                self._rank = prefix.group(1) if prefix.group(1) != "0" else None
+                line = line[prefix.end() :]
         self._recent.append(line)
         out: list[CrashEvent] = []
         if self._traces and self._feed_traceback(line, out):
@@ -165,8 +172,12 @@ class CrashDetector:
         if " on " in line:  # after the rules: a crash line is not the stage it failed in
             stage = _STAGE.match(line)
             if stage:
-                self._threads[stage["thread"]] = (stage["device"], stage["stage"])
+                self._threads[self._qualify(stage["thread"])] = (stage["device"], stage["stage"])
         return out
+
+    def _qualify(self, thread: str) -> str:
+        """``drafter-0 (rank 1)`` for a line of rank 1; unprefixed lines are rank 0's."""
+        return f"{thread} (rank {self._rank})" if self._rank else thread
 
     def flush(self) -> list[CrashEvent]:
         """Emit what is only waiting for more lines (call when the log has gone quiet)."""
@@ -394,7 +405,9 @@ class CrashDetector:
             return
         announce = _ANNOUNCE_FAILED.match(line) or _ANNOUNCE_THREAD.match(line)
         if announce:
-            self._announced.append((announce["thread"], line, n, self._ordinary_lines))
+            self._announced.append(
+                (self._qualify(announce["thread"]), line, n, self._ordinary_lines)
+            )
             return
         if line.startswith(_IGNORED):
             self._announced.append((None, line, n, self._ordinary_lines))
@@ -427,7 +440,7 @@ class CrashDetector:
         thread = device = stage = None
         staged = _STAGE.match(line)
         if staged:
-            thread, device = staged["thread"], staged["device"]
+            thread, device = self._qualify(staged["thread"]), staged["device"]
             text = staged["stage"]
             stage = self._threads.get(thread, (None, None))[1]
         else:

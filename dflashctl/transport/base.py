@@ -2,7 +2,9 @@
 
 A command is an argv list, never a shell string: the SSH transport quotes it with
 shlex.join, the local one hands it to the OS as is. stdout and stderr are always read
-concurrently and the exit status is always collected.
+concurrently and the exit status is always collected. A command's stdin is bytes, or an
+iterable of bytes pieces that is consumed as the command reads (a large archive is
+streamed from disk this way, never whole in memory).
 """
 
 from __future__ import annotations
@@ -10,13 +12,26 @@ from __future__ import annotations
 import posixpath
 import secrets
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflashctl.errors import HostError
 
 DEFAULT_TIMEOUT_S = 120.0
+
+# bytes, or pieces produced while they are sent (see stdin_pieces).
+Stdin = bytes | Iterable[bytes]
+
+
+def stdin_pieces(stdin: Stdin) -> Iterator[bytes]:
+    """A command's input as pieces. An exception raised by an iterable (say, a file
+    that changed while it was being sent) ends the input early: the transports close
+    the command's stdin and raise it once the command has ended."""
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        yield bytes(stdin)
+    else:
+        yield from stdin
 
 
 @dataclass
@@ -138,7 +153,7 @@ class Transport:
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes | None = None,
+        stdin: Stdin | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         check: bool = True,
         env: Mapping[str, str] | None = None,

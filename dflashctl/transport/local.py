@@ -15,9 +15,11 @@ from dflashctl.transport.base import (
     DEFAULT_TIMEOUT_S,
     CommandResult,
     CommandTimeout,
+    Stdin,
     Stream,
     Transport,
     read_local,
+    stdin_pieces,
     temp_name_for,
 )
 
@@ -37,6 +39,32 @@ def _not_found(argv: Sequence[str], exc: OSError) -> CommandResult:
     status = 127 if isinstance(exc, FileNotFoundError) else 126
     reason = "command not found" if status == 127 else exc.strerror
     return CommandResult(list(argv), status, b"", f"{argv[0]}: {reason}\n".encode())
+
+
+class _PipeFeeder(threading.Thread):
+    """Writes a command's stdin piece by piece, then closes it (EOF)."""
+
+    def __init__(self, proc: subprocess.Popen, stdin: Stdin) -> None:
+        super().__init__(name="local-stdin", daemon=True)
+        assert proc.stdin is not None
+        self.pipe = proc.stdin
+        proc.stdin = None  # ours now: communicate() must not close it under us
+        self.stdin = stdin
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for piece in stdin_pieces(self.stdin):
+                self.pipe.write(piece)
+        except OSError:
+            pass  # the command exited without reading everything
+        except Exception as exc:  # the input failed: end it here, say why afterwards
+            self.error = exc
+        try:
+            self.pipe.close()
+        except OSError:
+            pass
 
 
 class LocalStream(Stream):
@@ -93,7 +121,7 @@ class LocalTransport(Transport):
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes | None = None,
+        stdin: Stdin | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         check: bool = True,
         env: Mapping[str, str] | None = None,
@@ -110,9 +138,17 @@ class LocalTransport(Transport):
             )
         except OSError as exc:
             return self._finish(_not_found(argv, exc), check)
+        feeder = None
+        if stdin is not None and not isinstance(stdin, bytes):
+            # Pieces produced while they are sent: a writer thread of our own, and
+            # communicate() only reads.
+            feeder = _PipeFeeder(proc, stdin)
+            stdin = None
         try:
             # communicate() feeds stdin and reads both pipes concurrently.
             stdout, stderr = proc.communicate(stdin, timeout=timeout)
+            if feeder is not None:
+                feeder.join()
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             proc.communicate()
@@ -120,6 +156,8 @@ class LocalTransport(Transport):
         except BaseException:
             _kill_group(proc)
             raise
+        if feeder is not None and feeder.error is not None:
+            raise feeder.error
         return self._finish(CommandResult(argv, proc.returncode, stdout, stderr), check)
 
     def stream(self, argv: Sequence[str]) -> Stream:

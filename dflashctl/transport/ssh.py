@@ -31,10 +31,12 @@ from dflashctl.transport.base import (
     CommandTimeout,
     ConnectFailed,
     ConnectionLost,
+    Stdin,
     Stream,
     Transport,
     command_text,
     read_local,
+    stdin_pieces,
     temp_name_for,
 )
 from dflashctl.transport.ssh_config import SSHDestination, resolve, resolve_jumps
@@ -106,6 +108,37 @@ class _StderrReader(threading.Thread):
             self.pid_known.set()
         elif len(self.data) > _PID_SEARCH_LIMIT:
             self.pid_known.set()  # not coming: the command cannot be killed by pid
+
+
+class _StdinFeeder(threading.Thread):
+    """Sends a command's stdin piece by piece, each as a memoryview so that paramiko's
+    per-packet slicing costs nothing (`Channel.sendall` copies the rest of its bytes
+    on every packet: quadratic in the size of one call), then sends EOF."""
+
+    def __init__(self, chan: paramiko.Channel, stdin: Stdin) -> None:
+        super().__init__(name="ssh-stdin", daemon=True)
+        self.chan = chan
+        self.stdin = stdin
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for piece in stdin_pieces(self.stdin):
+                view = memoryview(piece)
+                while view:
+                    sent = self.chan.send(view)
+                    if not sent:
+                        return  # the channel is closed: the command has gone
+                    view = view[sent:]
+        except (OSError, EOFError, paramiko.SSHException):
+            return  # the command exited without reading everything
+        except Exception as exc:  # the input failed: end it here, say why afterwards
+            self.error = exc
+        try:
+            self.chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
 
 
 class SSHStream(Stream):
@@ -485,7 +518,7 @@ class SSHTransport(Transport):
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes | None = None,
+        stdin: Stdin | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         check: bool = True,
         env: Mapping[str, str] | None = None,
@@ -521,7 +554,7 @@ class SSHTransport(Transport):
         chan: paramiko.Channel,
         stderr_reader: _StderrReader,
         argv: list[str],
-        stdin: bytes | None,
+        stdin: Stdin | None,
         timeout: float | None,
     ) -> tuple[bytes, bytes, int]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -534,16 +567,10 @@ class SSHTransport(Transport):
                 raise CommandTimeout(argv, self.description, timeout or 0)
             return remaining
 
+        feeder = None
         if stdin:
             # A writer thread: the command may print before it has read all its input.
-            def feed() -> None:
-                try:
-                    chan.sendall(stdin)
-                    chan.shutdown_write()
-                except (OSError, EOFError, paramiko.SSHException):
-                    pass  # the command exited without reading everything
-
-            threading.Thread(target=feed, name="ssh-stdin", daemon=True).start()
+            feeder = _StdinFeeder(chan, stdin)
         else:
             chan.shutdown_write()  # like </dev/null: a command reading stdin sees EOF
 
@@ -563,6 +590,10 @@ class SSHTransport(Transport):
         while not chan.status_event.wait(min(left() or 1.0, 1.0)):
             pass
         stderr_reader.join(left())
+        if feeder is not None:
+            feeder.join(left())
+            if feeder.error is not None:  # the input's own failure comes first
+                raise feeder.error
         if chan.exit_status == -1:  # closed without a status: the connection went away
             raise ConnectionLost(self.description, f"running `{command_text(argv)}`")
         return bytes(stdout), bytes(stderr_reader.data), chan.exit_status

@@ -56,3 +56,19 @@ def test_the_target_itself_is_untouched_and_the_last_layer_runs_whole(tiny_targe
     # Reading the last layer: hidden_states[L] is the normed output, as before.
     assert context_body(tiny_target, [1, 5]) is decoder
     assert layers_run_for_context(tiny_target, [1, 5]) == 6
+
+
+def test_training_through_the_cut_copy_leaves_the_full_target_unchanged():
+    """The cut copy used first (as in training) must not make the full target hook its
+    layers twice: the end-of-run eval then read doubled, shifted hidden states."""
+    from dflash import build_tiny_target
+    from dflash.target import cached_forward, new_cache
+
+    ids = torch.randint(0, 500, (1, 12), generator=torch.Generator().manual_seed(1))
+    fresh, used = build_tiny_target(seed=0), build_tiny_target(seed=0)
+    target_context(used, ids, None, [1, 3])  # the first hidden-state request goes to the copy
+    expected = cached_forward(fresh, ids, 0, new_cache(fresh), hidden=True).hidden_states
+    got = cached_forward(used, ids, 0, new_cache(used), hidden=True).hidden_states
+    assert len(got) == len(expected) == 7
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

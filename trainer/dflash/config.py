@@ -204,9 +204,9 @@ class DrafterConfig(BaseModel):
     def to_hf_dict(self) -> dict[str, Any]:
         """`config.json` in the layout of the published DFlash drafters (Qwen3 body).
 
-        Serving engines pick the drafter by `architectures`; the published `auto_map`
-        (remote code for transformers' AutoModel) is left out, since no modeling file
-        ships with our checkpoints.
+        Serving engines pick the drafter by `architectures`; `auto_map` (remote code for
+        transformers' AutoModel) and `transformers_version` are added by
+        `checkpoint.save_drafter_weights`, which writes the modeling file beside them.
         """
         return {
             "architectures": ["DFlashDraftModel"],

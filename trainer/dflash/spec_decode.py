@@ -9,7 +9,14 @@ the anchor in training sees context strictly before it. Both sides keep a KV
 cache; the target's is cropped back past rejected positions.
 
 With greedy verification the output equals the target's own greedy output;
-`evaluate` checks that token for token, there and then.
+`evaluate` checks that token for token, there and then. Where it does not, the
+report tells a real bug from a numerical near-tie: it records, for every emitted
+token, the target's argmax and top-2 logit margin in the forward that verified it
+(verification is exact when every emitted token is that argmax), and the margin
+of the target's own one-token-at-a-time forward where the outputs part. A block
+verified in one forward and the same tokens fed one at a time round differently
+in bf16; when the margin there is within that noise and verification was exact,
+the difference is a near-tie, not a bug (verify in float32 to make it go away).
 """
 
 from __future__ import annotations
@@ -71,6 +78,25 @@ class SpecOutput:
     tokens: list[int]
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens produced per verify step
     target_forwards: int = 0
+    # Per emitted token: the target's argmax and top-2 logit margin in the forward that verified it.
+    verify_argmax: list[int] = field(default_factory=list)
+    verify_margin: list[float] = field(default_factory=list)
+
+    @property
+    def verification_exact(self) -> bool:
+        """Every emitted token is the target's argmax in its verifying forward."""
+        return self.tokens == self.verify_argmax[: len(self.tokens)]
+
+
+def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 logit along the last dimension (0: a tie)."""
+    top = logits.float().topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def accepted_prefix(proposal: torch.Tensor, verified: torch.Tensor) -> int:
+    """Greedy verification: how many leading drafted tokens equal the target's own choice."""
+    return int((proposal == verified[: proposal.shape[0]]).long().cumprod(0).sum())
 
 
 @torch.no_grad()
@@ -88,7 +114,12 @@ def speculative_generate(
     out = cached_forward(target, prompt_ids, 0, target_cache, hidden=True)
     draft_cache.extend(drafter, select_layers(out.hidden_states, cfg.target_layer_ids))
     token = int(out.logits[0, -1].argmax())
-    result = SpecOutput(tokens=[token], target_forwards=1)
+    result = SpecOutput(
+        tokens=[token],
+        target_forwards=1,
+        verify_argmax=[token],
+        verify_margin=[float(top2_margin(out.logits[0, -1]))],
+    )
     start = prompt_ids.shape[1]  # position of `token`, which the target has not processed yet
     while len(result.tokens) < max_new_tokens and token not in stops:
         proposal = draft_block_logits(drafter, draft_cache, token)[0, 1:].argmax(-1)
@@ -96,13 +127,16 @@ def speculative_generate(
         out = cached_forward(target, block, start, target_cache, hidden=True)
         result.target_forwards += 1
         verified = out.logits[0].argmax(-1)  # the target's choice after each block position
-        accepted = int((proposal == verified[:-1]).long().cumprod(0).sum())
+        accepted = accepted_prefix(proposal, verified)
         new_tokens = proposal[:accepted].tolist() + [int(verified[accepted])]
+        margins = top2_margin(out.logits[0])
         for i, t in enumerate(new_tokens):
             if t in stops:
                 new_tokens = new_tokens[: i + 1]
                 break
         new_tokens = new_tokens[: max_new_tokens - len(result.tokens)]
+        result.verify_argmax.extend(verified[: len(new_tokens)].tolist())
+        result.verify_margin.extend(margins[: len(new_tokens)].tolist())
         result.tokens.extend(new_tokens)
         result.acceptance_lengths.append(len(new_tokens))
         # Positions start..start+accepted hold verified tokens; their hidden states are final.
@@ -115,6 +149,40 @@ def speculative_generate(
     return result
 
 
+# A top-2 margin at or below this (in logits) is within the rounding noise of a bf16/fp16
+# forward whose shape differs (a block vs one token); float32 forwards agree far closer.
+NEAR_TIE_MARGIN = {torch.bfloat16: 0.25, torch.float16: 0.05, torch.float32: 1e-3}
+
+
+@dataclass
+class Divergence:
+    """Where the speculative output first parts from the target's own greedy output."""
+
+    prompt: int
+    position: int  # index into the generated tokens
+    speculative_token: int | None  # None: the output ended there
+    greedy_token: int | None
+    greedy_margin: float | None  # target top-2 margin there, one token at a time
+    verify_margin: float | None  # target top-2 margin there, in the verifying block forward
+    verification_exact: bool  # every emitted token was the verifier's argmax
+    near_tie: bool
+
+    @property
+    def verdict(self) -> str:
+        if not self.verification_exact:
+            return (
+                "bug: a token was emitted that is not the target's argmax in its verifying forward"
+            )
+        if self.near_tie:
+            return (
+                "near-tie: verification exact, the target's top-2 logits are within rounding there"
+            )
+        return "bug: verification exact, but the block forward and the one-token forward disagree by more than rounding"
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "verdict": self.verdict}
+
+
 @dataclass
 class EvalResult:
     tau: float  # mean tokens produced per verify step (accepted drafts + bonus)
@@ -125,12 +193,78 @@ class EvalResult:
     mismatched_prompts: list[int] = field(default_factory=list)
     # prompt index -> first generated position where speculative and greedy output differ
     first_divergence: dict[int, int] = field(default_factory=dict)
+    divergences: list[Divergence] = field(default_factory=list)
+    verification_exact: bool = True  # every emitted token of every prompt was the verifier's argmax
+    per_prompt: list[dict] = field(default_factory=list)
+    target_dtype: str = ""
+    checkpoint: str | None = None  # what was measured (set by the caller that loaded it)
+    results_path: str | None = None
 
     def format_line(self) -> str:
-        return (
+        line = (
             f"eval | tau {self.tau:.2f} | lossless {'yes' if self.lossless else 'no'} | "
             f"{self.num_tokens} tokens | {self.tokens_per_target_forward:.1f} tokens/target forward"
         )
+        if self.divergences:
+            first = self.divergences[0]
+            margin = first.greedy_margin if first.greedy_margin is not None else float("nan")
+            line += (
+                f" | {len(self.divergences)} of {self.num_prompts} prompts differ, first: prompt "
+                f"{first.prompt} token {first.position}, top-2 margin {margin:.3g}, "
+                f"verification {'exact' if first.verification_exact else 'NOT exact'}: "
+                f"{first.verdict.split(':')[0]}"
+            )
+        if self.checkpoint:
+            line += f" | checkpoint {self.checkpoint}"
+        if self.results_path:
+            line += f" | per prompt: {self.results_path}"
+        return line
+
+    def to_dict(self) -> dict:
+        return {
+            "tau": self.tau,
+            "lossless": self.lossless,
+            "verification_exact": self.verification_exact,
+            "num_tokens": self.num_tokens,
+            "tokens_per_target_forward": self.tokens_per_target_forward,
+            "num_prompts": self.num_prompts,
+            "target_dtype": self.target_dtype,
+            "checkpoint": self.checkpoint,
+            "divergences": [d.to_dict() for d in self.divergences],
+            "prompts": self.per_prompt,
+        }
+
+
+def _divergence(
+    index: int,
+    spec: SpecOutput,
+    reference: list[int],
+    greedy_margins: list[float],
+    tie_margin: float,
+) -> Divergence | None:
+    if spec.tokens == reference:
+        return None
+    position = next(
+        (i for i, (a, b) in enumerate(zip(spec.tokens, reference, strict=False)) if a != b),
+        min(len(spec.tokens), len(reference)),
+    )
+
+    def at(values, i):
+        return values[i] if i < len(values) else None
+
+    greedy_margin = at(greedy_margins, position)
+    verify_margin = at(spec.verify_margin, position)
+    known = [m for m in (greedy_margin, verify_margin) if m is not None]
+    return Divergence(
+        prompt=index,
+        position=position,
+        speculative_token=at(spec.tokens, position),
+        greedy_token=at(reference, position),
+        greedy_margin=greedy_margin,
+        verify_margin=verify_margin,
+        verification_exact=spec.verification_exact,
+        near_tie=bool(known) and min(known) <= tie_margin,
+    )
 
 
 @torch.no_grad()
@@ -145,37 +279,55 @@ def evaluate(
     """Speculative decoding over held-out prompts (token id lists or 1-D tensors), checked against greedy."""
     if not prompts:
         raise ValueError("evaluate needs at least one prompt")
-    device = next(target.parameters()).device
+    first = next(target.parameters())
+    device, dtype = first.device, first.dtype
+    tie_margin = NEAR_TIE_MARGIN.get(dtype, 0.25)
     was_training = drafter.training
     drafter.eval()
     try:
         steps: list[int] = []
         num_tokens = forwards = 0
-        divergence: dict[int, int] = {}
+        divergences: list[Divergence] = []
+        per_prompt: list[dict] = []
         for index, prompt in enumerate(prompts):
             ids = torch.as_tensor(prompt, dtype=torch.long, device=device).reshape(1, -1)
             spec = speculative_generate(drafter, target, ids, max_new_tokens, stop_token_ids)
-            reference, _ = greedy_generate(target, ids, max_new_tokens, stop_token_ids)
-            if spec.tokens != reference:
-                divergence[index] = next(
-                    (
-                        i
-                        for i, (a, b) in enumerate(zip(spec.tokens, reference, strict=False))
-                        if a != b
-                    ),
-                    min(len(spec.tokens), len(reference)),
-                )
-            steps.extend(spec.acceptance_lengths)
+            margins: list[float] = []
+            reference, _ = greedy_generate(
+                target, ids, max_new_tokens, stop_token_ids, margins=margins
+            )
+            found = _divergence(index, spec, reference, margins, tie_margin)
+            if found is not None:
+                divergences.append(found)
+            lengths = spec.acceptance_lengths
+            per_prompt.append(
+                {
+                    "prompt": index,
+                    "prompt_tokens": int(ids.shape[1]),
+                    "tau": sum(lengths) / len(lengths) if lengths else 1.0,
+                    "lossless": found is None,
+                    "verification_exact": spec.verification_exact,
+                    "acceptance_lengths": lengths,
+                    "tokens": spec.tokens,
+                    "greedy_tokens": reference,
+                    "divergence": found.to_dict() if found is not None else None,
+                }
+            )
+            steps.extend(lengths)
             num_tokens += len(spec.tokens)
             forwards += spec.target_forwards
     finally:
         drafter.train(was_training)
     return EvalResult(
         tau=sum(steps) / len(steps) if steps else 1.0,
-        lossless=not divergence,
+        lossless=not divergences,
         num_tokens=num_tokens,
         tokens_per_target_forward=num_tokens / forwards,
         num_prompts=len(prompts),
-        mismatched_prompts=sorted(divergence),
-        first_divergence=divergence,
+        mismatched_prompts=[d.prompt for d in divergences],
+        first_divergence={d.prompt: d.position for d in divergences},
+        divergences=divergences,
+        verification_exact=all(p["verification_exact"] for p in per_prompt),
+        per_prompt=per_prompt,
+        target_dtype=str(dtype).removeprefix("torch."),
     )

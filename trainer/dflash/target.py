@@ -109,6 +109,7 @@ def context_body(target: nn.Module, layer_ids: list[int]) -> nn.Module:
     cached = _context_bodies.get(decoder)
     if cached is not None and cached[0] == keep:
         return cached[1]
+    _install_capture_hooks(decoder)  # before copying: the copy must inherit "installed"
     body = copy.copy(decoder)  # a new module object sharing the submodules
     for name, value in vars(decoder).items():
         if isinstance(value, dict):  # own tables (submodules, hooks, ...): edits stay here
@@ -121,6 +122,36 @@ def context_body(target: nn.Module, layer_ids: list[int]) -> nn.Module:
         body.config.layer_types = body.config.layer_types[:keep]
     _context_bodies[decoder] = (keep, body)
     return body
+
+
+def _install_capture_hooks(decoder: nn.Module) -> None:
+    """Install transformers' hidden-state hooks on the whole decoder now, once.
+
+    transformers 5 collects hidden states with forward hooks it installs lazily on the
+    decoder layers the first time a model is asked for them, and marks only that model
+    object as hooked (`_output_capturing_hooks_installed`). The cut copy shares the layer
+    modules but is another object: were it asked first, it would hook the shared layers
+    and mark only itself, and the full target would later hook them a second time; every
+    shared layer then records its output twice (11 hidden states instead of 7 for a
+    6-layer target cut after layer 3, `hidden_states[2]` being layer 0's output again),
+    and the end-of-run eval read the wrong layers. Hooking the full decoder first and
+    copying its mark makes both objects use the one set of hooks. Older transformers
+    (hooks added and removed per call) have no such function and need nothing.
+    """
+    try:
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+    except ImportError:
+        return
+    maybe_install_capturing_hooks(decoder)
+
+
+def _check_hidden_states(hidden_states, expected: int) -> None:
+    if len(hidden_states) != expected:
+        raise RuntimeError(
+            f"the target returned {len(hidden_states)} hidden states, expected {expected} "
+            "(one per decoder layer plus the embedding): its hidden-state capture is "
+            "hooked twice or the model is not a plain decoder stack"
+        )
 
 
 @torch.no_grad()
@@ -137,6 +168,7 @@ def target_context(
         output_hidden_states=True,
         use_cache=False,
     )
+    _check_hidden_states(out.hidden_states, layers_run_for_context(target, layer_ids) + 1)
     return select_layers(out.hidden_states, layer_ids)
 
 
@@ -171,13 +203,16 @@ def cached_forward(target: nn.Module, input_ids: torch.Tensor, start: int, cache
     """Run `input_ids` at positions start.. on top of `cache`; returns the model output."""
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
     kwargs = {_cache_kwarg(target): cache}
-    return target(
+    out = target(
         input_ids=input_ids,
         position_ids=positions,
         use_cache=True,
         output_hidden_states=hidden,
         **kwargs,
     )
+    if hidden:
+        _check_hidden_states(out.hidden_states, num_layers(target) + 1)
+    return out
 
 
 def crop_cache(cache, length: int) -> None:
@@ -193,11 +228,16 @@ def greedy_generate(
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
     stop_token_ids: list[int] | None = None,
+    margins: list[float] | None = None,
 ) -> tuple[list[int], int]:
-    """The target's own greedy continuation of one prompt [1, P] -> (new token ids, target forwards)."""
+    """The target's own greedy continuation of one prompt [1, P] -> (new token ids, target forwards).
+
+    `margins`, when given, receives the top-1 minus top-2 logit of every chosen token.
+    """
     cache = new_cache(target)
     out = cached_forward(target, prompt_ids, 0, cache, hidden=False)
     token = int(out.logits[0, -1].argmax())
+    _record_margin(margins, out.logits[0, -1])
     generated, forwards = [token], 1
     stops = set(stop_token_ids or [])
     while len(generated) < max_new_tokens and token not in stops:
@@ -206,9 +246,16 @@ def greedy_generate(
             target, step, prompt_ids.shape[1] + len(generated) - 1, cache, hidden=False
         )
         token = int(out.logits[0, -1].argmax())
+        _record_margin(margins, out.logits[0, -1])
         generated.append(token)
         forwards += 1
     return generated, forwards
+
+
+def _record_margin(margins: list[float] | None, logits: torch.Tensor) -> None:
+    if margins is not None:
+        top = logits.float().topk(2).values
+        margins.append(float(top[0] - top[1]))
 
 
 @torch.no_grad()

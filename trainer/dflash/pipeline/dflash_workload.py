@@ -10,6 +10,8 @@ learn them), ``random`` (uniform token ids; throughput benchmarks only), or a
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from dflash import (
     target_context,
     target_parts,
 )
-from dflash.checkpoint import save_drafter
+from dflash.checkpoint import load_drafter, save_drafter, save_drafter_weights
 from dflash.data import (
     Sample,
     build_tiny_tokenizer,
@@ -36,7 +38,7 @@ from dflash.data import (
 from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TargetSection, TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
-from dflash.spec_decode import evaluate
+from dflash.spec_decode import EvalResult, evaluate
 from dflash.target import build_tiny_target, freeze, layers_run_for_context, load_target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -149,6 +151,7 @@ class DFlashWorkload(Workload):
         # the target's shape comes from its config.json (or the preset), so a drafter that
         # does not fit it fails here, not after an 8B model has been loaded.
         self.target_config = target_shape(cfg.target)
+        self.heldout: list[Sample] = []  # data-file samples kept out of training for eval
         self.tokenizer = self._tokenizer()
         self.drafter_cfg = self._drafter_config()
         self.samples = self._samples()  # only synthetic data builds the target here
@@ -232,8 +235,29 @@ class DFlashWorkload(Workload):
             )
             if not samples:
                 raise TrainConfigError(f"data.source: no usable samples in {path}")
+            samples, self.heldout = self._split_holdout(samples)
+            if self.heldout:
+                what += f", {len(self.heldout)} of them held out for eval"
         self._notes.append(f"data: {what} in {time.perf_counter() - started:.1f} s")
         return samples
+
+    def _split_holdout(self, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+        """(training samples, held-out samples): a seeded choice, the same in every process."""
+        ev = self.cfg.eval
+        count = ev.holdout
+        if count is None:
+            count = ev.num_prompts if ev.enabled and not ev.source else 0
+        if count == 0:
+            return samples, []
+        if count >= len(samples):
+            raise TrainConfigError(
+                f"eval.holdout: {count} held-out samples leave none of the {len(samples)} to "
+                "train on; lower eval.holdout or set eval.source to a separate eval file"
+            )
+        gen = torch.Generator().manual_seed(self.cfg.seed * 7_919 + 17)
+        chosen = set(torch.randperm(len(samples), generator=gen)[:count].tolist())
+        keep = [s for i, s in enumerate(samples) if i not in chosen]
+        return keep, [s for i, s in enumerate(samples) if i in chosen]
 
     def describe(self) -> list[str]:
         cfg = self.drafter_cfg
@@ -377,10 +401,22 @@ class DFlashWorkload(Workload):
     # -- end of run
 
     def evaluate(self, drafter: nn.Module) -> str | None:
+        """The in-memory drafter (a run without a final checkpoint)."""
+        result = self.evaluate_drafter(drafter, self.target_for(_device_of(drafter)))
+        if result is None:
+            return None
+        return result.format_line() + " | drafter in memory (no checkpoint written)"
+
+    def evaluate_checkpoint(self, folder: Path) -> str | None:
+        """The checkpoint as saved, read back from disk: what a fresh process would measure."""
+        result = evaluate_checkpoint(
+            self, folder, torch.device(self.cfg.runtime.drafter_devices[0])
+        )
+        return result.format_line() if result is not None else None
+
+    def evaluate_drafter(self, drafter: nn.Module, target: nn.Module) -> EvalResult | None:
         ev = self.cfg.eval
-        device = next(drafter.parameters()).device
-        target = self.target_for(device)
-        prompts = self._eval_prompts()
+        prompts = self.eval_prompts()
         if not prompts:
             return None
         stops = (
@@ -388,18 +424,30 @@ class DFlashWorkload(Workload):
             if self.tokenizer is not None and self.cfg.data.source not in ("synthetic", "random")
             else None
         )
-        result = evaluate(
-            drafter,
-            target,
-            prompts[: ev.num_prompts],
-            max_new_tokens=ev.max_new_tokens,
-            stop_token_ids=stops,
+        return evaluate(
+            drafter, target, prompts, max_new_tokens=ev.max_new_tokens, stop_token_ids=stops
         )
-        return result.format_line()
 
-    def _eval_prompts(self) -> list[list[int]]:
-        data = self.cfg.data
-        if data.source in ("synthetic", "random"):
+    def eval_prompts(self) -> list[list[int]]:
+        """Prompts never trained on: another seed (synthetic data), the held-out samples of a
+        data file, or `eval.source`. A sample whose loss starts at its first token (plain
+        text) is prompted with its first `eval.prompt_tokens` tokens (at most half of it)."""
+        data, ev = self.cfg.data, self.cfg.eval
+        if ev.source:
+            path = Path(ev.source)
+            if not path.is_file():
+                raise TrainConfigError(f"eval.source: {path} is not a file")
+            if self.tokenizer is None:
+                raise TrainConfigError(
+                    "eval.source needs a tokenizer: set data.tokenizer or target.path"
+                )
+            held, _ = load_samples(
+                path,
+                self.tokenizer,
+                max_length=data.seq_len,
+                block_size=self.cfg.drafter.block_size,
+            )
+        elif data.source in ("synthetic", "random"):
             high = (
                 self.drafter_cfg.mask_token_id
                 if self.tokenizer is None
@@ -408,17 +456,60 @@ class DFlashWorkload(Workload):
             gen = torch.Generator().manual_seed(
                 self.cfg.target.seed + 7777
             )  # held out: another seed
-            return torch.randint(
-                0, high, (self.cfg.eval.num_prompts, data.prompt_len), generator=gen
-            ).tolist()
+            return torch.randint(0, high, (ev.num_prompts, data.prompt_len), generator=gen).tolist()
+        else:
+            held = self.heldout
         prompts = []
-        for sample in self.samples[-self.cfg.eval.num_prompts :]:
+        for sample in held[: ev.num_prompts]:
             first_loss = next(
                 (i for i, m in enumerate(sample.loss_mask) if m), len(sample.input_ids)
             )
+            if first_loss == 0:  # plain text: every token is in the loss
+                first_loss = min(ev.prompt_tokens, len(sample.input_ids) // 2)
             if first_loss:
                 prompts.append(sample.input_ids[:first_loss])
         return prompts
 
     def save_drafter(self, drafter: nn.Module, folder: Path) -> None:
-        save_drafter(drafter, folder)
+        save_drafter(drafter, folder, dtype=DTYPES[self.cfg.train.export_dtype])
+
+    def export_weights(self, weights: dict[str, torch.Tensor], folder: Path) -> None:
+        save_drafter_weights(
+            weights, self.drafter_cfg, folder, dtype=DTYPES[self.cfg.train.export_dtype]
+        )
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+EVAL_RESULTS = "eval.json"
+
+
+def evaluate_checkpoint(
+    workload: DFlashWorkload,
+    folder: Path,
+    device: torch.device,
+    *,
+    results_name: str = EVAL_RESULTS,
+) -> EvalResult | None:
+    """Evaluate the drafter saved in `folder` (a step folder holding drafter/, or a drafter
+    folder) against the workload's target and held-out prompts; per-prompt results go to
+    `folder/results_name`. The end of a run and `python -m dflash.evaluate` both come here."""
+    folder = Path(folder)
+    drafter_dir = folder / "drafter" if (folder / "drafter").is_dir() else folder
+    saved_as = json.loads((drafter_dir / "config.json").read_text()).get("dtype", "float32")
+    drafter = load_drafter(drafter_dir, device=device, dtype=DTYPES.get(saved_as, torch.float32))
+    target = workload.target_for(device)
+    drafter.bind_target(*target_parts(target))
+    result = workload.evaluate_drafter(drafter, target)
+    if result is None:
+        return None
+    saved = next(drafter.parameters()).dtype
+    result.checkpoint = f"{folder} (drafter {str(saved).removeprefix('torch.')})"
+    path = folder / results_name
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    os.replace(tmp, path)
+    result.results_path = str(path)
+    return result

@@ -125,10 +125,14 @@ class MasterWeightAdamW:
 
     # -- state
 
-    def state_dict(self) -> dict:
+    def state_dict(self, live: bool = False) -> dict:
+        """``live``: the master tensors themselves, not CPU copies (the checkpoint writer
+        copies them into pinned memory without a synchronous device-to-host copy)."""
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
         if self.uses_master:
-            state["masters"] = [m.detach().cpu().clone() for m in self.masters]
+            state["masters"] = [
+                m.detach() if live else m.detach().cpu().clone() for m in self.masters
+            ]
         return state
 
     def load_state_dict(self, state: dict) -> None:

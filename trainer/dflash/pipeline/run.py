@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 
 from dflash.pipeline import checkpointing as ckpt
+from dflash.pipeline.distributed import Coordinator, DistInfo, PeerFailure
 from dflash.pipeline.logging import RunLog, header_lines
 from dflash.pipeline.optim import MasterWeightAdamW
-from dflash.pipeline.replicas import GradientAverager
+from dflash.pipeline.replicas import DistributedAverager, GradientAverager
 from dflash.pipeline.supervisor import StopQueue, Supervisor
 from dflash.pipeline.threads import (
     DrafterReplica,
@@ -28,10 +29,11 @@ from dflash.pipeline.threads import (
     run_prefetcher,
     run_target_loop,
 )
-from dflash.pipeline.train_config import TrainConfig, parse_fail_in
+from dflash.pipeline.train_config import TrainConfig, TrainConfigError, parse_fail_in
 from dflash.pipeline.warmup import WarmupGate
 from dflash.pipeline.workload import Workload
 
+REPEAT_WINDOW_S = 2.0  # a second SIGTERM this soon after the first is the same request
 STOP_GRACE_S = 8.0  # every thread joined within this after a stop (the run must end within 10 s)
 
 # Dense bf16 peak per GPU, for mfu (vendor datasheets).
@@ -102,16 +104,31 @@ def train(
     source_dir: Path | None = None,
     handle_signals: bool = True,
     interrupts: Interrupts | None = None,
+    coordinator: Coordinator | None = None,
 ) -> TrainResult:
     """Train; ``interrupts`` (SIGTERM/SIGINT state) may be installed by the caller before
-    the slow set-up, so a stop during it is not lost."""
+    the slow set-up, so a stop during it is not lost. ``coordinator``: this process is
+    one rank of a torchrun job (see distributed.py)."""
     interrupts = interrupts or Interrupts(log)
     if handle_signals:
         interrupts.install()
     try:
-        return _train(
-            cfg, workload, log, resume=resume, source_dir=source_dir, interrupts=interrupts
+        result = _train(
+            cfg,
+            workload,
+            log,
+            resume=resume,
+            source_dir=source_dir,
+            interrupts=interrupts,
+            coordinator=coordinator,
         )
+        if coordinator is not None and result.exit_code == 0 and not result.stuck_threads:
+            try:
+                coordinator.finish()  # every rank leaves together (rank 0 may still evaluate)
+            except PeerFailure as exc:
+                log.line(f"training failed: {coordinator.info.label()}: {exc}")
+                result.exit_code = 1
+        return result
     finally:
         if handle_signals:
             interrupts.restore()
@@ -125,22 +142,36 @@ def _train(
     resume: bool,
     source_dir: Path | None,
     interrupts: Interrupts,
+    coordinator: Coordinator | None = None,
 ) -> TrainResult:
     runtime = cfg.runtime  # validated when loaded: the device layout included
+    info = coordinator.info if coordinator is not None else DistInfo()
+    if coordinator is not None and len(runtime.drafter_devices) != 1:
+        raise TrainConfigError(
+            f"runtime.drafter_devices: {runtime.drafter_devices} under torchrun; each process "
+            "runs one drafter: start one process per GPU (torchrun --nproc-per-node N) with "
+            "drafter_devices: [cuda:0]"
+        )
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     output_dir = cfg.resolved_output_dir()
-    for row in header_lines(
-        cfg.to_dict(), runtime.target_devices + runtime.drafter_devices, source_dir or Path.cwd()
-    ):
-        log.line(row)
-    for row in workload.describe():
-        log.line(row)
-    log.line(f"output_dir: {output_dir}")
+    devices = runtime.target_devices + runtime.drafter_devices
+    if info.is_lead:
+        for row in header_lines(cfg.to_dict(), devices, source_dir or Path.cwd()):
+            log.line(row)
+        for row in workload.describe():
+            log.line(row)
+        log.line(f"output_dir: {output_dir}")
+    if coordinator is not None:
+        log.line(
+            f"distributed: {info.label()}, local rank {info.local_rank}/{info.local_world_size}, "
+            f"{coordinator.backend}, target on {', '.join(runtime.target_devices)}, drafter on "
+            f"{runtime.drafter_devices[0]}"
+        )
 
     resume_state = None
     if resume:
-        found = ckpt.latest_checkpoint(output_dir)
+        found = _checkpoint_to_resume(output_dir, coordinator)
         if found is None:
             log.line(f"resume: no checkpoint under {output_dir}; starting at step 0")
         else:
@@ -151,6 +182,8 @@ def _train(
                 log.line("resume: config differs from the checkpoint's in " + ", ".join(changed))
 
     supervisor = Supervisor(log)
+    if coordinator is not None:
+        _connect_failures(supervisor, coordinator, info)
     term = interrupts.term
     drafter_devices = [torch.device(d) for d in runtime.drafter_devices]
     target_devices = [torch.device(d) for d in runtime.target_devices]
@@ -189,13 +222,22 @@ def _train(
     if resume_state is not None:
         ckpt.restore_rng(resume_state.rng)
 
+    comm_dtype = getattr(torch, runtime.grad_comm_dtype)
+    if coordinator is not None:
+        averager = DistributedAverager(
+            info.world_size, term.is_set, comm_dtype, runtime.grad_bucket_mb, coordinator.explain
+        )
+    else:
+        averager = GradientAverager(num_drafters, supervisor, term.is_set, comm_dtype)
     ctx = RunContext(
         cfg=cfg,
         workload=workload,
         log=log,
         supervisor=supervisor,
         gate=WarmupGate(num_drafters, supervisor),
-        averager=GradientAverager(num_drafters, supervisor, term.is_set),
+        averager=averager,
+        dist=info,
+        coordinator=coordinator,
         term_requested=term,
         replicas=replicas,
         start_step=start_step,
@@ -205,24 +247,46 @@ def _train(
         peak_flops=peak_flops(cfg),
     )
 
-    def save(step: int, export: bool = True) -> Path:
-        started = time.perf_counter()
+    # Rank 0 writes (in the background for periodic checkpoints); the other ranks never
+    # write, and wait at a store barrier for the checkpoints every rank must see complete.
+    writer = ckpt.CheckpointWriter(output_dir, log.line) if info.is_lead else None
+    saves = [0]  # every rank saves at the same steps: the count names the store barrier
+
+    def collect(step: int) -> ckpt.TrainingState:
         lead = replicas[0]
-        state = ckpt.TrainingState(
+        return ckpt.TrainingState(
             step=step,
-            model=ckpt.trainable_state(lead.model),
-            optimizer=lead.optimizer.state_dict(),
+            model=ckpt.live_trainable_state(lead.model),
+            optimizer=lead.optimizer.state_dict(live=True),
             config=cfg.to_dict(),
             rng=ckpt.capture_rng(),
             nonfinite_count=lead.nonfinite_count,
         )
-        exporter = (lambda folder: workload.save_drafter(lead.model, folder)) if export else None
-        path = ckpt.save_checkpoint(output_dir, state, exporter)
-        log.line(f"checkpoint: {path} ({time.perf_counter() - started:.1f} s)")
+
+    def save(step: int, export: bool = True) -> Path:
+        """Wait for any write in flight, then write this one (end of run, SIGTERM); under
+        torchrun every rank returns once rank 0's checkpoint is complete."""
+        saves[0] += 1
+        path = ckpt.checkpoint_dir(output_dir, step)
+        if writer is not None:
+            exporter = workload.export_weights if export else None
+            path = writer.save(step, lambda: collect(step), exporter)
+        if coordinator is not None:
+            coordinator.barrier(f"checkpoint-{saves[0]}")
         return path
 
-    ctx.on_checkpoint = save
+    def save_periodic(step: int) -> None:
+        """Snapshot and go on training; the write finishes in the background (rank 0
+        only: nobody reads a periodic checkpoint before a resume, which waits for it)."""
+        if writer is not None:
+            writer.save_async(step, lambda: collect(step), workload.export_weights, if_busy="skip")
 
+    ctx.on_checkpoint = save_periodic
+
+    if coordinator is not None and coordinator.vote("setup", int(term.is_set())):
+        term.set()  # SIGTERM reached some rank during the set-up: every rank stops here
+    if coordinator is not None and info.world_size > 1 and not term.is_set():
+        _start_from_rank0_weights(replicas[0])
     if term.is_set():
         log.line("stopped before training started: nothing trained, no checkpoint written")
         return TrainResult(exit_code=0, completed_steps=start_step, replicas=replicas)
@@ -230,7 +294,10 @@ def _train(
 
     # ---- threads (drafters first: they warm up while everything else waits at the gate)
     remaining = max(0, total_steps - start_step)
-    drafter_threads = [supervisor.spawn(r.name, lambda r=r: run_drafter(ctx, r)) for r in replicas]
+    ctx.warmup_started = time.perf_counter()
+    drafter_threads = [
+        supervisor.spawn(r.name, lambda r=r: run_drafter(ctx, r), str(r.device)) for r in replicas
+    ]
     pin = any(d.type == "cuda" for d in target_devices + drafter_devices)
     if runtime.schedule == "pipelined":
         batch_queues = [StopQueue(runtime.queue_size, supervisor) for _ in target_devices]
@@ -243,6 +310,7 @@ def _train(
                 lambda i=i, device=device, owned=owned: run_target_loop(
                     ctx, i, device, workload.target_for(device), batch_queues[i], remaining * owned
                 ),
+                str(device),
             )
     else:
         supervisor.spawn(
@@ -256,6 +324,11 @@ def _train(
     supervisor.request_stop()  # release whatever still waits on a queue or the gate
     stuck = supervisor.join_all(STOP_GRACE_S)
     interrupts.abandon = None
+    if writer is not None:
+        try:
+            writer.wait()  # a periodic checkpoint still being written completes first
+        except Exception:  # noqa: BLE001 - the writer logged it; the next is written anew
+            pass
 
     result = TrainResult(
         exit_code=0,
@@ -271,7 +344,10 @@ def _train(
         )
     if supervisor.failed:
         name, exc = supervisor.failures[0]
-        log.line(f"training failed: {name} failed: {type(exc).__name__}: {exc}")
+        where = f" ({info.label()})" if coordinator is not None else ""
+        device = supervisor.devices.get(name)
+        on = f" on {device}" if device else ""
+        log.line(f"training failed{where}: {name}{on} failed: {type(exc).__name__}: {exc}")
         result.exit_code = 1
         return result
     if stuck:
@@ -282,6 +358,8 @@ def _train(
     lead = replicas[0]
     if lead.completed_steps < total_steps:
         why = "SIGTERM" if term.is_set() else "a stop request"
+        if coordinator is not None and not term.is_set():
+            why = "a SIGTERM to another rank"
         if lead.completed_steps == start_step:
             log.line(
                 f"stopped by {why} before the first step: nothing trained, no checkpoint written"
@@ -299,16 +377,71 @@ def _train(
         result.checkpoint = save(lead.completed_steps)
     if ctx.window_loss is not None:
         log.line(f"final loss {ctx.window_loss:.4f} (mean of the last {cfg.train.log_every} steps)")
-    if cfg.eval.enabled:
-        lead.model.eval()
-        result.eval_line = workload.evaluate(lead.model)
-        lead.model.train()
+    if cfg.eval.enabled and info.is_lead:
+        # The saved checkpoint read back from disk, so the line is what a fresh process
+        # measures (python -m dflash.evaluate); the in-memory drafter only without one.
+        if result.checkpoint is not None:
+            result.eval_line = workload.evaluate_checkpoint(result.checkpoint)
+        if result.eval_line is None:
+            lead.model.eval()
+            result.eval_line = workload.evaluate(lead.model)
+            lead.model.train()
         if result.eval_line:
             log.line(result.eval_line)
     if result.checkpoint is not None:
         log.line(f"drafter checkpoint: {result.checkpoint}")
     log.line("training complete")
     return result
+
+
+def _start_from_rank0_weights(replica: DrafterReplica) -> None:
+    """Every rank starts from rank 0's weights (the same seed gives the same weights on one
+    torch build; this makes it so on any). Before any thread runs: no capture to disturb."""
+    import torch.distributed as dist
+
+    optimizer = replica.optimizer
+    with torch.no_grad():
+        for master in optimizer.masters:
+            dist.broadcast(master, src=0)
+        if optimizer.uses_master:
+            torch._foreach_copy_([p.data for p in optimizer.params], optimizer.masters)
+
+
+def _checkpoint_to_resume(output_dir: Path, coordinator: Coordinator | None) -> Path | None:
+    """The latest checkpoint; under torchrun rank 0 picks it and every rank loads that one
+    (it was complete before rank 0 wrote ``latest``: written, then renamed)."""
+    if coordinator is None or coordinator.rank == 0:
+        found = ckpt.latest_checkpoint(output_dir)
+        if coordinator is not None:
+            coordinator.publish("resume", found.name if found else "")
+        return found
+    name = coordinator.read("resume")
+    if not name:
+        return None
+    found = output_dir / "checkpoints" / name
+    if not (found / ckpt.STATE_FILE).is_file():
+        raise FileNotFoundError(
+            f"{coordinator.info.label()} cannot read {found}, the checkpoint rank 0 resumes "
+            "from: output_dir must be on storage every host shares"
+        )
+    return found
+
+
+def _connect_failures(supervisor: Supervisor, coordinator: Coordinator, info: DistInfo) -> None:
+    """A failure here is posted for the other ranks (rank, host, thread, device, exception);
+    a failure or silence there stops this rank's threads."""
+
+    def post(name: str, exc: BaseException) -> None:
+        if isinstance(exc, PeerFailure):
+            return  # a consequence: the root cause is already posted by its rank
+        device = supervisor.devices.get(name)
+        on = f" on {device}" if device else ""
+        coordinator.post_failure(f"{name}{on} failed: {type(exc).__name__}: {exc}")
+
+    supervisor.on_failure(post)
+    coordinator.on_peer_failure(
+        lambda text: supervisor.record_failure("peers", PeerFailure(f"{info.label()}: {text}"))
+    )
 
 
 def _log_device_summary(cfg: TrainConfig, replicas: list[DrafterReplica], log: RunLog) -> None:
@@ -339,6 +472,7 @@ class Interrupts:
         self.term = threading.Event()
         self.abandon: Callable[[], None] | None = None
         self._previous: dict = {}
+        self._first_at = 0.0
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -355,7 +489,12 @@ class Interrupts:
         name = signal.Signals(signum).name
         if not self.term.is_set():
             self.term.set()
+            self._first_at = time.monotonic()
             self.log.line(f"received {name}: finishing the current step, then writing a checkpoint")
+        elif signum == signal.SIGTERM and time.monotonic() - self._first_at < REPEAT_WINDOW_S:
+            # One stop told twice: `dflashctl stop` signals the process group, and torchrun,
+            # in it, passes the SIGTERM on to its ranks once more.
+            self.log.line(f"received {name} again at once: taken as the same stop request")
         elif self.abandon is not None:
             self.log.line(f"received {name} again: abandoning the current step")
             self.abandon()

@@ -30,13 +30,19 @@ class Supervisor:
         self._lock = threading.Lock()
         self.failures: list[tuple[str, BaseException]] = []
         self.threads: list[threading.Thread] = []
+        self.devices: dict[str, str] = {}  # thread name -> the device it works on
         self._on_stop: list[Callable[[], None]] = []
+        self._on_failure: list[Callable[[str, BaseException], None]] = []
 
     # -- stopping
 
     def on_stop(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` when the stop is broadcast (abort barriers, close queues)."""
         self._on_stop.append(callback)
+
+    def on_failure(self, callback: Callable[[str, BaseException], None]) -> None:
+        """Run ``callback(thread, exc)`` on the first failure (torchrun: tell the other ranks)."""
+        self._on_failure.append(callback)
 
     def request_stop(self) -> None:
         with self._lock:
@@ -68,11 +74,19 @@ class Supervisor:
             if first
             else f"{name} failed (after an earlier failure):\n{text}"
         )
+        if first:
+            for callback in self._on_failure:
+                try:
+                    callback(name, exc)
+                except Exception as err:  # noqa: BLE001 - the stop below must still happen
+                    self.log.line(f"failure callback failed: {err!r}")
         self.request_stop()
 
     # -- threads
 
-    def spawn(self, name: str, body: Callable[[], Any]) -> threading.Thread:
+    def spawn(
+        self, name: str, body: Callable[[], Any], device: str | None = None
+    ) -> threading.Thread:
         def run() -> None:
             try:
                 body()
@@ -83,6 +97,8 @@ class Supervisor:
 
         thread = threading.Thread(target=run, name=name, daemon=True)
         self.threads.append(thread)
+        if device is not None:
+            self.devices[name] = device
         thread.start()
         return thread
 

@@ -5,7 +5,9 @@ per drafter device.
     prefetcher --batches--> drafter-j (target forward, then drafter step) (sequential)
 
 Every queue is bounded (back-pressure); every thread but the drafters starts work only
-after all drafters finished their compiled warm-up (see warmup.py).
+after all drafters finished their compiled warm-up (see warmup.py). Under torchrun each
+process holds one drafter and its shard of every step (``RunContext.shard_offset``);
+the ranks meet after the warm-up and average through torch.distributed.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from dflash.pipeline import tls
+from dflash.pipeline.distributed import DistInfo
 from dflash.pipeline.logging import RunLog, format_nonfinite_line, format_step_line, stage_line
 from dflash.pipeline.optim import MasterWeightAdamW
-from dflash.pipeline.replicas import GradientAverager, flatten
+from dflash.pipeline.replicas import flatten
 from dflash.pipeline.supervisor import StopQueue, Supervisor
 from dflash.pipeline.train_config import FailurePoint, TrainConfig
 from dflash.pipeline.warmup import WarmupGate
@@ -64,7 +69,7 @@ class RunContext:
     log: RunLog
     supervisor: Supervisor
     gate: WarmupGate
-    averager: GradientAverager
+    averager: Any  # replicas.GradientAverager (threads) or DistributedAverager (torchrun)
     term_requested: threading.Event
     replicas: list[DrafterReplica]
     start_step: int
@@ -75,6 +80,12 @@ class RunContext:
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
     window_loss: float | None = None  # mean loss of the last logged window
     on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
+    dist: DistInfo = field(default_factory=DistInfo)
+    coordinator: Any = None  # distributed.Coordinator under torchrun
+    warmup_started: float = 0.0  # perf_counter when the drafters began warming up
+    target_timer: Any = None  # TargetTimer of target-0: forward time per batch
+    _wait_s: float = 0.0  # lead drafter, this window: waiting for inputs, stepping
+    _step_s: float = 0.0
     _window_start: float = 0.0  # throughput window (restarted after profiling)
     _window_steps: int = 0
     _window_sums: list[float] = field(
@@ -85,10 +96,30 @@ class RunContext:
     def num_drafters(self) -> int:
         return len(self.replicas)
 
+    @property
+    def shard_offset(self) -> int:
+        """Global shard of this process's first drafter (torchrun: one drafter per rank)."""
+        return self.dist.rank * self.num_drafters
+
+    @property
+    def total_shards(self) -> int:
+        return self.dist.world_size * self.num_drafters
+
+    @property
+    def is_lead(self) -> bool:
+        return self.dist.rank == 0
+
+    def debug_applies(self) -> bool:
+        """debug.fail_in and tls_fix=false act only on debug.on_ranks (all when empty)."""
+        ranks = self.cfg.debug.on_ranks
+        return not ranks or self.dist.rank in ranks
+
 
 def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
     point = ctx.fail_point
     if point is None or point.thread != thread or point.stage != stage:
+        return
+    if not ctx.debug_applies():
         return
     if stage == "step" and point.step != step:
         return
@@ -118,9 +149,9 @@ def run_prefetcher(ctx: RunContext, shard_queues: list[StopQueue], pin: bool) ->
     ctx.gate.wait_all_warm()
     for step in range(ctx.start_step, ctx.total_steps):
         inject(ctx, "prefetcher", "step", step + 1)
-        for shard in range(ctx.num_drafters):
-            batch = ctx.workload.batch_for(step, shard, ctx.num_drafters)
-            shard_queues[shard].put(batch.pin_memory() if pin else batch)
+        for local in range(ctx.num_drafters):
+            batch = ctx.workload.batch_for(step, ctx.shard_offset + local, ctx.total_shards)
+            shard_queues[local].put(batch.pin_memory() if pin else batch)
 
 
 # ---------------------------------------------------------------- target loops
@@ -137,22 +168,74 @@ def run_target_loop(
     """No-grad target forwards; hidden states of the selected layers go to the drafter
     that owns the batch, on that drafter's device, through its bounded queue."""
     name = f"target-{index}"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     inject(ctx, name, "start")
     ctx.gate.wait_all_warm()
     # The crash detector takes a thread's stage from its last stage line.
     ctx.log.line(stage_line(name, _device_text(device), "running target forwards"))
     # A side stream lets target forwards overlap the drafter steps on a shared GPU.
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    timer = TargetTimer(stream)
+    if index == 0:
+        ctx.target_timer = timer
     for _ in range(num_batches):
         batch: Batch = batches.get()
         inject(ctx, name, "step", batch.step + 1)
-        replica = ctx.replicas[batch.shard]
+        replica = ctx.replicas[batch.shard - ctx.shard_offset]
         with torch.no_grad(), torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+            timer.start()
             inputs = _target_forward(ctx, target, device, batch, replica.device)
+            timer.stop()
             if stream is not None:
                 inputs.ready = torch.cuda.Event()
                 inputs.ready.record(stream)
         replica.inputs.put(inputs)
+
+
+class TargetTimer:
+    """Target forward time per batch: CUDA events on the loop's stream, read once the GPU
+    passed them (never a synchronize: a drafter may be capturing); the wall clock on CPU."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self._open: deque = deque()
+        self._lock = threading.Lock()
+        self.total_ms = 0.0
+        self.count = 0
+        self._started = 0.0
+
+    def start(self) -> None:
+        if self.stream is None:
+            self._started = time.perf_counter()
+            return
+        begin = torch.cuda.Event(enable_timing=True)
+        begin.record(self.stream)
+        self._open.append([begin, None])
+
+    def stop(self) -> None:
+        if self.stream is None:
+            with self._lock:
+                self.total_ms += 1000 * (time.perf_counter() - self._started)
+                self.count += 1
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(self.stream)
+        self._open[-1][1] = end
+        self._collect()
+
+    def _collect(self) -> None:
+        while self._open and self._open[0][1] is not None and self._open[0][1].query():
+            begin, end = self._open.popleft()
+            with self._lock:
+                self.total_ms += begin.elapsed_time(end)
+                self.count += 1
+
+    def take_mean_ms(self) -> float | None:
+        with self._lock:
+            mean = self.total_ms / self.count if self.count else None
+            self.total_ms, self.count = 0.0, 0
+        return mean
 
 
 def _target_forward(
@@ -186,8 +269,10 @@ def _target_forward(
 
 def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
     name, device = replica.name, _device_text(replica.device)
+    if replica.device.type == "cuda":
+        torch.cuda.set_device(replica.device)  # the current device is per thread
     inject(ctx, name, "start")
-    if ctx.cfg.debug.tls_fix:
+    if ctx.cfg.debug.tls_fix or not ctx.debug_applies():
         # Before any compiled call and any backward: this thread's own CUDA Graph Trees
         # state, stashed so the backward threads it starts inherit it.
         tls.install_thread_state()
@@ -209,6 +294,16 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
         ctx.gate.release_capture()
     ctx.gate.mark_warm()
     ctx.gate.wait_all_warm()
+    if ctx.coordinator is not None:
+        # Every rank's drafter is warm (compile times differ: a store barrier, no timeout);
+        # a SIGTERM seen on any rank during the warm-up stops them all here.
+        if ctx.coordinator.vote("warm", int(ctx.term_requested.is_set()), ctx.supervisor.check):
+            ctx.term_requested.set()
+    if replica.rank == 0 and ctx.is_lead:
+        ctx.log.line(
+            f"warm-up | {ctx.total_shards} drafters | all ready "
+            f"{time.perf_counter() - ctx.warmup_started:.1f} s after warm-up began"
+        )
 
     if ctx.term_requested.is_set():  # SIGTERM during warm-up: nothing trained, stop now
         ctx.supervisor.request_stop()
@@ -220,16 +315,23 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
     profile = (
         _ProfileWindow(ctx, replica) if replica.rank == 0 and ctx.cfg.debug.profile_steps else None
     )
+    shard = ctx.shard_offset + replica.rank
     for step in range(ctx.start_step, ctx.total_steps):
+        waited = time.perf_counter()
         inputs = _next_inputs(ctx, replica)
-        if inputs.step != step or inputs.shard != replica.rank:
+        if inputs.step != step or inputs.shard != shard:
             raise RuntimeError(
-                f"{name} expected step {step} shard {replica.rank}, got step {inputs.step} shard {inputs.shard}"
+                f"{name} expected step {step} shard {shard}, got step {inputs.step} shard {inputs.shard}"
             )
         inject(ctx, name, "step", step + 1)
         if profile is not None:
             profile.before(step + 1)
+        stepped = time.perf_counter()
+        if replica.rank == 0:
+            ctx._wait_s += stepped - waited
         stop = _train_step(ctx, replica, inputs)
+        if replica.rank == 0:
+            ctx._step_s += time.perf_counter() - stepped
         if profile is not None:
             profile.after(step + 1)
         if stop:
@@ -342,20 +444,14 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
     keys = sorted(metrics)
     extras = [loss.detach(), *(metrics[k].detach() for k in keys)]
     optimizer = replica.optimizer
-    if ctx.num_drafters > 1:
-        flat = ctx.averager.all_reduce_mean(replica.rank, flatten(optimizer.model_grads(), extras))
-        used = optimizer.master_grads_from_flat(flat)
-        stats = flat[used:].tolist()
-    else:
-        optimizer.set_master_grads(optimizer.model_grads())
-        stats = ctx.averager.all_reduce_mean(0, flatten([], extras)).tolist()
+    stats = ctx.averager.average(replica, extras)
     mean_loss, values = stats[0], _unflatten_metrics(keys, [metrics[k] for k in keys], stats[1:])
 
     if not math.isfinite(mean_loss):
         optimizer.skip_step()
         replica.nonfinite_count += 1
         replica.completed_steps = step_number
-        if replica.rank == 0:
+        if replica.rank == 0 and ctx.is_lead:
             ctx.log.line(
                 format_nonfinite_line(
                     step=step_number,
@@ -366,7 +462,7 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
                 )
             )
         if replica.nonfinite_count > cfg.train.max_nonfinite:
-            if replica.rank == 0:
+            if replica.rank == 0 and ctx.is_lead:
                 raise NonFiniteLoss(
                     f"{replica.nonfinite_count} non-finite losses, more than train.max_nonfinite="
                     f"{cfg.train.max_nonfinite}; last at step {step_number}"
@@ -378,7 +474,8 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
         replica.completed_steps = step_number
         if replica.rank == 0:
             ctx.history.append((step_number, mean_loss))
-            _log_step(ctx, replica, step_number, mean_loss, values, lr, inputs.num_tokens)
+            if ctx.is_lead:
+                _log_step(ctx, replica, step_number, mean_loss, values, lr, inputs.num_tokens)
 
     if (
         replica.rank == 0
@@ -423,10 +520,11 @@ def _log_step(
     now = time.perf_counter()
     elapsed = max(1e-9, now - ctx._window_start)
     steps = ctx._window_steps
-    tokens_per_s = tokens_per_batch * ctx.num_drafters * steps / elapsed
+    tokens_per_s = tokens_per_batch * ctx.total_shards * steps / elapsed
     mfu = None
-    if ctx.peak_flops:
-        mfu = ctx.flops_per_batch * ctx.num_drafters * steps / elapsed / ctx.peak_flops
+    if ctx.peak_flops:  # every rank's devices alike: this process's peak times the ranks
+        peak = ctx.peak_flops * ctx.dist.world_size
+        mfu = ctx.flops_per_batch * ctx.total_shards * steps / elapsed / peak
     n = sums[3]
     # Means over the steps since the last line: one step's loss is too noisy to read.
     ctx.window_loss = sums[0] / n
@@ -446,3 +544,27 @@ def _log_step(
     )
     ctx._window_start, ctx._window_steps = now, 0
     ctx._window_sums = [0.0, 0.0, 0.0, 0]
+    ctx.log.line(_timing_line(ctx, steps))
+
+
+def _timing_line(ctx: RunContext, steps: int) -> str:
+    """Per-part times of the window (the 8-GPU layout table is computed from these):
+    ``timing | drafter step 170.2 ms | waiting for inputs 260.1 ms | grad averaging
+    12.4 ms (4200.0 MB float32, nccl (in process)) | target forward 265.0 ms``."""
+    n = max(1, steps)
+    parts = [
+        f"drafter step {1000 * ctx._step_s / n:.1f} ms",
+        f"waiting for inputs {1000 * ctx._wait_s / n:.1f} ms",
+    ]
+    ctx._step_s = ctx._wait_s = 0.0
+    averaging = ctx.averager.timer.take_mean_ms()
+    if averaging is not None:
+        dtype = str(ctx.averager.comm_dtype).replace("torch.", "")
+        parts.append(
+            f"grad averaging {averaging:.1f} ms ({ctx.averager.payload_bytes / 1e6:.1f} MB "
+            f"{dtype}, {ctx.averager.method})"
+        )
+    target = ctx.target_timer.take_mean_ms() if ctx.target_timer is not None else None
+    if target is not None:
+        parts.append(f"target forward {target:.1f} ms")
+    return "timing | " + " | ".join(parts)

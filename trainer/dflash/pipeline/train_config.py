@@ -46,6 +46,7 @@ __all__ = ["TrainConfig", "TrainConfigError", "load_train_config", "config_from_
 
 COMPILE_MODES = ("eager", "default", "reduce-overhead", "legacy-cudagraphs")
 SCHEDULES = ("pipelined", "sequential")
+COMM_DTYPES = ("float32", "bfloat16")
 DTYPES = ("float32", "bfloat16", "float16")
 PRESETS = ("tiny", "small", "qwen3-8b")
 
@@ -85,6 +86,12 @@ def _at_least(low: int):
         return value
 
     return AfterValidator(check)
+
+
+def _above_zero(value: float) -> float:
+    if value <= 0:
+        raise invalid(f"must be above 0, got {value}")
+    return value
 
 
 def _one_of(*allowed: str):
@@ -188,6 +195,7 @@ class TrainSection(Section):
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: Amount = 3  # stop after more than this many non-finite losses
     loss_chunk: Amount = 0  # rows per loss chunk; 0 -> the objective's default
+    export_dtype: Dtype = "bfloat16"  # checkpoint drafter/ export; resume state stays fp32
 
 
 class RuntimeSection(Section):
@@ -201,6 +209,19 @@ class RuntimeSection(Section):
     warmup_iters: Amount = 3  # compiled warm-up iterations (warm-up, record, replay)
     peak_tflops: Number = 0.0  # per device, for mfu; 0 -> known GPU table or none
     threads: Amount = 0  # torch intra-op threads; 0 -> leave torch's default
+    grad_comm_dtype: Annotated[Text, _one_of(*COMM_DTYPES)] = "float32"  # all-reduce precision
+    dist_backend: Annotated[Text, _one_of("auto", "nccl", "gloo")] = (
+        "auto"  # torchrun; auto: nccl on GPUs
+    )
+    grad_bucket_mb: Annotated[Number, AfterValidator(_above_zero)] = (
+        256.0  # torchrun all-reduce buckets
+    )
+    dist_timeout_s: Annotated[Number, AfterValidator(_above_zero)] = (
+        120.0  # torchrun: a hung collective
+    )
+    peer_timeout_s: Annotated[Number, AfterValidator(_above_zero)] = (
+        15.0  # torchrun: silent rank is dead
+    )
 
     @field_validator("compile")
     @classmethod
@@ -217,6 +238,9 @@ class EvalSection(Section):
     enabled: bool = True
     num_prompts: Count = 4
     max_new_tokens: Count = 64
+    holdout: Amount | None = None  # data-file samples kept from training; None: num_prompts
+    source: Text | None = None  # .jsonl/.txt of eval prompts instead of held-out samples
+    prompt_tokens: Count = 32  # plain text: prompt with a document's first tokens (<= half)
 
 
 class DebugSection(Section):
@@ -229,6 +253,7 @@ class DebugSection(Section):
     # restarted run gets past it: automatic recovery tests and demos).
     fail_once_marker: Text | None = None
     stop_at_step: Amount = 0  # act as if SIGTERM arrived after this step (tests, demos)
+    on_ranks: IntList = Field(default_factory=list)  # torchrun: fail_in/tls_fix=false only here
     nonfinite_at_steps: IntList = Field(default_factory=list)  # poison the loss at these steps
     profile_steps: IntList = Field(default_factory=list)  # [first, last]: count CUDA graph launches
 

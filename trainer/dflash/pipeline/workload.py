@@ -160,8 +160,17 @@ class Workload:
     def evaluate(self, drafter: torch.nn.Module) -> str | None:
         return None
 
+    def evaluate_checkpoint(self, folder: Path) -> str | None:
+        """The eval line for the drafter saved in checkpoint ``folder``, read back from disk;
+        None where the workload cannot (the run then evaluates the in-memory drafter)."""
+        return None
+
     def save_drafter(self, drafter: torch.nn.Module, folder: Path) -> None:
         pass
+
+    def export_weights(self, weights: dict[str, torch.Tensor], folder: Path) -> None:
+        """Write the drafter export from a snapshot of its trainable weights (host tensors,
+        named as in ``named_parameters``); runs on the checkpoint writer's thread."""
 
     def describe(self) -> list[str]:
         return []

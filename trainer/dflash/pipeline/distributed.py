@@ -1,0 +1,318 @@
+"""One trainer process per GPU under torchrun: ranks, the store, fail-fast, barriers.
+
+    torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
+        train_dflash_pipeline.py --config configs/qwen3-8b.yaml
+
+Each process runs the usual threads (prefetcher, target loop, one drafter) on its own
+GPU(s); the drafters average gradients through torch.distributed (NCCL on GPUs, gloo on
+CPU). Everything a collective cannot do well goes through the rendezvous store instead:
+
+- fail-fast: every rank writes a heartbeat each second and watches the others'. A rank
+  whose thread fails posts the cause (rank, host, thread, device, exception) before it
+  exits; a rank that vanishes (SIGKILL, OOM killer, a lost host) stops beating. Either
+  way the others stop within seconds, naming it, instead of hanging in a collective
+  until NCCL's watchdog fires (10 minutes by default; ``runtime.dist_timeout_s`` here is
+  only the backstop).
+- barriers with no time limit but a dead-peer check: the end of the warm-up (compile
+  times differ per rank), a checkpoint being written by rank 0, the end of the run.
+  A collective would time out there; a store barrier just waits for live peers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from dflash.pipeline.logging import RunLog
+from dflash.pipeline.supervisor import POLL_S
+
+HEARTBEAT_S = 1.0
+LEAVE_WAIT_S = 10.0  # rank 0 (the store's host without torchrun) waits this long for the others
+
+
+class PeerFailure(RuntimeError):
+    """Another rank failed or stopped answering; this rank stops too."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    host: str = ""
+    under_torchrun: bool = False  # torchrun with one rank still runs the distributed path
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1 or self.under_torchrun
+
+    @property
+    def is_lead(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def from_env(environ: dict | None = None) -> DistInfo:
+        """torchrun's RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python`` run is rank 0 of 1."""
+        env = os.environ if environ is None else environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+        return DistInfo(
+            rank=int(env.get("RANK", "0")),
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=local_world,
+            host=socket.gethostname(),
+            under_torchrun="TORCHELASTIC_RUN_ID" in env,
+        )
+
+    def label(self) -> str:
+        return f"rank {self.rank}/{self.world_size} on host {self.host} (pid {os.getpid()})"
+
+
+def shift_devices(devices: list[str], info: DistInfo, device_count: int) -> list[str]:
+    """The config names one process's GPUs (e.g. target cuda:0, drafter cuda:1); local rank
+    r takes the r-th such group of the host's GPUs. With fewer GPUs than processes the
+    groups wrap around (processes share a GPU: measurements on a one-GPU machine)."""
+    indices = [int(d.split(":")[1]) for d in devices if d.startswith("cuda:")]
+    if not indices or info.local_rank == 0:
+        return list(devices)
+    per_process = max(indices) + 1
+    shifted = []
+    for dev in devices:
+        if dev.startswith("cuda:"):
+            index = int(dev.split(":")[1]) + info.local_rank * per_process
+            shifted.append(f"cuda:{index % max(1, device_count)}")
+        else:
+            shifted.append(dev)
+    return shifted
+
+
+class RankLog(RunLog):
+    """Lines of ranks other than 0 carry torch's own ``[rankN]: `` prefix, so one
+    combined torchrun log still says who wrote what (the crash detector reads it)."""
+
+    def __init__(self, rank: int, stream=None) -> None:
+        super().__init__(stream)
+        self.prefix = f"[rank{rank}]: " if rank else ""
+
+    def line(self, text: str) -> None:
+        super().line(self.prefix + text)
+
+
+class Coordinator:
+    """The rendezvous store plus the process group; see the module doc."""
+
+    def __init__(self, info: DistInfo, log: RunLog, *, backend: str, timeout_s: float) -> None:
+        import torch.distributed as dist
+
+        self.info = info
+        self.log = log
+        self.backend = backend
+        store, rank, world = next(
+            dist.rendezvous("env://", info.rank, info.world_size, timeout=timedelta(seconds=300))
+        )
+        # Keys of an earlier attempt (torchrun --max-restarts keeps its store) must not count.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self._store = dist.PrefixStore(f"dflash/{attempt}", store)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("pg", store),
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        self._store.set(f"host/{rank}", info.host)
+        self.peer_failure: str | None = None
+        self._on_peer_failure: list[Callable[[str], None]] = []
+        self._closing = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self.peer_timeout_s = 15.0
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    # -- fail-fast
+
+    def start_monitor(self, peer_timeout_s: float) -> None:
+        self.peer_timeout_s = peer_timeout_s
+        self._monitor = threading.Thread(target=self._watch, name="rank-monitor", daemon=True)
+        self._monitor.start()
+
+    def on_peer_failure(self, callback: Callable[[str], None]) -> None:
+        self._on_peer_failure.append(callback)
+
+    def post_failure(self, text: str) -> None:
+        """Tell the other ranks why this one is going down (best effort: the store may be gone)."""
+        try:
+            self._store.set(f"failed/{self.rank}", f"{self.info.label()}: {text}")
+        except Exception:  # noqa: BLE001 - we are failing already; the heartbeat covers it
+            pass
+
+    def _peer_host(self, rank: int) -> str:
+        try:
+            if self._store.check([f"host/{rank}"]):
+                return self._store.get(f"host/{rank}").decode()
+        except Exception:  # noqa: BLE001
+            pass
+        return "?"
+
+    def _watch(self) -> None:
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        last_seen = {r: (b"", time.monotonic()) for r in peers}
+        beat = 0
+        while not self._closing.is_set():
+            try:
+                beat += 1
+                self._store.set(f"hb/{self.rank}", str(beat))
+                for r in peers:
+                    if self._store.check([f"failed/{r}"]):
+                        text = self._store.get(f"failed/{r}").decode()
+                        self._fail(f"rank {r} failed: {text}")
+                        return
+                    if self._store.check([f"done/{r}"]):
+                        continue
+                    value = self._store.get(f"hb/{r}") if self._store.check([f"hb/{r}"]) else b""
+                    seen, since = last_seen[r]
+                    now = time.monotonic()
+                    if value != seen:
+                        last_seen[r] = (value, now)
+                    elif now - since > self.peer_timeout_s:
+                        self._fail(
+                            f"rank {r} on host {self._peer_host(r)} stopped answering: no "
+                            f"heartbeat for {now - since:.0f} s (killed, out of memory, or its "
+                            "host is gone)"
+                        )
+                        return
+            except Exception as exc:  # noqa: BLE001 - the store's host is gone
+                if self._closing.is_set():
+                    return
+                self._fail(
+                    f"lost the rendezvous store ({type(exc).__name__}: {exc}); the rank or "
+                    "agent hosting it (rank 0's host) is gone"
+                )
+                return
+            self._closing.wait(HEARTBEAT_S)
+
+    def _fail(self, text: str) -> None:
+        if self.peer_failure is None:
+            self.peer_failure = text
+            for callback in self._on_peer_failure:
+                callback(text)
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """A collective failed here (gloo: "Connection reset by peer"; NCCL: an abort):
+        usually because another rank died first. Name that rank's own cause if it posted
+        one, or the rank the heartbeat finds silent (a killed rank posts nothing) within
+        the heartbeat's own limit; otherwise the collective's error stands."""
+        deadline = time.monotonic() + self.peer_timeout_s + 2 * HEARTBEAT_S
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        while time.monotonic() < deadline:
+            if self.peer_failure is not None:
+                return PeerFailure(self.peer_failure)
+            try:
+                for r in peers:
+                    if self._store.check([f"failed/{r}"]):
+                        text = self._store.get(f"failed/{r}").decode()
+                        return PeerFailure(f"rank {r} failed: {text}")
+            except Exception:  # noqa: BLE001 - the store went away with its host
+                break
+            time.sleep(POLL_S)
+        return exc
+
+    def check_peers(self) -> None:
+        if self.peer_failure is not None:
+            raise PeerFailure(self.peer_failure)
+
+    # -- store barriers
+
+    def barrier(self, name: str, stop_check: Callable[[], None] | None = None) -> int:
+        """Wait until every rank arrived at ``name``; no time limit, but gives up when a peer
+        failed (PeerFailure) or ``stop_check`` raises. Returns the sum of ``add`` values
+        (the ranks' votes: see ``vote``)."""
+        return self.vote(name, 0, stop_check)
+
+    def vote(self, name: str, value: int, stop_check: Callable[[], None] | None = None) -> int:
+        """A barrier that also sums one integer per rank (e.g. "SIGTERM seen here")."""
+        self._store.add(f"votes/{name}", value)
+        self._store.add(f"arrived/{name}", 1)
+        while self._store.add(f"arrived/{name}", 0) < self.world_size:
+            self.check_peers()
+            if stop_check is not None:
+                stop_check()
+            time.sleep(POLL_S)
+        return int(self._store.add(f"votes/{name}", 0))
+
+    def publish(self, key: str, value: str) -> None:
+        self._store.set(f"data/{key}", value)
+
+    def read(self, key: str, stop_check: Callable[[], None] | None = None) -> str:
+        while not self._store.check([f"data/{key}"]):
+            self.check_peers()
+            if stop_check is not None:
+                stop_check()
+            time.sleep(POLL_S)
+        return self._store.get(f"data/{key}").decode()
+
+    # -- the end
+
+    def finish(self) -> None:
+        """Clean end: meet the others, stop watching, leave (rank 0 last: without torchrun's
+        agent it hosts the store the others still talk to)."""
+        self.barrier("finished")
+        self._store.set(f"done/{self.rank}", "1")
+        self._closing.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=2 * HEARTBEAT_S)
+        self._store.add("left", 1)
+        if self.rank == 0:
+            deadline = time.monotonic() + LEAVE_WAIT_S
+            while self._store.add("left", 0) < self.world_size and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        import torch.distributed as dist
+
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - we are leaving anyway
+            pass
+
+    def close_after_failure(self) -> None:
+        self._closing.set()
+
+
+def backend_for(devices: list[str], choice: str = "auto") -> str:
+    """NCCL on GPUs; gloo on CPU, or by choice on GPUs (NCCL refuses two ranks on one GPU:
+    a one-GPU machine running two ranks)."""
+    if choice != "auto":
+        return choice
+    return "nccl" if any(d.startswith("cuda") for d in devices) else "gloo"
+
+
+def abort_collectives(timeout_s: float = 5.0) -> None:
+    """After a failure: abort the process group so that a thread blocked on an NCCL kernel
+    whose peer is gone is released (best effort, bounded: we exit right after)."""
+    import torch.distributed as dist
+
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is None or not dist.is_initialized():
+        return
+
+    def quietly() -> None:
+        try:
+            abort()
+        except Exception:  # noqa: BLE001 - a backend that cannot abort: we exit anyway
+            pass
+
+    worker = threading.Thread(target=quietly, name="abort-collectives", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
