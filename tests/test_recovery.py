@@ -154,6 +154,25 @@ def test_the_log_follower_starts_a_fresh_detector_for_each_attempt(capsys):
     assert sink.attempt == 2
 
 
+@pytest.mark.parametrize(
+    ("line", "category"),
+    [
+        ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "gpu_hardware"),
+        ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu_hardware"),
+        (
+            "dflash.pipeline.distributed.PeerFailure: rank 1 on host gpu-b stopped answering: "
+            "no heartbeat for 12 s",
+            "peer_lost",
+        ),
+    ],
+)
+def test_hardware_faults_and_lost_ranks_are_retryable(line, category):
+    from dflashctl.crash import classify_text
+
+    [event] = classify_text([line], 1, load_rules())
+    assert (event.category, event.retryable) == (category, True)
+
+
 # --------------------------------------------------------------------------- the program
 
 
