@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -56,8 +57,15 @@ def test_an_injected_sigkill_recovers_to_the_same_weights_as_an_uninterrupted_ru
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "injected SIGKILL in drafter-0 at step 7" in out
-    assert "dflashctl: attempt 2/4, resumed at step 4 after killed" in out
-    assert "resume: continuing from" in out and "(step 4)" in out
+    # Checkpoints are written in the background and logged once durable: the step-4
+    # one is normally logged before the kill at step 7, but on a loaded machine it may
+    # not be yet. The restart resumes from the last one logged (else from the start).
+    first_attempt = out.split("dflashctl: attempt 1/4 crashed")[0]
+    saved = re.findall(r"^checkpoint: (\S+/step-(\d+)) ", first_attempt, re.MULTILINE)
+    resumed = int(saved[-1][1]) if saved else 0
+    assert f"dflashctl: attempt 2/4, resumed at step {resumed} after killed" in out
+    if saved:
+        assert f"resume: continuing from {saved[-1][0]} (step {resumed})" in out
     assert "finished (exit code 0) in attempt 2, after recovering from killed" in done.stderr
     (run_dir,) = container.host_path(f"{WORKDIR}/runs").iterdir()
     attempts = json.loads((run_dir / "attempts.json").read_text())["attempts"]
@@ -65,7 +73,8 @@ def test_an_injected_sigkill_recovers_to_the_same_weights_as_an_uninterrupted_ru
         "killed",
         "finished",
     ]
-    assert attempts[0]["step"] == 6 and attempts[0]["checkpoint"].endswith("step-000004")
+    assert attempts[0]["step"] == 6
+    assert attempts[0]["checkpoint"] == (saved[-1][0] if saved else None)
     final = run_dir / "outputs" / "checkpoints" / "step-000012" / "drafter" / "model.safetensors"
 
     # The same recipe, never interrupted, run directly on this machine.
