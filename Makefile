@@ -19,12 +19,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[trainer,dev]'
 	touch $@
 
-# The tests' real SSH host needs sshd, bubblewrap and nsenter. Install them with apt
-# when we are root and they are missing; otherwise those tests skip and say why.
+# The tests' real SSH host needs sshd, nsenter and LXC (bubblewrap where LXC cannot start
+# a container). Install them with apt when we are root and they are missing; otherwise
+# those tests skip and say why.
 system-deps:
 	@missing=""; \
 	command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v lxc-attach >/dev/null 2>&1 || missing="$$missing lxc"; \
 	command -v nsenter >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	command -v ssh >/dev/null 2>&1 || missing="$$missing openssh-client"; \
 	if [ -n "$$missing" ]; then \

@@ -144,3 +144,28 @@ class PruneAnswer(TypedDict):
     spared: list[str]
     runs: int
     dry: bool
+
+
+class _LineagePart(TypedDict):
+    id: str
+
+
+class LineagePart(_LineagePart, total=False):
+    """One run of a lineage: its record and metrics.jsonl records (None: no file), or
+    `missing` when a resumed_from names a run that is gone."""
+
+    missing: bool
+    record: RunRecord
+    metrics: list[dict[str, Any]] | None
+    step_records: int  # step records in the file (more than sent when thinned out)
+
+
+class RunMetrics(TypedDict):
+    id: str
+    lineage: list[LineagePart]  # oldest first, ending with the run asked about
+
+
+class MetricsAnswer(TypedDict):
+    runs: list[RunMetrics]
+    missing: list[str]  # run ids asked about that are not there
+    active_run: str | None

@@ -150,6 +150,16 @@ class ProxmoxConfig(Section):
     token_id: str | None = None
     token_secret_env: str = "PVE_TOKEN_SECRET"
     verify_tls: bool = True
+    # A container start can wait on storage, hooks and GPU set-up; an HA start on the
+    # cluster resource manager. pvesh's own 60 s is too short for some of those.
+    start_timeout_s: float = 300.0
+
+    @field_validator("start_timeout_s")
+    @classmethod
+    def _start_timeout(cls, value: float) -> float:
+        if value <= 0:
+            raise invalid("must be a positive number of seconds")
+        return value
 
     @field_validator("api")
     @classmethod

@@ -23,12 +23,13 @@ partial releases and abandoned uploads.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ from dflashctl.launching import (
 from dflashctl.source_cache import SourceCache
 
 if TYPE_CHECKING:
+    from dflashctl.proxmox import ContainerStatus
     from dflashctl.target import Target
 
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
@@ -63,13 +65,15 @@ ABANDONED_UPLOAD_MIN = 1
 # --------------------------------------------------------------------------- the target
 
 
-def start_container(config: Config, target: Target) -> None:
+def start_container(config: Config, target: Target) -> ContainerStatus:
     """Start the container through the Proxmox API (pvesh over this connection, or
-    HTTPS with a token) and wait for its task; returns once it runs."""
+    HTTPS with a token) and wait until it runs; returns its state."""
     from dflashctl import proxmox
 
     api = open_proxmox(config, target.transport)
-    proxmox.start_container(api, config.proxmox.node, target.vmid)
+    return proxmox.start_container(
+        api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
+    )
 
 
 def inspect(config: Config, target: Target, *, may_start: bool) -> InspectAnswer:
@@ -88,8 +92,10 @@ def inspect(config: Config, target: Target, *, may_start: bool) -> InspectAnswer
         if not may_start:
             raise  # with pct.not_running_hint, the one hint for a stopped container
     with terminal.step(f"starting container {target.vmid}") as step:
-        start_container(config, target)
+        status = start_container(config, target)
         step["done"] = f"started container {target.vmid}"
+    if status.warnings:
+        terminal.warning(f"container {target.vmid} started with warnings: {status.warnings}")
     return cast(
         InspectAnswer, agent_client.call_agent(target, config.container.python, "inspect", params)
     )
@@ -210,13 +216,12 @@ def upload_and_deploy(
         run_agent = shlex.join(agent)
         push = ""
     else:
-        run_agent = shlex.join(pct.exec_argv(target.vmid, agent))
-        push = (
-            f"{shlex.join(pct.push_argv(target.vmid, staged, dest, 0o600))}\n"
-            "status=$?\n"
-            f"rm -f -- {shlex.quote(staged)}\n"
-            f"if [ $status -ne 0 ]; then echo '{_PUSH_FAILED}' >&2; exit 199; fi\n"
-        )
+        # pct push exits 0 when its copy fails: the agent starts only once the archive
+        # in the container has its size and sha256 (checked in the same pct exec; the
+        # sha256, known once the archive is sent, comes on stdin right after it).
+        checked = pct.checked_argv(dest, archive.size, None, agent)
+        run_agent = shlex.join(pct.exec_argv(target.vmid, checked))
+        push = pct.push_script(target.vmid, shlex.quote(staged), dest, 0o600)
     script = (
         # Leftovers of interrupted uploads to this target, once nobody writes to them.
         f"find /tmp -maxdepth 1 -type f -name '{prefix}*' -mmin +{ABANDONED_UPLOAD_MIN} "
@@ -230,7 +235,14 @@ def upload_and_deploy(
         f"{push}"
         f"exec {run_agent}\n"
     )
-    stdin = itertools.chain(archive.chunks(progress), [agent_client.agent_input("deploy", params)])
+    digest = hashlib.sha256()
+
+    def after_archive() -> Iterator[bytes]:
+        if target.vmid is not None:
+            yield f"{digest.hexdigest()}\n".encode()  # for the check of what arrived
+        yield agent_client.agent_input("deploy", params)
+
+    stdin = itertools.chain(archive.chunks(progress, digest=digest), after_archive())
     # Room for a slow link: 1 MB/s on top of the agent's own work.
     timeout = 600 + float(params["grace_s"]) + archive.size / 1e6
     try:
@@ -252,12 +264,8 @@ def upload_and_deploy(
             f"the upload to {target.describe()} arrived incomplete",
             hint="check the connection and the host's free space in /tmp, then deploy again",
         )
-    if result.exit_status == 199 and _PUSH_FAILED in result.stderr_text:
-        failed = type(result)(
-            pct.push_argv(target.vmid, staged, dest), 1, result.stdout, result.stderr
-        )
-        pct.raise_for_pct(failed, target.vmid, "push")
-        raise HostError(f"pct push into container {target.vmid} failed: {failed.last_error_line()}")
+    if target.vmid is not None and pct.push_went_wrong(result):
+        pct.raise_for_push(result, target.vmid, dest, archive.size, 0o600)
     if target.vmid is not None:
         pct.raise_for_pct(result, target.vmid, "exec")
     answer = agent_client.parse_agent_answer(result, python, "deploy", target.describe())
@@ -265,7 +273,6 @@ def upload_and_deploy(
 
 
 _UPLOAD_CUT = "dflashctl: upload cut short"
-_PUSH_FAILED = "dflashctl: pct push failed"
 
 
 # --------------------------------------------------------------------------- deploy

@@ -8,7 +8,8 @@ travel over SSH as `pct exec` and `pct push`. The error texts matched here are p
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import shlex
+from collections.abc import Mapping, Sequence
 
 from dflashctl.errors import HostError
 from dflashctl.transport.base import CommandResult, command_text
@@ -17,7 +18,8 @@ _MISSING_CONFIG = re.compile(r"Configuration file 'nodes/([^/']+)/lxc/(\d+)\.con
 _NOT_RUNNING = re.compile(
     r"can only push files to a running CT"  # pct push
     r"|can only pull files from a running VM"  # pct pull (sic)
-    r"|^lxc-attach: .*Failed to get init pid"  # lxc-attach, under pct exec
+    r"|^(?:Error: )?container '\d+' not running!"  # pct exec's own check (pct.pm ~244)
+    r"|^lxc-attach: .*Failed to get init pid"  # lxc-attach, when the container stops meanwhile
     r"|^CT \d+ not running",  # pct's own check (pct stop, some pct exec releases)
     re.MULTILINE,
 )
@@ -36,7 +38,42 @@ class ContainerPathMissing(HostError):
     """The folder a file is pushed into does not exist."""
 
 
-def exec_argv(vmid: int, argv: Sequence[str]) -> list[str]:
+# A root login's PATH in a Debian container (/etc/profile). `pct exec` keeps the SSH
+# session's environment and forces PATH=/sbin:/bin:/usr/sbin:/usr/bin (pve-common
+# CLIHandler.pm), which misses /usr/local/bin, where pip puts python3, torchrun, ninja.
+LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Start from a root login's environment, not the SSH session's: then read the login
+# files as a login shell would (/etc/profile, ~/.profile: CUDA, conda, proxies), with
+# their chatter kept out of the command's output, and run the command.
+_LOGIN = (
+    "[ -r /etc/profile ] && . /etc/profile >/dev/null 2>&1 </dev/null; "
+    '[ -r "$HOME/.profile" ] && . "$HOME/.profile" >/dev/null 2>&1 </dev/null; '
+    'exec "$@"'
+)
+
+
+def login_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """argv as it runs in the container: a root login's environment, then `env` on top
+    (set after the login files, so that trainer.env wins over them)."""
+    login = [
+        f"PATH={LOGIN_PATH}",
+        "HOME=/root",
+        "USER=root",
+        "LOGNAME=root",
+        "SHELL=/bin/sh",
+        "LANG=C.UTF-8",
+    ]
+    extra = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+    return ["env", "-i", *login, "/bin/sh", "-c", _LOGIN, "sh", *extra, *argv]
+
+
+def exec_argv(vmid: int, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """`pct exec` of argv with a root login's environment (plus env), not the session's."""
+    return ["pct", "exec", str(vmid), "--", *login_argv(argv, env)]
+
+
+def raw_exec_argv(vmid: int, argv: Sequence[str]) -> list[str]:
+    """`pct exec` as is: the session's environment, PATH=/sbin:/bin:/usr/sbin:/usr/bin."""
     return ["pct", "exec", str(vmid), "--", *argv]
 
 
@@ -48,8 +85,9 @@ def push_argv(vmid: int, src: str, dst: str, perms: int | None = None) -> list[s
 
 
 def not_running_hint(vmid: int) -> str:
-    """The one hint for a stopped container, wherever it is found stopped."""
-    return f"start it with `pct start {vmid}` on the host, or pass --start-container"
+    """The one hint for a stopped container, wherever it is found stopped; only deploy
+    can start it (--start-container)."""
+    return f"start it with `pct start {vmid}` on the host, or deploy with --start-container"
 
 
 def container_error(result: CommandResult, vmid: int, action: str) -> HostError | None:
@@ -92,3 +130,104 @@ def raise_for_pct(result: CommandResult, vmid: int, action: str) -> CommandResul
     if error is not None:
         raise error
     return result
+
+
+# --------------------------------------------------------------------------- push
+
+
+PUSH_FAILED = "dflashctl: pct push failed"
+_ARRIVED = "dflashctl: pct push arrived:"
+_ARRIVED_LINE = re.compile(re.escape(_ARRIVED) + r" (\S+) (\S+)")
+# Inside the container, before anything uses the file: its size and sha256 must be the
+# ones sent (a sha256 of "-": the first line of stdin, which `read` takes byte by byte
+# from a pipe, leaving the rest). Else it is removed, and its size and the free KiB of
+# its folder go to stderr (exit 199); else the command after it runs, on the same stdin.
+_CHECK_ARRIVED = (
+    'f=$1 size=$2 sha=$3; shift 3; if [ "$sha" = - ]; then read -r sha || exit 1; fi; '
+    's=$(wc -c < "$f" 2>/dev/null) || s=0; '
+    'h=$(sha256sum < "$f" 2>/dev/null) || h=-; '
+    'if [ "$s" != "$size" ] || [ "${h%% *}" != "$sha" ]; then '
+    'free=$(df -Pk "${f%/*}" 2>/dev/null | tail -n 1); rm -f -- "$f"; set -- $free; '
+    f'echo "{_ARRIVED} $s ${{4:--}}" >&2; exit 199; fi; '
+    'exec "$@"'
+)
+
+
+def push_script(vmid: int, staged: str, dest: str, mode: int) -> str:
+    """Shell lines for the host: `pct push` the file `staged` (a shell word) to `dest`
+    and remove it; a failing pct push ends the script (exit 199, see raise_for_push).
+
+    pct push copies in a task worker and exits 0 when the copy fails (a full disk, a
+    missing folder, a read-only path: pve-container pct.pm, pve-common CLIHandler.pm),
+    so its status alone proves nothing: run what uses `dest` through checked_argv()."""
+    push = " ".join(shlex.quote(a) for a in push_argv(vmid, "@STAGED@", dest, mode))
+    return (
+        f"{push.replace('@STAGED@', staged)}\n"
+        "status=$?\n"
+        f"rm -f -- {staged}\n"
+        f"if [ $status -ne 0 ]; then echo '{PUSH_FAILED}' >&2; exit 199; fi\n"
+    )
+
+
+def checked_argv(dest: str, size: int, sha256: str | None, then: Sequence[str]) -> list[str]:
+    """argv (for inside the container) that runs `then` only once `dest` has exactly
+    `size` bytes and `sha256` (None: the first line of stdin; `then` reads the rest):
+    no extra pct exec for the check."""
+    return ["sh", "-c", _CHECK_ARRIVED, "sh", dest, str(size), sha256 or "-", *then]
+
+
+def push_went_wrong(result: CommandResult) -> bool:
+    """Did push_script or checked_argv stop the command (rather than what ran after)?"""
+    return result.exit_status == 199 and (
+        PUSH_FAILED in result.stderr_text or _ARRIVED in result.stderr_text
+    )
+
+
+def _sizes(done: int, total: int) -> str:
+    """`1.2 of 4.0 MiB`."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if total >= scale:
+            return f"{done / scale:.1f} of {total / scale:.1f} {unit}"
+    return f"{done} of {total} bytes"
+
+
+def raise_for_push(result: CommandResult, vmid: int, dest: str, size: int, mode: int) -> None:
+    """The clear error for a push that failed or arrived short (see push_script);
+    nothing when the file arrived whole."""
+    if result.exit_status == 0:
+        return
+    stderr = result.stderr_text
+    arrived = _ARRIVED_LINE.search(stderr)
+    # pct's own words: what its worker printed (the marker lines are ours).
+    said = [
+        line
+        for line in stderr.splitlines()
+        if line.strip() and not line.startswith(("dflashctl: ", "sh: "))
+    ]
+    as_pct = CommandResult(
+        push_argv(vmid, "<staged copy>", dest, mode), 1, b"", "\n".join(said).encode()
+    )
+    if result.exit_status == 199 and (arrived or PUSH_FAILED in stderr):
+        specific = container_error(as_pct, vmid, "push") if said else None
+        if specific is not None and (type(specific) is not HostError or not arrived):
+            raise specific  # not running, no such container, no such folder, pct failed
+        if arrived:
+            got = int(arrived.group(1)) if arrived.group(1).isdigit() else 0
+            free = arrived.group(2)
+            if said:
+                reason = said[-1]
+            elif free.isdigit() and int(free) * 1024 < size - got + 4096:
+                reason = f"No space left on device ({int(free)} KiB free there)"
+            else:
+                reason = "pct printed no error"
+            raise HostError(
+                f"pct push wrote {_sizes(got, size)} to {dest} in container {vmid}: {reason}",
+                hint="free space in the container (or its /tmp), then deploy again; "
+                "nothing was changed there",
+            )
+        raise HostError(f"pct push into container {vmid} failed: {as_pct.last_error_line()}")
+    raise_for_pct(result, vmid, "push")
+    raise HostError(
+        f"pushing {dest} into container {vmid} failed with exit status {result.exit_status}: "
+        f"{result.last_error_line() or 'no message'}"
+    )

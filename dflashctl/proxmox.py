@@ -11,6 +11,7 @@ Imported lazily (by connect.py and the commands): proxmoxer is not needed for --
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -23,10 +24,15 @@ from proxmoxer.core import ProxmoxResource, ResourceException
 
 from dflashctl.config import ProxmoxConfig
 from dflashctl.errors import ConfigError, DflashError, HostError
-from dflashctl.pct import ContainerNotFound, not_running_hint
-from dflashctl.transport.base import Transport
+from dflashctl.pct import ContainerNotFound
+from dflashctl.transport.base import CommandTimeout, Transport
 
 PVESH_TIMEOUT_S = 60.0
+DEFAULT_START_TIMEOUT_S = 300.0
+_WARNINGS = re.compile(r"^WARNINGS: \d+$")
+_UPID = re.compile(
+    r"UPID:[\w.-]+:[0-9A-Fa-f]{8}:[0-9A-Fa-f]{8}:[0-9A-Fa-f]{8}:\w+:[\w.-]*:[\w.@-]+:"
+)
 _MISSING_CONFIG = re.compile(r"Configuration file 'nodes/[^/']+/lxc/\d+\.conf' does not exist")
 _UNKNOWN_NODE = re.compile(r"hostname lookup '([^']+)' failed")
 
@@ -114,6 +120,7 @@ class ContainerStatus:
     status: str  # "running" | "stopped" (what Proxmox says)
     uptime_s: int
     name: str
+    warnings: str | None = None  # a start that succeeded with warnings: what they were
 
     @property
     def running(self) -> bool:
@@ -211,42 +218,100 @@ def container_status(api: ProxmoxResource, node: str, vmid: int) -> ContainerSta
 
 
 def start_container(
-    api: ProxmoxResource, node: str, vmid: int, timeout: float = 120.0
+    api: ProxmoxResource, node: str, vmid: int, timeout: float = DEFAULT_START_TIMEOUT_S
 ) -> ContainerStatus:
-    """POST status/start, wait for its task to finish, and return the new state."""
-    upid = _call(
-        lambda: api.nodes(node).lxc(vmid).status.start.post(),
-        node,
-        vmid,
-        f"starting container {vmid}",
-    )
-    if not isinstance(upid, str) or not upid.startswith("UPID:"):
-        raise HostError(f"starting container {vmid} gave no task id: {upid!r}")
+    """POST status/start, wait for its task, then until the container runs; returns its
+    state, with `warnings` set when the task ended `WARNINGS: N` (a success).
+
+    pvesh runs the start task before it answers, so the call itself may take as long as
+    the start (its own 60 s would cut a slow one short). An HA-managed container's
+    `hastart` task only asks ha-manager and ends before the container runs, hence the
+    wait for `running` afterwards.
+    """
     started = time.monotonic()
+
+    def left() -> float:
+        return max(timeout - (time.monotonic() - started), 1.0)
+
+    def too_slow() -> HostError:
+        return HostError(
+            f"container {vmid} did not start within {timeout:g} s",
+            hint="raise proxmox.start_timeout_s in dflash.yaml if it needs longer; the "
+            f"start task's log is on the host (`pvenode task list --vmid {vmid}`)",
+        )
+
+    try:
+        with _session_timeout(api, timeout):
+            upid = _call(
+                lambda: api.nodes(node).lxc(vmid).status.start.post(),
+                node,
+                vmid,
+                f"starting container {vmid}",
+            )
+    except CommandTimeout:
+        raise too_slow() from None
+    upid = _upid_in(upid)
+    if upid is None:
+        raise HostError(f"starting container {vmid} gave no task id")
     task = _call(
-        lambda: wait_for_task(api, upid, timeout),
+        lambda: wait_for_task(api, upid, left()),
         node,
         vmid,
         f"waiting for container {vmid} to start",
     )
     if task is None:
+        raise too_slow()
+    exitstatus = str(task.get("exitstatus"))
+    if not task_succeeded(exitstatus):
         raise HostError(
-            f"container {vmid} did not start within {timeout:g} s",
-            hint=f"look at the task log on the host, or {not_running_hint(vmid)}",
-        )
-    if task.get("exitstatus") != "OK":
-        raise HostError(
-            f"starting container {vmid} failed: {task.get('exitstatus')}",
+            f"starting container {vmid} failed: {exitstatus}",
             hint=f"see `pct start {vmid}` on the host for details",
         )
-    status = container_status(api, node, vmid)
-    if not status.running:
-        waited = time.monotonic() - started
-        raise HostError(
-            f"container {vmid} is {status.status} {waited:.0f} s after starting it",
-            hint=f"see why with `pct start {vmid} --debug` on the host",
-        )
+    while True:
+        status = container_status(api, node, vmid)
+        if status.running:
+            break
+        if time.monotonic() - started >= timeout:
+            waited = time.monotonic() - started
+            raise HostError(
+                f"container {vmid} is {status.status} {waited:.0f} s after starting it",
+                hint=f"see why with `pct start {vmid} --debug` on the host (an HA-managed "
+                "container: `ha-manager status`); raise proxmox.start_timeout_s if it is "
+                "only slow",
+            )
+        time.sleep(0.25)
+    if exitstatus != "OK":
+        status.warnings = f"{exitstatus} (task log: `pvenode task log {upid}` on the host)"
     return status
+
+
+def task_succeeded(exitstatus: str) -> bool:
+    """`OK`, or `WARNINGS: N`: both are a success (pve-common Tools/UPID.pm)."""
+    return exitstatus == "OK" or _WARNINGS.match(exitstatus) is not None
+
+
+def _upid_in(answer: Any) -> str | None:
+    """The task id pvesh printed: a JSON string, possibly after the task's own log
+    text (proxmoxer's serializer drops the text only when the JSON is a line of its own)."""
+    if isinstance(answer, str) and answer.startswith("UPID:"):
+        return answer
+    found = _UPID.search(str(answer.get("errors", "") if isinstance(answer, dict) else answer))
+    return found.group(0) if found else None
+
+
+@contextlib.contextmanager
+def _session_timeout(api: ProxmoxResource, seconds: float):
+    """Another timeout for one call on the API's session (pvesh command or https)."""
+    session = getattr(api, "_store", {}).get("session")
+    before = getattr(session, "timeout", None)
+    if before is None:
+        yield
+        return
+    session.timeout = seconds
+    try:
+        yield
+    finally:
+        session.timeout = before
 
 
 def wait_for_task(

@@ -88,10 +88,9 @@ class Target:
         if self.vmid is None:
             result = self.transport.run(argv, stdin=stdin, timeout=timeout, check=False, env=env)
         else:
-            # pct exec starts from a clean environment, so variables go in with env(1).
-            inner = ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else argv
+            # A root login's environment there plus `env`, not the SSH session's.
             outer = self.transport.run(
-                pct.exec_argv(self.vmid, inner), stdin=stdin, timeout=timeout, check=False
+                pct.exec_argv(self.vmid, argv, env), stdin=stdin, timeout=timeout, check=False
             )
             pct.raise_for_pct(outer, self.vmid, "exec")
             result = CommandResult(argv, outer.exit_status, outer.stdout, outer.stderr)

@@ -146,8 +146,12 @@ class StandInWorkload(Workload):
         return 1.0 + float(metrics.get("acc", 0.0))
 
     def evaluate(self, drafter):
+        from dflash.spec_decode import EvalResult
+
         self.evaluated += 1
-        return "eval | tau 1.50 | lossless yes | 16 tokens | 1.5 tokens/target forward"
+        return EvalResult(
+            tau=1.5, lossless=True, num_tokens=16, tokens_per_target_forward=1.5, num_prompts=1
+        )
 
     def save_drafter(self, drafter, folder: Path) -> None:
         self.export_weights(drafter.state_dict(), folder)

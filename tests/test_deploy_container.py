@@ -104,7 +104,8 @@ def test_deploy_lands_files_in_the_container_and_launches(setup):
     assert summary["files_sent"] == 3 and summary["target"].startswith("CT 200")
     # The run lives in the container's pid namespace, in its own session.
     assert ct_pid_alive(container, summary["pid"])
-    pgid = container.exec(["ps", "-o", "pgid=", "-p", str(summary["pid"])]).stdout.strip()
+    stat = container.exec(["cat", f"/proc/{summary['pid']}/stat"]).stdout
+    pgid = stat[stat.rindex(")") + 2 :].split()[2]
     assert pgid == str(summary["pid"])
     meta = json.loads((workdir / "runs" / summary["run_id"] / "meta.json").read_text())
     assert meta["release"] == summary["release"] and meta["pid"] == summary["pid"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import shlex
+
 import pytest
 
 from dflashctl import pct
@@ -15,7 +18,19 @@ from dflashctl.transport.base import CommandResult
 
 
 def test_argv_builders():
-    assert pct.exec_argv(200, ["python3", "-V"]) == ["pct", "exec", "200", "--", "python3", "-V"]
+    assert pct.raw_exec_argv(200, ["python3", "-V"]) == [
+        "pct",
+        "exec",
+        "200",
+        "--",
+        "python3",
+        "-V",
+    ]
+    # With a root login's environment instead of the SSH session's, plus the given env.
+    argv = pct.exec_argv(200, ["python3", "-V"], {"A": "1"})
+    assert argv[:6] == ["pct", "exec", "200", "--", "env", "-i"]
+    assert f"PATH={pct.LOGIN_PATH}" in argv and "/usr/local/bin" in pct.LOGIN_PATH
+    assert argv[-4:] == ["env", "A=1", "python3", "-V"]
     assert pct.push_argv(200, "/tmp/a", "/root/b") == ["pct", "push", "200", "/tmp/a", "/root/b"]
     assert pct.push_argv(200, "/tmp/a", "/root/b", 0o755)[-2:] == ["--perms", "755"]
 
@@ -46,7 +61,9 @@ def test_exec_separates_pct_failures_from_the_commands_own_status():
     )
     error = pct.container_error(failed(pct.exec_argv(200, ["true"]), lxc, 1), 200, "exec")
     assert isinstance(error, pct.ContainerNotRunning)
-    assert error.hint == "start it with `pct start 200` on the host, or pass --start-container"
+    assert (
+        error.hint == "start it with `pct start 200` on the host, or deploy with --start-container"
+    )
     own = failed(pct.exec_argv(200, ["grep", "x"]), "grep: not running anything\n", 1)
     assert pct.container_error(own, 200, "exec") is None
 
@@ -105,14 +122,16 @@ def test_run_in_the_container_with_env_and_status(transport, container):
 
 
 def push(transport, vmid: int, data: bytes, dest: str, mode: int = 0o644):
-    """`pct push` as deploy runs it: a file staged on the host, pushed, errors mapped."""
-    staged = f"/tmp/.dflashctl-test-push-{vmid}"
-    transport.run(["sh", "-c", f"umask 077; cat > {staged}"], stdin=data)
-    try:
-        result = transport.run(pct.push_argv(vmid, staged, dest, mode), check=False)
-    finally:
-        transport.run(["rm", "-f", "--", staged])
-    return pct.raise_for_pct(result, vmid, "push")
+    """`pct push` as deploy runs it: a file staged on the host, pushed, what arrived
+    checked in the container (pct push exits 0 when its copy fails), errors mapped."""
+    check = pct.checked_argv(dest, len(data), hashlib.sha256(data).hexdigest(), ["true"])
+    script = (
+        'staged=$(mktemp) && cat > "$staged" || exit 1\n'
+        + pct.push_script(vmid, '"$staged"', dest, mode)
+        + f"exec {shlex.join(pct.raw_exec_argv(vmid, check))}\n"
+    )
+    result = transport.run(["sh", "-c", script], stdin=data, check=False)
+    pct.raise_for_push(result, vmid, dest, len(data), mode)
 
 
 def test_stopped_container_is_a_clear_error_everywhere(transport, make_container):

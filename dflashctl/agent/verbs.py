@@ -11,6 +11,8 @@
   runs     runs and their real state (from pid and exit_code files, never from logs)
   prune    remove ended runs' folders beyond the newest N (never the active or a running one)
   hello    nothing: the container keeps the agent (see dflashctl/agent_client.py)
+  metrics  runs' metrics.jsonl records, following each run's resumed-from lineage
+           (metrics.py)
   log      stream a run's train.log in frames (logreader.py; main.py runs it directly)
 
 Every verb that changes the workdir holds its lock from its first check to its last
@@ -25,6 +27,7 @@ import time
 from .errors import AgentError, StaleBase
 from .files import lock_workdir, tree_bytes
 from .manifest import real_manifest
+from .metrics import op_metrics
 from .processes import process_table
 from .releases import build_release, current_release, gc_releases, releases_dir, swap_current
 from .runs import (
@@ -214,4 +217,5 @@ OPERATIONS = {
     "runs": op_runs,
     "prune": op_prune,
     "hello": op_hello,
+    "metrics": op_metrics,
 }

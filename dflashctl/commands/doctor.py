@@ -170,14 +170,21 @@ def _disk_probe(target: Target, workdir: str) -> Callable[[], tuple[str, str]]:
 
 def _python_probe(target: Target, python: str) -> Callable[[], str]:
     def probe() -> str:
-        result = target.run([python, "--version"], timeout=PYTHON_TIMEOUT_S, check=False)
+        # Where a bare name is found (on a root login's PATH in a container) is part of
+        # the answer: "Python 3.11.2 (/usr/local/bin/python3)".
+        script = 'command -v "$0" || true; exec "$0" --version'
+        result = target.run(["sh", "-c", script, python], timeout=PYTHON_TIMEOUT_S, check=False)
         if result.exit_status != 0:
+            where = " on a login's PATH there" if "/" not in python else ""
             raise HostError(
-                f"{python} does not run in {target.describe()}: "
+                f"{python} does not run in {target.describe()}{where}: "
                 f"{result.last_error_line() or f'exit status {result.exit_status}'}",
                 hint="install python3 there, or set container.python to its interpreter",
             )
-        return (result.stdout_text or result.stderr_text).strip()
+        lines = (result.stdout_text + result.stderr_text).strip().splitlines()
+        found = lines[0] if len(lines) > 1 and lines[0].startswith("/") else None
+        version = lines[-1].strip() if lines else "?"
+        return f"{version} ({found})" if found and found != python else version
 
     return probe
 
@@ -277,7 +284,9 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
                 via = "pvesh over SSH" if config.proxmox.api == "ssh" else config.proxmox.url
                 return f"Proxmox VE {proxmox.api_version(api)} ({via})"
 
-            if not doctor.run("Proxmox API answers", api_probe):
+            if not doctor.run("Proxmox API answers", api_probe) and api is None:
+                # Not even opened (https token, requests): nothing below can work. A
+                # failed /version alone says nothing about the rest: go on.
                 for name in remaining[4:]:
                     doctor.skip(name, "needs the Proxmox API")
                 return doctor

@@ -117,6 +117,7 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
             # Scripts reading --json still see a followed run's progress, on stderr.
             show_lines=follow or not json_output,
             reconnect_timeout_s=reconnect_timeout,
+            waiting_notice=not json_output,
         )
 
 

@@ -29,7 +29,17 @@ DryRunOption = Annotated[
 ]
 
 
+runs_app = typer.Typer(
+    invoke_without_command=True,
+    no_args_is_help=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@runs_app.callback()
 def runs(
+    ctx: typer.Context,
     config: ConfigOption = None,
     json_output: JsonOption = False,
     prune: PruneOption = None,
@@ -38,9 +48,13 @@ def runs(
 ) -> None:
     """A table of runs: id, release, started, state (running / exited N / killed by SIG).
 
-    With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead."""
+    With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead.
+    `runs show RUN` draws one run's curves."""
     from dflashctl import runs as run_records
     from dflashctl.connect import session
+
+    if ctx.invoked_subcommand is not None:
+        return
 
     if json_output:
         terminal.set_quiet_stdout(True)
@@ -165,4 +179,7 @@ def _show(plan, place: str, keep: int, *, dry: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(runs)
+    from dflashctl.commands import runs_show
+
+    runs_app.command("show")(runs_show.show)
+    app.add_typer(runs_app, name="runs")

@@ -15,6 +15,7 @@ from dflashctl.errors import HostError, UsageError
 from dflashctl.follow.lines import LineSink, LineSplitter
 from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult
+from dflashctl.follow.waiting import FirstLineWait
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent
@@ -71,6 +72,7 @@ def follow_run(
     state_poll_s: float = 5.0,
     stall_s: float = 10.0,
     state_of: Callable[[Target, str, str], RunState] | None = None,
+    waiting_notice: bool = True,
 ) -> FollowResult:
     """Print run `run_id`'s log and crashes; return how the run ended.
 
@@ -84,6 +86,8 @@ def follow_run(
       to stderr). show_lines=False prints nothing; on_crash is called for each crash as
       soon as it is certain, either way.
     state_of: (target, workdir, run_id) -> RunState; default dflashctl.runs.run_state.
+    waiting_notice: while following a run that has logged nothing yet, show a live
+      "waiting for the first line" on a terminal (never elsewhere).
     """
     if state_of is None:
         from dflashctl.runs import run_state
@@ -112,6 +116,7 @@ def follow_run(
         state_poll_s=state_poll_s,
         stall_s=stall_s,
         state_of=state_of,
+        waiting=FirstLineWait(waiting_notice and follow and show_lines),
     )
     return follower.run()
 
@@ -132,6 +137,7 @@ class _Follower:
     state_poll_s: float
     stall_s: float
     state_of: Callable[[Any, str, str], Any]
+    waiting: FirstLineWait
     _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
     _stream: Any = field(default=None, init=False)
     # The log's size when first opened: the backlog ends there.
@@ -160,6 +166,7 @@ class _Follower:
             self.sink.quiet()
             return self._result(None, interrupted=True)
         finally:
+            self.waiting.done()
             self._close_stream()
             for target in self._owned:
                 _close_quietly(target)
@@ -249,6 +256,8 @@ class _Follower:
         while True:
             chunk = self._stream.read(READ_TIMEOUT_S)
             now = time.monotonic()
+            if self.splitter.received_end == 0:
+                self.waiting.tick()
             if chunk is None:
                 if now - last_data >= QUIET_S:
                     self.sink.quiet()
@@ -274,6 +283,8 @@ class _Follower:
 
     def _frame(self, kind: str, numbers: list[int], payload: bytes) -> None:
         if kind == "D":
+            if payload:
+                self.waiting.done()
             for text in self.splitter.feed(payload):
                 self.sink.line(text)
             self._go_live_if_caught_up()

@@ -6,12 +6,13 @@ directly: its files on the host, its processes, a direct nsenter for checks.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import state
+from . import lxc, state
 
 
 def _ns_pid_link(pid: int) -> str | None:
@@ -63,6 +64,11 @@ class Container:
     def init_pid(self) -> int | None:
         return self._ct.init_pid()
 
+    def configure(self, **fields) -> None:
+        """Change how the node treats this container (state.py lists the fields), e.g.
+        configure(ha=1.0) or configure(start_warnings=["..."])."""
+        self._ct.conf_path.write_text(json.dumps({**self._ct.conf(), **fields}))
+
     def is_running(self) -> bool:
         return self._ct.is_running()
 
@@ -111,8 +117,25 @@ class Container:
         if pid is None:
             raise RuntimeError(f"container {self.vmid} is not running")
         env = {"PATH": state.CONTAINER_PATH, "HOME": "/root", "container": "lxc"}
+        if state.container_kind(self._ct.root_dir) == "lxc":
+            # nsenter's --wd would leave the process outside LXC's pivoted root.
+            in_cwd = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
+            command = lxc.attach_argv(self._ct.lxcpath, self._ct.lxc_name, in_cwd, keep_env=True)
+        else:
+            command = [
+                "nsenter",
+                "-t",
+                str(pid),
+                "-p",
+                "-u",
+                "-m",
+                "-r",
+                f"--wd={cwd}",
+                "--",
+                *argv,
+            ]
         return subprocess.run(
-            ["nsenter", "-t", str(pid), "-p", "-u", "-m", "-r", f"--wd={cwd}", "--", *argv],
+            command,
             input=input,
             capture_output=True,
             text=not isinstance(input, bytes),

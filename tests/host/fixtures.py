@@ -6,8 +6,11 @@
     container       a running container 200
     write_config    write_config(directory, vmid=200, trainer_source=None, **overrides) -> Path
 
-Where the host cannot be had (not root, no sshd/bwrap/nsenter) these tests skip and say
-why; with CI=true they fail instead, so CI never passes by skipping them.
+Containers are real LXC containers (Debian's `lxc`) where LXC can start one, else
+bubblewrap sandboxes; the run's summary says which kind ran (DFLASHCTL_TEST_CONTAINERS=
+lxc|bwrap picks one). Where the host cannot be had (not root, no sshd/nsenter, neither
+LXC nor bubblewrap) these tests skip and say why; with CI=true they fail instead, so CI
+never passes by skipping them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from . import state
+from . import lxc, state
 from .containers import Container
 from .sshd import SshServer
 
@@ -41,12 +44,14 @@ def host_problem() -> str | None:
     """Why the test host cannot run here, or None."""
     if os.geteuid() != 0:
         return "the test host needs root (sshd, bubblewrap namespaces, nsenter)"
-    missing = [t for t in ("sshd", "ssh", "ssh-keygen", "bwrap", "nsenter") if _missing_tool(t)]
+    missing = [t for t in ("sshd", "ssh", "ssh-keygen", "nsenter") if _missing_tool(t)]
     if missing:
         return (
             f"the test host needs {', '.join(missing)} "
-            f"(apt-get install openssh-server openssh-client bubblewrap util-linux)"
+            f"(apt-get install openssh-server openssh-client util-linux)"
         )
+    if _missing_tool("bwrap"):
+        return None if not lxc.tools_missing() else "the test host needs lxc or bubblewrap"
     probe = subprocess.run(
         [
             "bwrap",
@@ -113,6 +118,67 @@ def hidden_in_containers(candidates: list[Path]) -> list[str]:
     return sorted(str(p) for p in kept)
 
 
+def _lxc_binds() -> list[str]:
+    """What an LXC container needs bound in read-only to run the test interpreter: it
+    sees nothing of the host but these (and the libraries the busybox template binds)."""
+    candidates = [
+        Path("/root/.pyenv"),
+        REPO_ROOT,
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.executable).resolve().parent,
+    ]
+    found = {p.resolve() for p in candidates if p.exists()}
+    kept = [p for p in found if not any(p != q and p.is_relative_to(q) for q in found)]
+    return sorted(str(p) for p in kept)
+
+
+# Which kind of container this session runs, and why LXC did not (for the summary).
+CONTAINER_KIND: dict[str, str] = {}
+
+
+def _host_settings(base: Path) -> dict:
+    """host.json: real LXC where it starts here, else bubblewrap (and why)."""
+    wanted = os.environ.get("DFLASHCTL_TEST_CONTAINERS", "")
+    settings = {"node": NODE}
+    reason = f"DFLASHCTL_TEST_CONTAINERS={wanted}"
+    if wanted != "bwrap":
+        binds = _lxc_binds()
+        try:
+            lxc.reap_stale_containers()
+            lxc.probe(base / "lxc-probe", binds)
+            rootfs = lxc.prepare_rootfs(base / "lxc-rootfs", binds)
+        except (lxc.LxcUnavailable, OSError, subprocess.SubprocessError) as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            if wanted == "lxc":
+                pytest.fail(f"LXC containers asked for but unavailable: {reason}", pytrace=False)
+        else:
+            CONTAINER_KIND.update(kind="lxc", detail=lxc.version())
+            return dict(
+                settings,
+                containers="lxc",
+                lxc_prefix=lxc.session_prefix(),
+                lxc_rootfs=str(rootfs),
+                ro_binds=binds,
+            )
+    if _missing_tool("bwrap"):
+        pytest.fail(f"no containers for the test host: LXC: {reason}; no bwrap", pytrace=False)
+    CONTAINER_KIND.update(kind="bwrap", detail=f"LXC not used: {reason}")
+    local_bin = base / "usr-local-bin"
+    local_bin.mkdir()
+    python3 = local_bin / "python3"  # the interpreter where a Debian container's pip puts tools
+    python3.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python3.chmod(0o755)
+    return dict(settings, containers="bwrap", ro_binds=_read_only_binds(), local_bin=str(local_bin))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if CONTAINER_KIND:
+        terminalreporter.write_line(
+            f"test host containers: {CONTAINER_KIND['kind']} ({CONTAINER_KIND['detail']})"
+        )
+
+
 @pytest.fixture(scope="session")
 def pve_host(tmp_path_factory):
     """The test host: sshd on 127.0.0.1:<port>, root login with `identity_file`, host key
@@ -121,7 +187,7 @@ def pve_host(tmp_path_factory):
     base = tmp_path_factory.mktemp("pve-host")
     state_dir = base / "state"
     state_dir.mkdir()
-    (state_dir / "host.json").write_text(json.dumps({"node": NODE, "ro_binds": _read_only_binds()}))
+    (state_dir / "host.json").write_text(json.dumps(_host_settings(base)))
     server = SshServer(workdir=base / "ssh", state_dir=state_dir, node=NODE)
     try:
         server.start()

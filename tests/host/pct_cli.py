@@ -22,6 +22,7 @@ except ImportError:  # run as bin/pct or bin/pvesh, with this folder on sys.path
 PveError = state.PveError
 
 CLONE_NEWNS = 0x00020000
+PVE_CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 USAGE = """\
 USAGE: pct <COMMAND> [ARGS] [OPTIONS]
        pct status <vmid>
@@ -139,23 +140,29 @@ def cmd_exec(root, args):
         raise PveError("missing command")  # pct.pm: die "missing command"
     pid = ct.init_pid()
     if pid is None:
-        # What lxc-attach (lxc 5.x, src/lxc/attach.c) prints for a stopped container.
-        raise PveError(
-            f"lxc-attach: {ct.vmid}: ../src/lxc/attach.c: get_attach_context: 405 "
-            f"Connection refused - Failed to get init pid\n"
-            f"lxc-attach: {ct.vmid}: ../src/lxc/attach.c: lxc_attach: 1470 "
-            f"Connection refused - Failed to get attach context",
-            1,
+        # pct.pm (exec, ~244): checked before lxc-attach runs; Perl's die, exit 255.
+        raise PveError(f"container '{ct.vmid}' not running!", 255)
+    # pct.pm 226-240: lxc-attach --keep-env unless `--keep-env 0`, so the SSH session's
+    # variables reach the command, with the PATH that PVE's CLI handler forces on every
+    # pct run (pve-common CLIHandler.pm ~688): no /usr/local/bin.
+    keep_env = options.get("keep-env", "1") in ("1", "true")
+    env = dict(os.environ, PATH=PVE_CLI_PATH)
+    if state.container_kind(root) == "lxc":
+        # pct execs lxc-attach: its exit status (128+N on signal N, 127, 126) and its
+        # signal handling (SIGTERM/SIGHUP not forwarded) are the real ones.
+        sys.stdout.flush()
+        os.execvpe(
+            "lxc-attach",
+            state.lxc.attach_argv(ct.lxcpath, ct.lxc_name, command, keep_env=keep_env),
+            env,
         )
-    # lxc-attach keeps the caller's working directory when it exists in the container.
+    # bubblewrap fallback: lxc-attach keeps the caller's working directory when it
+    # exists in the container.
     cwd = os.getcwd()
     if not os.path.isdir(f"/proc/{pid}/root{cwd}"):
         cwd = "/"
-    if options.get("keep-env", "0") in ("1", "true"):
-        env = dict(os.environ)
-    else:
-        # lxc-attach --clear-env: only container=lxc, its default PATH and TERM remain;
-        # HOME is root's home as lxc-attach sets it for the attached user.
+    if not keep_env:
+        # lxc-attach --clear-env: only container=lxc, its default PATH and TERM remain.
         env = {"container": "lxc", "PATH": state.CONTAINER_PATH, "HOME": "/root"}
         if "TERM" in os.environ:
             env["TERM"] = os.environ["TERM"]
@@ -210,20 +217,47 @@ def _create_file(path: str, perms: str | None) -> int:
 
 
 def _copy(src_fd: int, dst_fd: int) -> None:
+    """File::Copy's copy(): on a failed write it stops and returns false, silently."""
     while chunk := os.read(src_fd, 1 << 20):
         view = memoryview(chunk)
         while view:
-            view = view[os.write(dst_fd, view) :]
+            try:
+                view = view[os.write(dst_fd, view) :]
+            except OSError:
+                return
 
 
 def cmd_push(root, args):
     positional, options = _split_options(args, {"perms", "user", "group"})
     _need_args(positional, ["vmid", "file", "destination"], "push")
     vmid, file, dest = positional
-    ct = state.load_container(root, vmid)
+    # pct.pm (push): the running check comes first, so an unknown vmid says this too.
+    try:
+        ct = state.load_container(root, vmid)
+    except PveError:
+        ct = None
+    if ct is None or ct.init_pid() is None:
+        raise PveError("can only push files to a running CT")
+    # The copy runs in a task worker (fork_worker 'push_file'). Its die reaches only
+    # stderr, the copy's own result is ignored (pct.pm ~791), and the CLI handler exits
+    # 0 after a worker whatever happened (CLIHandler.pm ~717).
+    worker = os.fork()
+    if worker == 0:
+        status = 0
+        try:
+            _push_worker(ct, file, dest, options.get("perms"))
+        except PveError as err:
+            sys.stderr.write(f"{err}\n")
+            status = 1
+        sys.stderr.flush()
+        os._exit(status)
+    _, status = os.waitpid(worker, 0)
+    state.record_task(root, "push_file", ct.vmid, "OK" if status == 0 else "push failed")
+    return 0
+
+
+def _push_worker(ct, file: str, dest: str, perms: str | None) -> None:
     pid = ct.init_pid()
-    if pid is None:
-        raise PveError("can only push files to a running CT")  # pct.pm (push)
     try:
         src_fd = os.open(file, os.O_RDONLY)
     except OSError:
@@ -231,11 +265,10 @@ def cmd_push(root, args):
     # Like pct.pm: open the source here, then create the destination from inside the
     # container's mount namespace, so the container's own mounts (read-only /) apply.
     _setns_mount(pid)
-    dst_fd = _create_file(dest, options.get("perms"))
+    dst_fd = _create_file(dest, perms)
     _copy(src_fd, dst_fd)
     os.close(dst_fd)
     os.close(src_fd)
-    return 0
 
 
 def cmd_pull(root, args):

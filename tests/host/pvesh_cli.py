@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -31,8 +32,13 @@ VERSION = {"release": "8.2", "repoid": "faa83925c9641325", "version": "8.2.4"}
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["__ha_start"]:  # the stand-in's ha-manager, started by an HA start
+        return _ha_start(state.state_dir(), int(argv[1]), float(argv[2]))
     try:
         method, path, params, output = _parse(argv)
+        failing = state.host_settings(state.state_dir()).get("failing_paths", {})
+        if path.strip("/") in failing:  # a test breaks this call, with the real text
+            raise PveError(failing[path.strip("/")], 255)
         result = _dispatch(state.state_dir(), method, path, params)
     except PveError as err:
         sys.stderr.write(f"{err}\n")
@@ -100,9 +106,7 @@ def _dispatch(root, method: str, path: str, params: dict[str, str]):
         if action == "current" and method == "get":
             return _current(ct)
         if action == "start" and method == "create":
-            with state.config_lock(ct):
-                state.start_container(ct)
-            return state.record_task(root, "vzstart", ct.vmid)
+            return _start(root, ct)
         if action == "stop" and method == "create":
             with state.config_lock(ct):
                 state.stop_container(ct)
@@ -135,6 +139,47 @@ def _dispatch(root, method: str, path: str, params: dict[str, str]):
         }
     # PVE::CLI::pvesh, for a path without a handler for this method.
     raise PveError(f"No '{method}' handler defined for '{'/'.join(parts)}'", 255)
+
+
+def _start(root, ct: state.Container) -> str:
+    """POST .../status/start. pvesh runs the task's worker itself and prints the task log
+    before the UPID (pve-manager PVE/CLI/pvesh.pm; proxmoxer issue 117)."""
+    conf = ct.conf()
+    if conf.get("ha"):
+        # pve-container Status.pm vm_start for an HA resource: a `hastart` task that only
+        # asks ha-manager (`ha-manager set ct:<vmid> --state started`) and ends OK; the
+        # CRM starts the container a little later.
+        print(f"Requesting HA start for CT {ct.vmid}")
+        subprocess.Popen(
+            [sys.executable, sys.argv[0], "__ha_start", str(ct.vmid), str(conf["ha"])],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return state.record_task(root, "hastart", ct.vmid)
+    delay = float(conf.get("start_delay_s", 0))
+    if delay:
+        time.sleep(delay)  # a slow start (storage activation, hooks, GPU set-up)
+    with state.config_lock(ct):
+        state.start_container(ct)
+    warnings = conf.get("start_warnings", [])
+    for warning in warnings:
+        # A prestart hook's warnings land in the task log; PVE::RESTEnvironment counts
+        # them and the task ends `WARNINGS: N` (pve-common Tools/UPID.pm ~89: success).
+        print(f"WARN: {warning}")
+    return state.record_task(
+        root, "vzstart", ct.vmid, f"WARNINGS: {len(warnings)}" if warnings else "OK"
+    )
+
+
+def _ha_start(root, vmid: int, delay: float) -> int:
+    time.sleep(delay)  # the CRM acts on its next round
+    ct = state.load_container(root, vmid)
+    with state.config_lock(ct):
+        if not ct.is_running():
+            state.start_container(ct)
+    return 0
 
 
 def _uptime() -> int:
@@ -174,5 +219,5 @@ def _summary(ct: state.Container) -> dict:
 def _current(ct: state.Container) -> dict:
     """GET /nodes/<node>/lxc/<vmid>/status/current: the summary plus HA state."""
     entry = _summary(ct)
-    entry["ha"] = {"managed": 0}
+    entry["ha"] = {"managed": 1, "state": "started"} if ct.conf().get("ha") else {"managed": 0}
     return entry

@@ -9,7 +9,11 @@ test fixtures. Everything lives under one state folder ($FAKEPVE_STATE):
     lxc/<vmid>/tmp/           the container's /tmp
     lxc/<vmid>/init           "<host pid> <start time>" of the container's pid 1 while running
     lxc/<vmid>/monitor        the same for the bwrap process that waits on it
-    lxc/<vmid>/console.log    bwrap's own output (sandbox setup errors)
+    lxc/<vmid>/console.log    bwrap's or lxc-start's own output (setup errors)
+    lxc/<vmid>/conf.json      may also hold `start_warnings` (prestart-hook warnings),
+                              `ha` (HA-managed), `start_delay_s` (a slow start)
+    lxc-rootfs/, lxcpath/     with real LXC (host.json "containers": "lxc"): the shared
+                              read-only root filesystem and each container's lxc config
     tasks/<n>.json            finished tasks (UPIDs) for /nodes/<node>/tasks/<upid>/status
 """
 
@@ -27,6 +31,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+try:  # imported by the tests as tests.host.<module>
+    from . import lxc
+except ImportError:  # run as bin/pct or bin/pvesh, with this folder on sys.path
+    import lxc
 
 STATE_ENV = "FAKEPVE_STATE"
 DEFAULT_NODE = "pve"
@@ -58,6 +67,11 @@ def host_settings(root: Path) -> dict:
 
 def node_name(root: Path) -> str:
     return host_settings(root).get("node", DEFAULT_NODE)
+
+
+def container_kind(root: Path) -> str:
+    """ "lxc" (real LXC containers) or "bwrap" (bubblewrap sandboxes, the fallback)."""
+    return host_settings(root).get("containers", "bwrap")
 
 
 def process_start_time(pid: int) -> int | None:
@@ -108,6 +122,14 @@ class Container:
     @property
     def rootfs_tmp(self) -> Path:
         return self.dir / "tmp"
+
+    @property
+    def lxc_name(self) -> str:
+        return f"{host_settings(self.root_dir)['lxc_prefix']}{self.vmid}"
+
+    @property
+    def lxcpath(self) -> Path:
+        return self.root_dir / "lxcpath"
 
     def exists(self) -> bool:
         return self.conf_path.exists()
@@ -232,6 +254,8 @@ def _sandbox_argv(ct: Container, settings: dict, info_fd: int, die_with_parent: 
     # /root/.pyenv, a checkout under /root): bind those back, read-only.
     for path in settings.get("ro_binds", []):
         argv += ["--ro-bind", path, path]
+    if settings.get("local_bin"):  # /usr/local/bin/python3, as in the LXC containers
+        argv += ["--ro-bind", settings["local_bin"], "/usr/local/bin"]
     if die_with_parent:
         argv.append("--die-with-parent")
     argv += ["--chdir", "/", "--info-fd", str(info_fd), "--"]
@@ -253,6 +277,8 @@ def start_container(ct: Container, timeout: float = 10.0, *, die_with_parent: bo
         # pve-container, src/PVE/API2/LXC/Status.pm (vm_start)
         raise PveError(f"CT {ct.vmid} already running")
     settings = host_settings(ct.root_dir)
+    if settings.get("containers") == "lxc":
+        return _start_lxc(ct, settings)
     info_r, info_w = os.pipe()
     ready_r, ready_w = os.pipe()
     log = open(ct.dir / "console.log", "ab")
@@ -296,6 +322,24 @@ def start_container(ct: Container, timeout: float = 10.0, *, die_with_parent: bo
     return init_pid
 
 
+def _start_lxc(ct: Container, settings: dict) -> int:
+    lxc.write_config(
+        ct.lxcpath / ct.lxc_name / "config",
+        hostname=ct.conf()["hostname"],
+        rootfs=Path(settings["lxc_rootfs"]),
+        root=ct.rootfs_root,
+        tmp=ct.rootfs_tmp,
+        ro_binds=settings.get("ro_binds", []),
+    )
+    try:
+        init_pid = lxc.start(ct.lxcpath, ct.lxc_name, ct.dir / "console.log")
+    except lxc.LxcUnavailable as err:
+        raise PveError(f"startup for container '{ct.vmid}' failed\n{err}", 255) from None
+    _write_pid_file(ct.dir / "init", init_pid)
+    (ct.dir / "started_at").write_text(f"{time.time()}\n")
+    return init_pid
+
+
 def _read_until_eof_or(fd: int, marker: bytes, timeout: float) -> bytes:
     deadline = time.monotonic() + timeout
     data = b""
@@ -319,7 +363,10 @@ def stop_container(ct: Container, timeout: float = 10.0) -> None:
     if pid is None:
         # pve-container, src/PVE/API2/LXC/Status.pm (vm_stop)
         raise PveError(f"CT {ct.vmid} not running")
-    os.kill(pid, signal.SIGKILL)
+    if container_kind(ct.root_dir) == "lxc":
+        lxc.stop(ct.lxcpath, ct.lxc_name)
+    else:
+        os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     while ct.init_pid() is not None:
         if time.monotonic() > deadline:
@@ -332,6 +379,8 @@ def stop_container(ct: Container, timeout: float = 10.0) -> None:
 def destroy_container(ct: Container) -> None:
     if ct.is_running():
         stop_container(ct)
+    if container_kind(ct.root_dir) == "lxc":
+        shutil.rmtree(ct.lxcpath / ct.lxc_name, ignore_errors=True)
     shutil.rmtree(ct.dir, ignore_errors=True)
 
 

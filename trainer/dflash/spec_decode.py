@@ -234,6 +234,18 @@ class EvalResult:
             "prompts": self.per_prompt,
         }
 
+    def metrics(self) -> dict:
+        """The numbers metrics.jsonl records for this evaluation."""
+        return {
+            "tau": self.tau,
+            "lossless": self.lossless,
+            "verification_exact": self.verification_exact,
+            "tokens": self.num_tokens,
+            "tokens_per_target_forward": self.tokens_per_target_forward,
+            "prompts": self.num_prompts,
+            "checkpoint": self.checkpoint,
+        }
+
 
 def _divergence(
     index: int,

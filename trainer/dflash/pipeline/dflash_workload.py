@@ -400,19 +400,13 @@ class DFlashWorkload(Workload):
 
     # -- end of run
 
-    def evaluate(self, drafter: nn.Module) -> str | None:
+    def evaluate(self, drafter: nn.Module) -> EvalResult | None:
         """The in-memory drafter (a run without a final checkpoint)."""
-        result = self.evaluate_drafter(drafter, self.target_for(_device_of(drafter)))
-        if result is None:
-            return None
-        return result.format_line() + " | drafter in memory (no checkpoint written)"
+        return self.evaluate_drafter(drafter, self.target_for(_device_of(drafter)))
 
-    def evaluate_checkpoint(self, folder: Path) -> str | None:
+    def evaluate_checkpoint(self, folder: Path) -> EvalResult | None:
         """The checkpoint as saved, read back from disk: what a fresh process would measure."""
-        result = evaluate_checkpoint(
-            self, folder, torch.device(self.cfg.runtime.drafter_devices[0])
-        )
-        return result.format_line() if result is not None else None
+        return evaluate_checkpoint(self, folder, torch.device(self.cfg.runtime.drafter_devices[0]))
 
     def evaluate_drafter(self, drafter: nn.Module, target: nn.Module) -> EvalResult | None:
         ev = self.cfg.eval

@@ -2,7 +2,8 @@
 
 The line formats are a contract with the crash detector that follows the log:
 ``drafter-0 on cpu: ready (warm-up 1.2 s)``, ``drafter-0 failed:`` + traceback,
-``step 120/10000 | loss 2.31 | acc 0.52 | tau~ 3.1 | lr 5.9e-4 | 1830 tok/s | mfu 41.2% | queue 3/8``.
+``step 120/10000 | loss 2.31 | acc 0.52 | tau~ 3.1 | lr 5.9e-4 | 1830 tok/s | mfu 41.2% | queue 3/8 | eta 1h05m``
+(dflashctl's run summary reads the step and loss; the fields after them may grow).
 """
 
 from __future__ import annotations
@@ -64,12 +65,30 @@ def format_step_line(
     mfu: float | None,
     queue_depth: int,
     queue_size: int,
+    eta_s: float | None = None,
 ) -> str:
     mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
+    eta_text = f" | eta {format_eta(eta_s)}" if eta_s is not None else ""
     return (
         f"step {step}/{total} | loss {loss:.4f} | acc {acc:.2f} | tau~ {tau:.2f} | "
         f"lr {format_lr(lr)} | {tokens_per_s:.0f} tok/s | mfu {mfu_text} | queue {queue_depth}/{queue_size}"
+        f"{eta_text}"
     )
+
+
+def format_eta(seconds: float) -> str:
+    """`45s`, `3m12s`, `1h05m`, `2d03h`: the time left at the precision that matters."""
+    seconds = max(0, round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
 
 
 def format_nonfinite_line(*, step: int, total: int, loss: float, count: int, allowed: int) -> str:

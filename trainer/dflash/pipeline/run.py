@@ -19,6 +19,8 @@ import torch
 from dflash.pipeline import checkpointing as ckpt
 from dflash.pipeline.distributed import Coordinator, DistInfo, PeerFailure
 from dflash.pipeline.logging import RunLog, header_lines
+from dflash.pipeline.meter import StepMeter
+from dflash.pipeline.metrics_file import MetricsWriter, metrics_dir
 from dflash.pipeline.optim import MasterWeightAdamW
 from dflash.pipeline.replicas import DistributedAverager, GradientAverager
 from dflash.pipeline.supervisor import StopQueue, Supervisor
@@ -112,6 +114,9 @@ def train(
     interrupts = interrupts or Interrupts(log)
     if handle_signals:
         interrupts.install()
+    metrics = MetricsWriter(
+        metrics_dir(cfg.resolved_output_dir()), tensorboard=cfg.logging.tensorboard
+    )
     try:
         result = _train(
             cfg,
@@ -121,6 +126,7 @@ def train(
             source_dir=source_dir,
             interrupts=interrupts,
             coordinator=coordinator,
+            metrics=metrics,
         )
         if coordinator is not None and result.exit_code == 0 and not result.stuck_threads:
             try:
@@ -130,6 +136,7 @@ def train(
                 result.exit_code = 1
         return result
     finally:
+        metrics.close()
         if handle_signals:
             interrupts.restore()
 
@@ -142,6 +149,7 @@ def _train(
     resume: bool,
     source_dir: Path | None,
     interrupts: Interrupts,
+    metrics: MetricsWriter,
     coordinator: Coordinator | None = None,
 ) -> TrainResult:
     runtime = cfg.runtime  # validated when loaded: the device layout included
@@ -242,10 +250,18 @@ def _train(
         replicas=replicas,
         start_step=start_step,
         total_steps=total_steps,
+        meter=StepMeter(
+            log,
+            total_steps=total_steps,
+            log_every=cfg.train.log_every,
+            # every rank's drafters and devices alike: this process's times the ranks
+            flops_per_step=workload.flops_per_batch() * num_drafters * info.world_size,
+            peak_flops=(peak_flops(cfg) or 0.0) * info.world_size or None,
+            writer=metrics,
+        ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
-        flops_per_batch=workload.flops_per_batch(),
-        peak_flops=peak_flops(cfg),
     )
+    ctx.meter.record_start(cfg.to_dict(), start_step)
 
     # Rank 0 writes (in the background for periodic checkpoints); the other ranks never
     # write, and wait at a store barrier for the checkpoints every rank must see complete.
@@ -375,19 +391,25 @@ def _train(
         return result
     if cfg.train.final_checkpoint:
         result.checkpoint = save(lead.completed_steps)
-    if ctx.window_loss is not None:
-        log.line(f"final loss {ctx.window_loss:.4f} (mean of the last {cfg.train.log_every} steps)")
+    if ctx.meter.final_loss is not None:
+        log.line(
+            f"final loss {ctx.meter.final_loss:.4f} (mean of the last {cfg.train.log_every} steps)"
+        )
     if cfg.eval.enabled and info.is_lead:
         # The saved checkpoint read back from disk, so the line is what a fresh process
         # measures (python -m dflash.evaluate); the in-memory drafter only without one.
+        evaluation, where = None, ""
         if result.checkpoint is not None:
-            result.eval_line = workload.evaluate_checkpoint(result.checkpoint)
-        if result.eval_line is None:
+            evaluation = workload.evaluate_checkpoint(result.checkpoint)
+        if evaluation is None:
             lead.model.eval()
-            result.eval_line = workload.evaluate(lead.model)
+            evaluation = workload.evaluate(lead.model)
             lead.model.train()
-        if result.eval_line:
+            where = " | drafter in memory (no checkpoint written)"
+        if evaluation is not None:
+            result.eval_line = evaluation.format_line() + where
             log.line(result.eval_line)
+            ctx.meter.record_eval(evaluation.metrics())
     if result.checkpoint is not None:
         log.line(f"drafter checkpoint: {result.checkpoint}")
     log.line("training complete")

@@ -26,7 +26,8 @@ import torch
 
 from dflash.pipeline import tls
 from dflash.pipeline.distributed import DistInfo
-from dflash.pipeline.logging import RunLog, format_nonfinite_line, format_step_line, stage_line
+from dflash.pipeline.logging import RunLog, format_nonfinite_line, stage_line
+from dflash.pipeline.meter import StepMeter
 from dflash.pipeline.optim import MasterWeightAdamW
 from dflash.pipeline.replicas import flatten
 from dflash.pipeline.supervisor import StopQueue, Supervisor
@@ -74,11 +75,9 @@ class RunContext:
     replicas: list[DrafterReplica]
     start_step: int
     total_steps: int
+    meter: StepMeter  # step lines and metrics.jsonl: written by drafter-0 only
     fail_point: FailurePoint | None = None
-    flops_per_batch: float = 0.0
-    peak_flops: float | None = None  # sum over the devices in use
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
-    window_loss: float | None = None  # mean loss of the last logged window
     on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
     dist: DistInfo = field(default_factory=DistInfo)
     coordinator: Any = None  # distributed.Coordinator under torchrun
@@ -86,11 +85,6 @@ class RunContext:
     target_timer: Any = None  # TargetTimer of target-0: forward time per batch
     _wait_s: float = 0.0  # lead drafter, this window: waiting for inputs, stepping
     _step_s: float = 0.0
-    _window_start: float = 0.0  # throughput window (restarted after profiling)
-    _window_steps: int = 0
-    _window_sums: list[float] = field(
-        default_factory=lambda: [0.0, 0.0, 0.0, 0]
-    )  # loss, acc, tau, n
 
     @property
     def num_drafters(self) -> int:
@@ -311,7 +305,7 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
     # Without this line a failure in a step would be reported in the "ready" stage.
     ctx.log.line(stage_line(name, device, "training"))
     if replica.rank == 0:
-        ctx._window_start = time.perf_counter()
+        ctx.meter.start()
     profile = (
         _ProfileWindow(ctx, replica) if replica.rank == 0 and ctx.cfg.debug.profile_steps else None
     )
@@ -386,7 +380,7 @@ class _ProfileWindow:
         )
         self.profiler = None
         # Collecting the trace took time that is no training: restart the throughput window.
-        self.ctx._window_start, self.ctx._window_steps = time.perf_counter(), 0
+        self.ctx.meter.restart_window()
 
 
 def _configure_compiler_for_thread(num_drafters: int) -> None:
@@ -475,7 +469,19 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
         if replica.rank == 0:
             ctx.history.append((step_number, mean_loss))
             if ctx.is_lead:
-                _log_step(ctx, replica, step_number, mean_loss, values, lr, inputs.num_tokens)
+                logged = ctx.meter.add(
+                    step_number,
+                    loss=mean_loss,
+                    tokens=inputs.num_tokens * ctx.total_shards,
+                    metrics=values,
+                    tau=ctx.workload.tau_estimate(values),
+                    lr=lr,
+                    queue_depth=replica.inputs.qsize(),
+                    queue_size=replica.inputs.maxsize,
+                )
+                # Per-part times feed the GPU layout table; a CPU demo need not read them.
+                if logged and (replica.device.type == "cuda" or ctx.coordinator is not None):
+                    ctx.log.line(_timing_line(ctx, logged))
 
     if (
         replica.rank == 0
@@ -495,56 +501,6 @@ def _unflatten_metrics(keys: list[str], shapes: list[torch.Tensor], values: list
         out[key] = chunk[0] if like.dim() == 0 else chunk
         offset += n
     return out
-
-
-def _log_step(
-    ctx: RunContext,
-    replica: DrafterReplica,
-    step: int,
-    loss: float,
-    metrics: dict,
-    lr: float,
-    tokens_per_batch: int,
-) -> None:
-    ctx._window_steps += 1
-    acc = metrics.get("acc", 0.0)
-    acc = acc if isinstance(acc, float) else float(sum(acc) / max(1, len(acc)))
-    sums = ctx._window_sums
-    sums[0] += loss
-    sums[1] += acc
-    sums[2] += ctx.workload.tau_estimate(metrics)
-    sums[3] += 1
-    every = ctx.cfg.train.log_every
-    if step % every and step != ctx.total_steps:
-        return
-    now = time.perf_counter()
-    elapsed = max(1e-9, now - ctx._window_start)
-    steps = ctx._window_steps
-    tokens_per_s = tokens_per_batch * ctx.total_shards * steps / elapsed
-    mfu = None
-    if ctx.peak_flops:  # every rank's devices alike: this process's peak times the ranks
-        peak = ctx.peak_flops * ctx.dist.world_size
-        mfu = ctx.flops_per_batch * ctx.total_shards * steps / elapsed / peak
-    n = sums[3]
-    # Means over the steps since the last line: one step's loss is too noisy to read.
-    ctx.window_loss = sums[0] / n
-    ctx.log.line(
-        format_step_line(
-            step=step,
-            total=ctx.total_steps,
-            loss=sums[0] / n,
-            acc=sums[1] / n,
-            tau=sums[2] / n,
-            lr=lr,
-            tokens_per_s=tokens_per_s,
-            mfu=mfu,
-            queue_depth=replica.inputs.qsize(),
-            queue_size=replica.inputs.maxsize,
-        )
-    )
-    ctx._window_start, ctx._window_steps = now, 0
-    ctx._window_sums = [0.0, 0.0, 0.0, 0]
-    ctx.log.line(_timing_line(ctx, steps))
 
 
 def _timing_line(ctx: RunContext, steps: int) -> str:

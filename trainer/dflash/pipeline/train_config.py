@@ -16,6 +16,7 @@ Declare one field per line.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,23 @@ class EvalSection(Section):
     prompt_tokens: Count = 32  # plain text: prompt with a document's first tokens (<= half)
 
 
+class LoggingSection(Section):
+    # TensorBoard event files next to metrics.jsonl (`tensorboard --logdir runs/`);
+    # needs the tensorboard package (in the trainer extra)
+    tensorboard: bool = False
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard_installed(cls, value: bool) -> bool:
+        if value and importlib.util.find_spec("tensorboard") is None:
+            raise invalid(
+                "true needs the tensorboard package, which is not installed: pip install "
+                "tensorboard (it comes with dflashctl's trainer extra), or set it to false "
+                "(metrics.jsonl is written either way)"
+            )
+        return value
+
+
 class DebugSection(Section):
     tls_fix: bool = True  # False reproduces the CUDA Graph Trees AssertionError on torch <= 2.12
     fail_in: Text | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
@@ -282,6 +300,7 @@ class TrainConfig(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
     debug: DebugSection = Field(default_factory=DebugSection)
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+
+class EvalReport(Protocol):
+    """What an evaluation returns: its log line and the numbers metrics.jsonl keeps."""
+
+    def format_line(self) -> str: ...
+
+    def metrics(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -157,11 +165,11 @@ class Workload:
 
     # -- end of run
 
-    def evaluate(self, drafter: torch.nn.Module) -> str | None:
+    def evaluate(self, drafter: torch.nn.Module) -> EvalReport | None:
         return None
 
-    def evaluate_checkpoint(self, folder: Path) -> str | None:
-        """The eval line for the drafter saved in checkpoint ``folder``, read back from disk;
+    def evaluate_checkpoint(self, folder: Path) -> EvalReport | None:
+        """The evaluation of the drafter saved in checkpoint ``folder``, read back from disk;
         None where the workload cannot (the run then evaluates the in-memory drafter)."""
         return None
 

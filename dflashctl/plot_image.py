@@ -1,0 +1,49 @@
+"""`runs show --png FILE`: the same curves as an image, drawn with matplotlib.
+
+matplotlib is imported here only (it takes longer to import than the whole CLI) and
+with the Agg backend, which needs no display.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflashctl.errors import UsageError
+from dflashctl.run_metrics import SERIES, RunCurves
+
+COLOURS = ("tab:cyan", "tab:purple", "tab:green", "tab:olive")
+
+
+def write_png(curves: list[RunCurves], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError(
+            "--png needs matplotlib, which is not installed here",
+            hint="pip install matplotlib (or dflashctl's plots extra: pip install 'dflashctl[plots]')",
+        ) from None
+    figure, axes = plt.subplots(len(SERIES), 1, figsize=(7, 6.3), sharex=True, dpi=100)
+    for ax, (key, label) in zip(axes, SERIES, strict=True):
+        for index, run in enumerate(curves):
+            xs, ys = run.series(key)
+            if xs:
+                ax.plot(
+                    xs, ys, color=COLOURS[index % len(COLOURS)], linewidth=1.4, label=run.run.id
+                )
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("step")
+    if len(curves) > 1:
+        axes[0].legend(fontsize=8, loc="upper right")
+    title = " vs ".join(run.run.id for run in curves)
+    figure.suptitle(f"run {title}", fontsize=10)
+    figure.tight_layout()
+    try:
+        figure.savefig(path, format="png")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(figure)

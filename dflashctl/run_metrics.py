@@ -1,0 +1,122 @@
+"""A run's training curves: the trainer's metrics.jsonl, read where the trainer runs and
+joined across a resume lineage.
+
+The trainer appends one JSON object per logged step to `runs/<id>/metrics.jsonl`
+(`{"kind": "step", "step", "loss", "tau", "tokens_per_s", ...}`) and one per evaluation
+(`{"kind": "eval", ...}`), and its resolved config at each start (`{"kind": "start"}`). A run started from another run's checkpoint names that run
+in its meta.json as `resumed_from` (a run id); the agent follows those links (op
+`metrics`, one round trip for every run asked about) and the curves here continue
+across them: where a later run restarts at an earlier step, its records replace the
+earlier run's from that step on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from dflashctl import hints
+from dflashctl.agent_client import call_agent
+from dflashctl.agent_messages import MetricsAnswer, RunMetrics
+from dflashctl.errors import UsageError
+from dflashctl.runs import RunInfo, _run_from_agent
+
+if TYPE_CHECKING:
+    from dflashctl.target import Target
+
+# Step records per run sent over SSH at most: a plot is a few hundred columns wide.
+MAX_POINTS = 2000
+# The series `runs show` plots, with their labels.
+SERIES = (("loss", "loss"), ("tau", "tau~"), ("tokens_per_s", "tokens/s"))
+
+
+@dataclass
+class RunCurves:
+    """One run (the last of its lineage) and the records of the whole lineage."""
+
+    run: RunInfo
+    lineage: list[str]  # run ids, oldest first, ending with run.id
+    steps: list[dict[str, Any]] = field(default_factory=list)  # step records, joined
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] | None = None  # the trainer's resolved config at its last start
+    has_metrics: bool = False  # any run in the lineage wrote metrics.jsonl
+    missing_ancestors: list[str] = field(default_factory=list)  # named but gone (pruned)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one key, records without a number left out."""
+        xs, ys = [], []
+        for record in self.steps:
+            value = record.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                xs.append(int(record["step"]))
+                ys.append(float(value))
+        return xs, ys
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        return self.steps[-1] if self.steps else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run.to_json(),
+            "lineage": self.lineage,
+            "missing_ancestors": self.missing_ancestors,
+            "has_metrics": self.has_metrics,
+            "steps": self.steps,
+            "evals": self.evals,
+            "config": self.config,
+        }
+
+
+def join_records(segments: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Step records of several files (or restarts within one), oldest first, as one
+    curve: a record whose step is not past the previous one's starts over from there,
+    replacing the records it repeats (a resume from an earlier checkpoint)."""
+    joined: list[dict[str, Any]] = []
+    for records in segments:
+        for record in records:
+            step = record.get("step")
+            if not isinstance(step, int):
+                continue
+            while joined and joined[-1]["step"] >= step:
+                joined.pop()
+            joined.append(record)
+    return joined
+
+
+def read_curves(
+    target: Target, workdir: str, run_ids: list[str], *, python: str, max_points: int = MAX_POINTS
+) -> list[RunCurves]:
+    """The curves of each run (`@active` for the run launched last), in one round trip."""
+    params = {"workdir": workdir, "run_ids": run_ids, "max_points": max_points}
+    answer = cast(MetricsAnswer, call_agent(target, python, "metrics", params))
+    if answer["missing"]:
+        shown = ", ".join(answer["missing"])
+        if answer["missing"] == ["@active"]:
+            raise UsageError(
+                f"no runs in {workdir} on {target.describe()} yet",
+                hint=f"start one with {hints.command('deploy')}",
+            )
+        raise UsageError(
+            f"no run {shown} in {workdir}/runs on {target.describe()}",
+            hint=f"list the runs with {hints.command('runs')}",
+        )
+    return [_curves(entry, answer.get("active_run")) for entry in answer["runs"]]
+
+
+def _curves(entry: RunMetrics, active_id: str | None) -> RunCurves:
+    lineage = entry["lineage"]
+    present = [part for part in lineage if not part.get("missing")]
+    segments = [[r for r in part["metrics"] or [] if r.get("kind") == "step"] for part in present]
+    evals = [r for part in present for r in part["metrics"] or [] if r.get("kind") == "eval"]
+    starts = [r for part in present for r in part["metrics"] or [] if r.get("kind") == "start"]
+    config = starts[-1].get("config") if starts else None
+    return RunCurves(
+        run=_run_from_agent(present[-1]["record"], active_id),
+        lineage=[part["id"] for part in present],
+        steps=join_records(segments),
+        evals=evals,
+        config=config if isinstance(config, dict) else None,
+        has_metrics=any(part["metrics"] is not None for part in present),
+        missing_ancestors=[part["id"] for part in lineage if part.get("missing")],
+    )

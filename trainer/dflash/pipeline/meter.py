@@ -1,0 +1,184 @@
+"""StepMeter: the numbers behind each step line, kept by the one thread that logs.
+
+drafter-0 adds every finished step; every ``train.log_every`` steps (and at the last
+step) the meter prints the step line with the means over the steps since the previous
+line (one step's loss is too noisy to read), the throughput of that window, and the time
+left at the recent step rate, and appends the same numbers to metrics.jsonl. After the
+drafters are joined the main thread reads ``final_loss`` and records the evaluation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dflash.pipeline.logging import RunLog, format_step_line
+from dflash.pipeline.metrics_file import MetricsWriter
+
+# The ETA uses the step rate of the last few windows: recent enough to follow a slowdown,
+# long enough not to jump with one slow window (a checkpoint, a profiler trace).
+RATE_WINDOWS = 5
+
+
+@dataclass
+class _Window:
+    steps: int = 0
+    loss: float = 0.0
+    acc: float = 0.0
+    tau: float = 0.0
+    tokens: int = 0
+    acc_per_slot: list[float] = field(default_factory=list)
+
+    def add(self, loss: float, acc: float, tau: float, tokens: int, per_slot: list[float]) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.loss += loss
+        self.acc += acc
+        self.tau += tau
+        if not self.acc_per_slot:
+            self.acc_per_slot = [0.0] * len(per_slot)
+        if len(per_slot) == len(self.acc_per_slot):
+            self.acc_per_slot = [a + b for a, b in zip(self.acc_per_slot, per_slot, strict=True)]
+
+
+class StepMeter:
+    def __init__(
+        self,
+        log: RunLog,
+        *,
+        total_steps: int,
+        log_every: int,
+        flops_per_step: float = 0.0,
+        peak_flops: float | None = None,
+        writer: MetricsWriter | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.log = log
+        self.clock = clock
+        self.total_steps = total_steps
+        self.log_every = log_every
+        self.flops_per_step = flops_per_step
+        self.peak_flops = peak_flops
+        self.writer = writer
+        self.final_loss: float | None = None  # mean loss of the last logged window
+        self.last_step = 0
+        self._window = _Window()
+        self._window_steps_timed = 0  # steps of the window before the last restart_window()
+        self._window_start = self.clock()
+        self._training_start = self._window_start
+        self._rates: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOWS)  # (steps, seconds)
+
+    def start(self) -> None:
+        """Training begins now: warm-up is no training time."""
+        self._window_start = self._training_start = self.clock()
+
+    def restart_window(self) -> None:
+        """Drop the steps counted so far from the throughput (e.g. a profiler trace just
+        took time that is no training); their loss still counts."""
+        self._window_start = self.clock()
+        self._window_steps_timed = self._window.steps
+
+    def add(
+        self,
+        step: int,
+        *,
+        loss: float,
+        tokens: int,
+        metrics: dict,
+        tau: float,
+        lr: float,
+        queue_depth: int,
+        queue_size: int,
+    ) -> int:
+        """A finished step with a finite loss (``tokens``: over all replicas); prints the
+        step line when one is due and returns how many steps that line covers (else 0)."""
+        acc = metrics.get("acc", 0.0)
+        per_slot = metrics.get("per_slot_acc") or []
+        per_slot = [float(a) for a in per_slot] if isinstance(per_slot, list) else [per_slot]
+        if isinstance(acc, list):
+            acc = sum(acc) / max(1, len(acc))
+        self._window.add(loss, float(acc), tau, tokens, per_slot)
+        self.last_step = step
+        if step % self.log_every and step != self.total_steps:
+            return 0
+        steps = self._window.steps
+        self._emit(step, lr, queue_depth, queue_size)
+        return steps
+
+    def _emit(self, step: int, lr: float, queue_depth: int, queue_size: int) -> None:
+        now = self.clock()
+        window, n = self._window, self._window.steps
+        timed_steps = n - self._window_steps_timed
+        seconds = max(1e-9, now - self._window_start)
+        steps_per_s = timed_steps / seconds
+        self._rates.append((timed_steps, seconds))
+        recent_steps = sum(s for s, _ in self._rates)
+        recent_seconds = sum(t for _, t in self._rates)
+        eta_s = (self.total_steps - step) * recent_seconds / max(1, recent_steps)
+        mfu = None
+        if self.peak_flops:
+            mfu = self.flops_per_step * steps_per_s / self.peak_flops
+        record = {
+            "kind": "step",
+            "step": step,
+            "total_steps": self.total_steps,
+            "time": round(time.time(), 3),
+            "loss": window.loss / n,
+            "acc": window.acc / n,
+            "acc_per_slot": [round(a / n, 4) for a in window.acc_per_slot],
+            "tau": window.tau / n,
+            "lr": lr,
+            "tokens_per_s": round(window.tokens / n * steps_per_s, 1),
+            "steps_per_s": round(steps_per_s, 4),
+            "mfu": mfu,
+            "queue_depth": queue_depth,
+            "queue_size": queue_size,
+            "elapsed_s": round(now - self._training_start, 3),
+            "eta_s": round(eta_s, 1),
+        }
+        self.final_loss = record["loss"]
+        self.log.line(
+            format_step_line(
+                step=step,
+                total=self.total_steps,
+                loss=record["loss"],
+                acc=record["acc"],
+                tau=record["tau"],
+                lr=lr,
+                tokens_per_s=record["tokens_per_s"],
+                mfu=mfu,
+                queue_depth=queue_depth,
+                queue_size=queue_size,
+                eta_s=eta_s,
+            )
+        )
+        if self.writer is not None:
+            self.writer.write(record)
+        self._window, self._window_steps_timed = _Window(), 0
+        self._window_start = now
+
+    def record_start(self, config: dict, start_step: int) -> None:
+        """The resolved config, once per start (a resume starts again at its checkpoint's
+        step): what `dflashctl runs show` summarises."""
+        if self.writer is not None:
+            self.writer.write(
+                {
+                    "kind": "start",
+                    "step": start_step,
+                    "time": round(time.time(), 3),
+                    "config": config,
+                }
+            )
+
+    def record_eval(self, fields: dict) -> None:
+        """The end-of-run evaluation (main thread, after the drafters were joined)."""
+        if self.writer is not None:
+            self.writer.write(
+                {"kind": "eval", "step": self.last_step, "time": round(time.time(), 3), **fields}
+            )
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
