@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps test demo demo-crash bench lint clean
+.PHONY: install system-deps test demo demo-crash demo-recover bench lint clean
 
 install: $(STAMP)
 
@@ -49,6 +49,15 @@ demo: install
 demo-crash: install
 	@$(BIN)/dflashctl deploy --config templates/demo.yaml -- --set debug.fail_in=drafter-0@step:3; \
 	status=$$?; echo "dflashctl exited with $$status (1 = the run crashed, as intended here)"; exit $$status
+
+# The same run killed with SIGKILL at step 250 (as the OOM killer would), once: the
+# run's supervisor restarts it by itself from the step-200 checkpoint (run.retry), and
+# dflashctl follows it across the restart to the end (exit 0).
+demo-recover: install
+	@rm -f demo/fail-once
+	$(BIN)/dflashctl deploy --config templates/demo.yaml -- --set debug.fail_in=drafter-0@step:250 \
+	  --set debug.fail_kind=sigkill --set debug.fail_once_marker=$(CURDIR)/demo/fail-once \
+	  --set train.checkpoint_every=100
 
 bench: install system-deps
 	$(BIN)/python bench/run_all.py

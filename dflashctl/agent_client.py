@@ -37,6 +37,9 @@ PACKAGE = "dflashctl.agent"
 # The name the bundle gives the package where it runs (its modules import each other
 # relatively, so any name does).
 BUNDLED_NAME = "dflash_agent"
+# Container-side modules the verbs never import: the run's supervisor travels in a
+# program of its own with the crash detector (dflashctl/recovery.py).
+NOT_BUNDLED = frozenset({"supervisor"})
 # The answer of a bootstrap that has no agent to run (exit status 3).
 AGENT_MISSING = "agent_missing"
 
@@ -122,7 +125,7 @@ def agent_modules() -> dict[str, str]:
     return {
         entry.name[: -len(".py")]: entry.read_text(encoding="utf-8")
         for entry in sorted(folder.iterdir(), key=lambda e: e.name)
-        if entry.name.endswith(".py")
+        if entry.name.endswith(".py") and entry.name[: -len(".py")] not in NOT_BUNDLED
     }
 
 

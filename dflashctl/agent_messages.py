@@ -53,7 +53,8 @@ class _LaunchParams(TypedDict):
     grace_s: float
     keep_releases: int
     meta: dict[str, Any]
-    launch_script: str
+    supervisor: str  # runs/<id>/supervise.py (dflashctl/recovery.py)
+    recovery: dict[str, Any]  # run.retry and the crash rules, for the supervisor
 
 
 class LaunchParams(_LaunchParams, total=False):
@@ -139,6 +140,7 @@ class _RunRecord(TypedDict):
 
 class RunRecord(_RunRecord, total=False):
     stopped: dict[str, Any]  # status "stopped": {"by", "at", "replaced_by"}
+    attempts: dict[str, Any] | None  # the supervisor's attempts.json (run.retry)
 
 
 class RunsAnswer(TypedDict):

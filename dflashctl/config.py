@@ -261,6 +261,44 @@ class TrainerConfig(Section):
         return value
 
 
+class RetryConfig(Section):
+    """Automatic recovery: the run's supervisor restarts the trainer after a crash a
+    restart fixes, resuming from the run's latest checkpoint (dflashctl/recovery.py)."""
+
+    max_restarts: int = 3  # 0: off
+    # Categories to retry; None: those whose crash rule says `retryable: true`.
+    categories: list[str] | None = None
+    backoff_s: float = 10.0  # the first wait, doubled for each restart within the window
+    max_backoff_s: float = 300.0
+    window_s: float = 3600.0  # restarts counted within this window (0: the whole run)
+    resume_args: TextList = Field(default_factory=lambda: ["--resume"])
+
+    @field_validator("max_restarts")
+    @classmethod
+    def _restarts(cls, value: int) -> int:
+        if value < 0:
+            raise invalid(f"must be 0 (off) or more, got {value}")
+        return value
+
+    @field_validator("backoff_s", "max_backoff_s", "window_s")
+    @classmethod
+    def _seconds(cls, value: float) -> float:
+        if value < 0:
+            raise invalid(f"must be 0 or more seconds, got {value}")
+        return value
+
+    @field_validator("categories")
+    @classmethod
+    def _categories(cls, value: list[str] | None) -> list[str] | None:
+        for category in value or []:
+            if not re.match(r"^[a-z][a-z0-9_]*$", category):
+                raise invalid(
+                    f"{category!r} is not a crash category (lower_snake_case)",
+                    "see the categories in templates/crash_patterns.yaml",
+                )
+        return value
+
+
 class RunConfig(Section):
     stop_grace_s: float = 20.0
     keep_releases: int = 5
@@ -268,6 +306,7 @@ class RunConfig(Section):
     # with DFLASH_RUN_ID, DFLASH_RUN_DIR and DFLASH_EXIT_CODE set: a notification
     # that works with nobody following the log.
     on_exit: str | None = None
+    retry: RetryConfig = Field(default_factory=RetryConfig)
 
     @field_validator("stop_grace_s")
     @classmethod

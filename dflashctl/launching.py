@@ -9,7 +9,7 @@ import shlex
 import socket
 from typing import TYPE_CHECKING, Any, cast
 
-from dflashctl import agent_client, hints, terminal
+from dflashctl import agent_client, hints, recovery, terminal
 from dflashctl.agent_messages import (
     LaunchAnswer,
     LaunchParams,
@@ -22,7 +22,6 @@ from dflashctl.connect import open_target
 from dflashctl.crash import Rule
 from dflashctl.errors import HostError
 from dflashctl.follow import follow_run, report_result
-from dflashctl.resources import template_path
 
 if TYPE_CHECKING:
     from dflashctl.target import Target
@@ -73,7 +72,8 @@ def launch_params(
         "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
         "keep_releases": config.run.keep_releases,
         "meta": meta,
-        "launch_script": template_path("launch.sh").read_text(encoding="utf-8"),
+        "supervisor": recovery.supervisor_program(),
+        "recovery": recovery.recovery_settings(config),
     }
 
 

@@ -108,6 +108,17 @@ class RunInfo:
     command: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     active: bool = False  # the run workdir/active_run names (launched last)
+    # The supervisor's attempts.json (run.retry): {"max_attempts", "attempts": [...]}.
+    attempts: dict[str, Any] | None = None
+
+    @property
+    def recovery(self) -> str | None:
+        return describe_attempts(self.attempts, running=self.state.status == "running")
+
+    def describe_state(self) -> str:
+        """`running, attempt 2/4, resumed at step 18400 after nccl_timeout`."""
+        note = self.recovery
+        return self.state.describe() + (f", {note}" if note else "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,7 +130,40 @@ class RunInfo:
             **self.state.to_json(),
             "command": self.command,
             "meta": self.meta,
+            "recovery": self.recovery,
+            "attempts": (self.attempts or {}).get("attempts") or [],
         }
+
+
+def describe_attempts(attempts: dict[str, Any] | None, *, running: bool) -> str | None:
+    """The run's attempts as one lineage, for `runs` and `status`:
+    `attempt 2/4, resumed at step 18400 after nccl_timeout` while it runs,
+    `attempt 2/4, after recovering from killed` once it ended, plus
+    `not retried: <why>` when a crash ended it. None for a run of one attempt that
+    ended by itself or was stopped (nothing to say)."""
+    items = list((attempts or {}).get("attempts") or [])
+    if not items:
+        return None
+    most = (attempts or {}).get("max_attempts")
+    last = items[-1]
+
+    def numbered(n: int) -> str:
+        # Past the limit (restarts older than run.retry.window_s no longer count): `6`.
+        return f"{n}/{most}" if most and n <= most else str(n)
+
+    if last.get("retried"):
+        at = last.get("resume_step")
+        where = f"resumed at step {at}" if at is not None else "restarted"
+        text = f"attempt {numbered(last['attempt'] + 1)}, {where} after {last.get('category')}"
+        return text if running else text + " (ended before it reported)"
+    recovered = [a.get("category") for a in items if a.get("retried")]
+    notes = []
+    if recovered:
+        notes.append(f"attempt {numbered(last['attempt'])}")
+        notes.append("after recovering from " + ", ".join(dict.fromkeys(map(str, recovered))))
+    if last.get("reason") not in (None, "finished", "stopped"):
+        notes.append(f"not retried: {last['reason']}")
+    return ", ".join(notes) or None
 
 
 def signal_name(number: int | None) -> str:
@@ -144,6 +188,7 @@ def _run_from_agent(record: RunRecord, active_id: str | None) -> RunInfo:
         command=list(meta.get("command") or []),
         meta=meta,
         active=record["id"] == active_id,
+        attempts=record.get("attempts"),
     )
 
 

@@ -151,7 +151,7 @@ def test_starts_before_the_log_exists(runs):
     rundir = runs.workdir / "runs" / "r4"
     rundir.mkdir(parents=True)
     # A live pid and no log yet: a run that is still starting (its wrapper carries the
-    # run's id, as launch.sh's does: a pid that does not is someone else's).
+    # run's id, as the supervisor does: a pid that does not is someone else's).
     placeholder = subprocess.Popen(["sleep", "30"], env=dict(os.environ, DFLASH_RUN_ID="r4"))
     (rundir / "pid").write_text(f"{placeholder.pid}\n")
 

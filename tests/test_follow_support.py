@@ -1,5 +1,5 @@
 """Shared by the follow and logs tests (no tests here): a fake trainer, a launcher that
-writes the runs/<id>/ layout the way templates/launch.sh does, and small helpers."""
+writes the runs/<id>/ layout the way the run's supervisor does, and small helpers."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ bootstrap (see agent_client.py).
 
 Modules: errors, files (reading, atomic writing, the workdir lock), manifest (shared
 with dflashctl/sync.py), releases, processes (/proc), runs, stopping, logreader (the
-`log` verb), verbs (one function per verb), main (the entry).
+`log` verb), verbs (one function per verb), main (the entry). supervisor (the run's
+wrapper, which restarts a crashed trainer: run.retry) is not part of the bundle: it
+travels with the crash detector in a program of its own (dflashctl/recovery.py).
 
 Runs on Python 3.6 and later (f-strings, no annotations, no walrus, no
 `from __future__ import annotations`), since the container's python may be older

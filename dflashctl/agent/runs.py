@@ -90,7 +90,23 @@ def run_record(workdir, run_id, table=None):
         meta = {}
     record = {"id": run_id, "meta": meta, "pid": read_int(os.path.join(run_dir, "pid"))}
     record.update(run_state(workdir, run_id, table))
+    record["attempts"] = read_attempts(run_dir)
     return record
+
+
+def read_attempts(run_dir):
+    """The supervisor's record of the run's attempts (supervisor.py), or None for a run
+    that has not ended an attempt yet (or was launched before there was one)."""
+    text = read_text(os.path.join(run_dir, "attempts.json"))
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# The run's wrapper, written once when the run is made (its age orders runs of one second).
+WRAPPER = "supervise.py"
 
 
 def run_ids(workdir):
@@ -102,7 +118,7 @@ def run_ids(workdir):
     return oldest_first(
         base,
         [n for n in names if os.path.isdir(os.path.join(base, n))],
-        lambda run_dir: os.path.join(run_dir, "launch.sh"),
+        lambda run_dir: os.path.join(run_dir, WRAPPER),
     )
 
 
@@ -140,22 +156,27 @@ def start_run(workdir, run_id, release, p):
     import subprocess
 
     run_dir = os.path.join(runs_dir(workdir), run_id)
-    wrapper = os.path.join(run_dir, "launch.sh")
-    if not os.path.isfile(wrapper):  # else made before the stop (transaction.prepare_run)
+    command = list(p["command"])
+    # The run's wrapper (supervisor.py with the crash detector, one file) and what it
+    # decides with: the run keeps them, whatever is deployed later. The wrapper may
+    # have been written before the old run was stopped (transaction.prepare_run).
+    wrapper = os.path.join(run_dir, WRAPPER)
+    if not os.path.isfile(wrapper):
         os.makedirs(run_dir, exist_ok=True)
-        with open(wrapper, "w", encoding="utf-8") as f:
-            f.write(p["launch_script"])
+        write_atomic(wrapper, p["supervisor"])
+    settings = dict(p.get("recovery") or {}, command=command)
+    write_atomic(os.path.join(run_dir, "recovery.json"), json.dumps(settings, indent=1))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
     env.update(p.get("env") or {})
     env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
     env.update(bytecode_env(env, run_dir))
-    command = list(p["command"])
     log = open(os.path.join(run_dir, "train.log"), "ab")
     try:
         # New session (pid = pgid = sid), no terminal, stdin from /dev/null and our
         # pipes closed, so the exec session that started us returns at once.
         proc = subprocess.Popen(
-            ["/bin/sh", wrapper, run_dir] + command,
+            # The trainer's interpreter: -S, the wrapper needs only the standard library.
+            [command[0], "-S", wrapper, run_dir],
             cwd=os.path.join(workdir, "current"),
             env=env,
             stdin=subprocess.DEVNULL,

@@ -21,7 +21,7 @@ from .errors import AgentError, StaleBase
 from .files import read_text
 from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
 from .releases import current_release, swap_current
-from .runs import runs_dir, start_run
+from .runs import WRAPPER, runs_dir, start_run
 
 # What launching needs on disk after the stop (pid, meta.json, active_run, the
 # `current` link, the first log lines); checked before anything is stopped.
@@ -49,8 +49,8 @@ def prepare_run(workdir, run_id, p):
     run_dir = os.path.join(runs_dir(workdir), run_id)
     try:
         os.makedirs(run_dir)
-        with open(os.path.join(run_dir, "launch.sh"), "w", encoding="utf-8") as f:
-            f.write(p["launch_script"])
+        with open(os.path.join(run_dir, WRAPPER), "w", encoding="utf-8") as f:
+            f.write(p["supervisor"])
         # The log file exists from the start: writing it cannot be what fails later.
         open(os.path.join(run_dir, "train.log"), "ab").close()
     except OSError as exc:

@@ -6,6 +6,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
@@ -81,7 +82,7 @@ def runs(
             run.release or "-",
             (run.started or "-").replace("T", " ").rstrip("Z"),
             continues(run.meta),
-            run.state,
+            run,
         )
         for run in found
     ]
@@ -96,17 +97,22 @@ def runs(
         table.add_column(headers[2], no_wrap=True)
         table.add_column(headers[3], no_wrap=True)
         table.add_column(headers[4], no_wrap=True, min_width=17)
-        for run_id, release, started, lineage, state in rows:
+        for run_id, release, started, lineage, run in rows:
+            state = run.state
             style = _STYLES.get(state.status, "red")
             if state.status == "exited" and not state.ok:
                 style = "red"
             table.add_row(
-                run_id, release, started, lineage, f"[{style}]{state.describe()}[/{style}]"
+                run_id,
+                release,
+                started,
+                lineage,
+                f"[{style}]{escape(run.describe_state())}[/{style}]",
             )
         terminal.out.print(table)
     else:
         # Plain aligned columns off a terminal: nothing is cut short or wrapped.
-        lines = [headers] + [(a, b, c, d, e.describe()) for a, b, c, d, e in rows]
+        lines = [headers] + [(a, b, c, d, e.describe_state()) for a, b, c, d, e in rows]
         widths = [max(len(line[i]) for line in lines) for i in range(4)]
         for line in lines:
             cells = [cell.ljust(width) for cell, width in zip(line[:4], widths, strict=True)]

@@ -76,6 +76,8 @@ def print_status(status: dict[str, Any]) -> None:
         "stopped": "yellow",
     }.get(run["status"], "red")
     details = [f"[{colour}]{escape(run['state'])}[/{colour}]"]
+    if run.get("recovery"):
+        details.append(escape(run["recovery"]))
     if run["status"] == "running" and run["pid"]:
         details.append(f"pid {run['pid']}")
     if run["started"]:

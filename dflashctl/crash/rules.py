@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dflashctl.errors import ConfigError
 from dflashctl.resources import template_path
 
@@ -83,6 +81,24 @@ def load_rules(
     return user + [rule for rule in builtin if rule.name not in replaced]
 
 
+def rule_mappings(
+    extra: Iterable[Mapping[str, Any]] | None = None, *, builtin_path: Path | None = None
+) -> list[dict[str, Any]]:
+    """The rules of load_rules as the plain mappings they were written as, in match
+    order (JSON-ready): what a run's supervisor gets, so that it decides with exactly
+    the rules dflashctl shows crashes with. Validate with load_rules first."""
+    path = builtin_path or _builtin_rules_path()
+    user = [dict(item) for item in extra or []]
+    replaced = {item.get("name") for item in user}
+    builtin = [dict(item) for item in _read_rules_file(path) if item.get("name") not in replaced]
+    return user + builtin
+
+
+def parse_rule_list(items: Sequence[Any], *, where: str) -> list[Rule]:
+    """Rules from their mappings (rule_mappings' answer), in the order given."""
+    return _parse_rule_list(items, where=where, key="rules")
+
+
 def rules_for(config: Any) -> list[Rule]:
     """The rules for a run of this config: the built-in ones plus its crash_patterns,
     whose mistakes are reported against the config file itself."""
@@ -101,6 +117,10 @@ def _builtin_rules_path() -> Path:
 
 
 def _read_rules_file(path: Path) -> list[Any]:
+    # Imported here: the rest of this module, the detector and events are standard
+    # library only, so that they also run where the trainer runs (dflashctl/recovery.py).
+    import yaml
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:

@@ -387,7 +387,8 @@ class _Follower:
         crashes = self.sink.crashes
         if state is None or state.status == "running":
             exit_code, signal = None, None
-            status = "crashed" if crashes else "running"
+            # A crash the run's supervisor is restarting from does not end the run.
+            status = "crashed" if crashes and not self.sink.restarting else "running"
             run_status = None if state is None else state.status
         elif state.status == "stopped":
             exit_code, signal, run_status = state.exit_code, state.signal, state.status
@@ -406,6 +407,9 @@ class _Follower:
             stopped=getattr(state, "stopped", None),
             interrupted=interrupted,
             summary=self.sink.summary,
+            recovered=self.sink.recovered,
+            attempt=self.sink.attempt,
+            not_retried=self.sink.not_retried,
             rundir=self.rundir,
             where=self.target.describe() if self.target is not None else None,
         )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
+from dflashctl.agent.supervisor import CRASHED, NEW_ATTEMPT, NOT_RETRIED
 from dflashctl.run_summary import RunSummary
 
 if TYPE_CHECKING:
@@ -45,7 +46,15 @@ class LineSink:
     ) -> None:
         from dflashctl.crash import CrashDetector
 
+        self.rules = rules
         self.detector = CrashDetector(rules)
+        # Crashes of earlier attempts the run's supervisor recovered from (run.retry).
+        self.recovered: list[CrashEvent] = []
+        self.attempt = 1
+        self.not_retried: str | None = None  # why the supervisor let the run end
+        self._attempt_exit: int | None = None  # how the last attempt ended
+        # The last attempt crashed and the supervisor is about to restart it.
+        self.restarting = False
         self.summary = RunSummary()
         self.console = console
         self.show_lines = show_lines
@@ -57,6 +66,15 @@ class LineSink:
 
     def line(self, text: str) -> None:
         self.count += 1
+        if text.startswith("dflashctl: attempt "):
+            if NEW_ATTEMPT.match(text):
+                self._new_attempt(int(NEW_ATTEMPT.match(text)[1]))
+            elif CRASHED.match(text):
+                self._attempt_exit = int(CRASHED.match(text)[1])
+                if NOT_RETRIED.match(text):
+                    self.not_retried = NOT_RETRIED.match(text)[1]
+                else:
+                    self.restarting = True
         events = self.detector.feed(text)
         self.summary.feed(text)
         if self.backlog is not None:
@@ -100,8 +118,28 @@ class LineSink:
             for event in events:
                 self.on_crash(event)
 
+    def _new_attempt(self, number: int) -> None:
+        """The supervisor restarted the trainer: what the last attempt died of is
+        settled (shown, and kept as recovered); the new attempt's crashes are its own."""
+        from dflashctl.crash import CrashDetector
+
+        events = self.detector.finish(self._attempt_exit)
+        self._attempt_exit = None
+        if self.backlog is not None:
+            self._held_events.extend(events)
+        else:
+            self._render(events)
+        if self.on_crash is not None:
+            for event in events:
+                self.on_crash(event)
+        self.recovered.extend(self.detector.crashes)
+        self.detector = CrashDetector(self.rules)
+        self.attempt = number
+        self.restarting = False
+
     @property
     def crashes(self) -> list[CrashEvent]:
+        """The crashes of the run's last attempt (the one that decides how it ended)."""
         return list(self.detector.crashes)
 
     def _print(self, text: str) -> None:

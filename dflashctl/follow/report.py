@@ -33,6 +33,11 @@ class FollowResult:
     interrupted: bool = False  # Ctrl-C stopped the following (the run was left alone)
     source: str | None = None  # a local file classified with --file
     summary: RunSummary = field(default_factory=RunSummary)  # loss, tau, checkpoint
+    # Automatic recovery (run.retry): the earlier attempts' crashes, the attempt the
+    # log ended in, and why the supervisor did not restart the run again.
+    recovered: list[CrashEvent] = field(default_factory=list)
+    attempt: int = 1
+    not_retried: str | None = None
     rundir: str | None = None  # workdir/runs/<id> on the target
     where: str | None = None  # "CT 200 on root@pve:22", "this machine"
 
@@ -59,6 +64,11 @@ class FollowResult:
             data["summary"] = self.summary.to_json()
         if self.rundir is not None:
             data["run_dir"] = self.rundir
+        if self.attempt > 1 or self.recovered:
+            data["attempt"] = self.attempt
+            data["recovered"] = [event.to_json() for event in self.recovered]
+        if self.not_retried:
+            data["not_retried"] = self.not_retried
         return data
 
 
@@ -144,7 +154,7 @@ def _say_outcome(result: FollowResult) -> None:
         return
     if result.status == "finished":
         code = "" if result.exit_code is None else f" (exit code {result.exit_code})"
-        terminal.success(f"{what} finished{code}")
+        terminal.success(f"{what} finished{code}{_recovery_note(result)}")
         _say_where_and_what(result)
         return
     if result.status == "stopped":
@@ -173,5 +183,17 @@ def _say_outcome(result: FollowResult) -> None:
             causes.append(f"exit code {result.exit_code}")
     detail = "; ".join(causes)
     terminal.err.print(
-        f"[bold red]✗[/bold red] {what} crashed" + (f": {escape(detail)}" if detail else "")
+        f"[bold red]✗[/bold red] {what} crashed"
+        + escape(_recovery_note(result))
+        + (f": {escape(detail)}" if detail else "")
     )
+    if result.not_retried:
+        terminal.info(f"  not retried: {result.not_retried}")
+
+
+def _recovery_note(result: FollowResult) -> str:
+    """` in attempt 3, after recovering from killed, nccl_timeout` (run.retry)."""
+    if result.attempt <= 1 and not result.recovered:
+        return ""
+    after = ", ".join(dict.fromkeys(event.category for event in result.recovered))
+    return f" in attempt {result.attempt}" + (f", after recovering from {after}" if after else "")

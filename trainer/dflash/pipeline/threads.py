@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import signal
 import threading
 import time
 from collections import deque
@@ -116,6 +118,15 @@ def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
     if stage == "step" and point.step != step:
         return
     where = f"step {step}" if stage == "step" else stage
+    marker = ctx.cfg.debug.fail_once_marker
+    if marker:
+        if os.path.exists(marker):
+            return  # fired once already: a restarted run gets past it
+        with open(marker, "w") as f:
+            f.write(f"{thread} at {where}\n")
+    if ctx.cfg.debug.fail_kind == "sigkill":
+        ctx.log.line(f"injected SIGKILL in {thread} at {where} (debug.fail_in)")
+        os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFailure(f"injected failure in {thread} at {where} (debug.fail_in)")
 
 

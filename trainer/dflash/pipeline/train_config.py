@@ -264,6 +264,12 @@ class LoggingSection(Section):
 class DebugSection(Section):
     tls_fix: bool = True  # False reproduces the CUDA Graph Trees AssertionError on torch <= 2.12
     fail_in: Text | None = None  # "<thread>@start" | "drafter-N@warmup" | "<thread>@step:N"
+    # How the failure at fail_in looks: "exception" (a Python exception in that thread)
+    # or "sigkill" (the process killed, as the kernel's OOM killer does: retryable).
+    fail_kind: Annotated[Text, _one_of("exception", "sigkill")] = "exception"
+    # A file: the failure fires only while it does not exist, and creates it (so a
+    # restarted run gets past it: automatic recovery tests and demos).
+    fail_once_marker: Text | None = None
     stop_at_step: Amount = 0  # act as if SIGTERM arrived after this step (tests, demos)
     # After this step, train no further until SIGTERM (tests: redeploy at a known step).
     hold_at_step: Amount = 0
