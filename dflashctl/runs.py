@@ -58,15 +58,22 @@ class RunState:
         """Ended without a fault: finished with exit 0, or stopped on purpose."""
         return (self.status == "exited" and self.exit_code == 0) or self.status == "stopped"
 
-    def describe(self) -> str:
-        """`running`, `exited 0`, `killed by SIGTERM`, `stopped by deploy`, `lost`."""
+    def describe(self, category: str | None = None) -> str:
+        """The outcome in words, the same in `runs`, `status` and `logs`: `running`,
+        `finished (exit 0)`, `crashed (exit 1, thread_exception)`, `crashed (killed by
+        SIGKILL)`, `stopped by deploy at ...`, `lost`. `category`: the crash's, when the
+        run's supervisor recorded one."""
         if self.status == "stopped":
             return describe_stop(self.stopped or {})
         if self.status == "exited":
-            return f"exited {self.exit_code}"
-        if self.status == "killed":
-            return f"killed by {signal_name(self.signal)}"
-        return self.status
+            how = f"exit {self.exit_code}"
+        elif self.status == "killed":
+            how = f"killed by {signal_name(self.signal)}"
+        else:
+            return self.status
+        if self.outcome == "finished":
+            return f"finished ({how})"
+        return f"crashed ({how}, {category})" if category else f"crashed ({how})"
 
     @property
     def outcome(self) -> str:
@@ -115,10 +122,17 @@ class RunInfo:
     def recovery(self) -> str | None:
         return describe_attempts(self.attempts, running=self.state.status == "running")
 
+    @property
+    def crash_category(self) -> str | None:
+        """The category the supervisor's crash detector gave the last attempt, if any."""
+        items = (self.attempts or {}).get("attempts") or []
+        category = items[-1].get("category") if items else None
+        return str(category) if category else None
+
     def describe_state(self) -> str:
         """`running, attempt 2/4, resumed at step 18400 after nccl_timeout`."""
         note = self.recovery
-        return self.state.describe() + (f", {note}" if note else "")
+        return self.state.describe(self.crash_category) + (f", {note}" if note else "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,7 +140,8 @@ class RunInfo:
             "release": self.release,
             "started": self.started,
             "pid": self.pid,
-            "state": self.state.describe(),
+            "state": self.state.describe(self.crash_category),
+            "category": self.crash_category if self.state.outcome == "crashed" else None,
             **self.state.to_json(),
             "command": self.command,
             "meta": self.meta,

@@ -165,7 +165,7 @@ def test_two_redeploys_mid_training_continue_bit_for_bit(project, uninterrupted)
     assert listing.returncode == 0, listing.stderr
     rows = {line.lstrip("* ").split()[0]: line for line in listing.stdout.splitlines()[1:]}
     assert f"{second['run_id']}@8" in rows[third["run_id"]]
-    assert rows[third["run_id"]].endswith("exited 0")
+    assert rows[third["run_id"]].endswith("finished (exit 0)")
     assert "stopped by deploy at " in rows[first["run_id"]]
     assert rows[first["run_id"]].endswith(f"replaced by run {second['run_id']}")
 

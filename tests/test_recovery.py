@@ -384,7 +384,7 @@ def test_a_crash_a_restart_fixes_is_followed_across_the_restart_and_ends_well(fl
     run_dir = only_run(path)
     assert (run_dir / "notified").read_text() == "0 2\n"  # on_exit once, at the real end
     runs = cli("runs", "-c", str(path))
-    assert "exited 0, attempt 2/4, after recovering from killed" in runs.stdout
+    assert "finished (exit 0), attempt 2/4, after recovering from killed" in runs.stdout
     listed = json.loads(cli("runs", "-c", str(path), "--json").stdout)["runs"][0]
     assert [a["exit_code"] for a in listed["attempts"]] == [137, 0]
 
@@ -404,7 +404,7 @@ def test_a_crash_that_is_not_retryable_ends_the_run_with_the_reason(flaky):
     assert "trainer attempt 2" not in (run_dir / "train.log").read_text()
     assert (run_dir / "exit_code").read_text() == "1\n"
     status = cli("status", "-c", str(path))
-    assert f"exited 1, not retried: {reason}" in status.stdout
+    assert "crashed (exit 1, python_exception), not retried: " + reason in status.stdout
 
 
 def test_a_crash_loop_stops_after_max_restarts(flaky):

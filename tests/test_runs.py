@@ -52,14 +52,14 @@ def quick(project):
 @pytest.mark.parametrize(
     ("args", "status", "exit_code", "sig", "described"),
     [
-        ((), "exited", 0, None, "exited 0"),
-        (("--exit", "3"), "exited", 3, None, "exited 3"),
+        ((), "exited", 0, None, "finished (exit 0)"),
+        (("--exit", "3"), "exited", 3, None, "crashed (exit 3)"),
         (
             ("--kill", "SIGSEGV"),
             "killed",
             128 + signal.SIGSEGV,
             signal.SIGSEGV,
-            "killed by SIGSEGV",
+            "crashed (killed by SIGSEGV)",
         ),
     ],
 )
@@ -106,7 +106,7 @@ def test_list_runs_and_active_run(quick):
     target = open_target(quick.config())
     found = list_runs(target, str(quick.workdir), python=sys.executable)
     assert [r.id for r in found] == [first["run_id"], second["run_id"]]
-    assert [r.state.describe() for r in found] == ["exited 0", "exited 3"]
+    assert [r.state.describe() for r in found] == ["finished (exit 0)", "crashed (exit 3)"]
     assert [r.active for r in found] == [False, True]
     assert found[1].release == second["release"] and found[1].pid == second["pid"]
     assert active_run(target, str(quick.workdir), python=sys.executable).id == second["run_id"]
@@ -143,8 +143,8 @@ def test_cli_runs_table_and_json(quick):
     base = [sys.executable, "-m", "dflashctl", "runs", "-c", str(quick.config_path)]
     table = subprocess.run(base, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
-    assert summary["run_id"] in table.stdout and "exited 3" in table.stdout
+    assert summary["run_id"] in table.stdout and "crashed (exit 3)" in table.stdout
     as_json = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=60)
     [run] = json.loads(as_json.stdout)["runs"]
-    assert (run["id"], run["state"], run["exit_code"]) == (summary["run_id"], "exited 3", 3)
+    assert (run["id"], run["state"], run["exit_code"]) == (summary["run_id"], "crashed (exit 3)", 3)
     assert run["release"] == summary["release"]

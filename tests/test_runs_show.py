@@ -155,7 +155,7 @@ def test_cli_shows_state_lineage_and_charts(project, lineage):
     assert shown.returncode == 0, shown.stderr
     out = shown.stdout
     assert f"run        {second} on this machine" in out
-    assert "state      exited 0" in out
+    assert "state      finished (exit 0)" in out
     assert f"lineage    {first} → {second}" in out
     last = [r for r in records if r["kind"] == "step"][-1]
     assert f"progress   step 40/40 · loss {last['loss']:.4f}" in out

@@ -41,7 +41,7 @@ def test_runs_show_reads_the_trainers_metrics_in_the_container(
     shown = dflashctl("runs", "show", "-c", path, "--json")
     assert shown.returncode == 0, shown.stderr
     (run,) = json.loads(shown.stdout)["runs"]
-    assert run["run"]["state"] == "exited 0" and run["lineage"] == [run["run"]["id"]]
+    assert run["run"]["state"] == "finished (exit 0)" and run["lineage"] == [run["run"]["id"]]
     assert [r["step"] for r in run["steps"]] == [10, 20, 30, 40]
     for line, record in zip(step_lines, run["steps"], strict=True):
         assert line.startswith(f"step {record['step']}/40 | loss {record['loss']:.4f} | ")

@@ -57,7 +57,10 @@ def test_the_active_run_and_its_real_state(capsys, monkeypatch, write_config, tm
     assert (run["id"], run["status"], run["signal"]) == ("20261129-101502-a1b2", "killed", 9)
     assert run["release"] == "20261129-100000-beef"
     code, out, _ = dflashctl(capsys, monkeypatch, "status", "-c", str(path))
-    assert "run        20261129-101502-a1b2: killed by SIGKILL, started 2026-11-29T10:15:02Z" in out
+    assert (
+        "run        20261129-101502-a1b2: crashed (killed by SIGKILL), started 2026-11-29T10:15:02Z"
+        in out
+    )
 
     # A live process that names the run: the state comes from the process table.
     run_id = "20261129-111111-c3d4"

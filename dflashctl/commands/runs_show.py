@@ -103,7 +103,7 @@ def _print(curves: list, place: str) -> None:
 def _facts(run, place: str) -> list[tuple[str, str]]:
     """(label, value) lines about one run, only for what is known."""
     info, meta = run.run, run.run.meta
-    facts = [("run", f"{info.id} on {place}"), ("state", info.state.describe())]
+    facts = [("run", f"{info.id} on {place}"), ("state", info.describe_state())]
     if info.started:
         facts.append(("started", info.started.replace("T", " ").rstrip("Z") + " UTC"))
     if info.release:
