@@ -190,13 +190,17 @@ def _python_probe(target: Target, python: str) -> Callable[[], str]:
 
 
 _TORCH_SCRIPT = (
-    "import torch; print(torch.__version__, torch.cuda.is_available(), "
+    "import importlib.util as u, torch; "
+    "print(' '.join(m for m in ('transformers', 'safetensors', 'yaml', 'pydantic') "
+    "if u.find_spec(m) is None) or '-', torch.__version__, torch.cuda.is_available(), "
     "torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 )
+# The bundled trainer's packages besides torch (pyproject's `trainer` extra), by import name.
+_PIP_NAMES = {"yaml": "pyyaml"}
 
 
-def _torch_probe(target: Target, python: str) -> Callable[[], str]:
-    def probe() -> str:
+def _torch_probe(target: Target, python: str) -> Callable[[], tuple[str, str]]:
+    def probe() -> tuple[str, str]:
         result = target.run([python, "-c", _TORCH_SCRIPT], timeout=TORCH_TIMEOUT_S, check=False)
         if result.exit_status != 0:
             raise HostError(
@@ -204,9 +208,16 @@ def _torch_probe(target: Target, python: str) -> Callable[[], str]:
                 f"{result.last_error_line()}",
                 hint=f"install it there: `{python} -m pip install torch`",
             )
-        version, cuda, count = result.stdout_text.split()[-3:]
+        *missing, version, cuda, count = result.stdout_text.split()
         gpus = f"CUDA with {count} GPU(s)" if cuda == "True" else "no CUDA (CPU only)"
-        return f"torch {version}, {gpus}"
+        missing = [m for m in missing if m != "-"]
+        if missing:
+            install = " ".join(_PIP_NAMES.get(m, m) for m in missing)
+            return WARN, (
+                f"torch {version}, {gpus}; the bundled trainer also needs {', '.join(missing)}: "
+                f"`{python} -m pip install {install}` there"
+            )
+        return PASS, f"torch {version}, {gpus}"
 
     return probe
 
