@@ -26,6 +26,21 @@ TrainerArgsArgument = Annotated[
         show_default=False,
     ),
 ]
+FreshOption = Annotated[
+    bool,
+    typer.Option(
+        "--fresh",
+        help="Start training at step 0 instead of continuing the replaced run's latest checkpoint.",
+    ),
+]
+WaitOption = Annotated[
+    bool,
+    typer.Option(
+        "--wait",
+        help="If another deploy, restart or stop is in flight on this workdir, queue "
+        "behind it instead of being refused.",
+    ),
+]
 DetachOption = Annotated[
     bool, typer.Option("--detach", "-d", help="Launch and return; do not follow the log.")
 ]

@@ -10,8 +10,10 @@ from dflashctl import terminal
 from dflashctl.commands.common import (
     ConfigOption,
     DetachOption,
+    FreshOption,
     JsonOption,
     TrainerArgsArgument,
+    WaitOption,
 )
 from dflashctl.config import load_config
 
@@ -30,22 +32,8 @@ def deploy(
     start_container: Annotated[
         bool, typer.Option("--start-container", help="Start the container if it is stopped.")
     ] = False,
-    fresh: Annotated[
-        bool,
-        typer.Option(
-            "--fresh",
-            help="Start training at step 0 instead of continuing the replaced run's "
-            "latest checkpoint.",
-        ),
-    ] = False,
-    wait: Annotated[
-        bool,
-        typer.Option(
-            "--wait",
-            help="If another deploy, restart or stop is in flight on this workdir, queue "
-            "behind it instead of being refused.",
-        ),
-    ] = False,
+    fresh: FreshOption = False,
+    wait: WaitOption = False,
     yes: Annotated[
         bool,
         typer.Option(

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
 from dflashctl import terminal
 from dflashctl.commands.common import (
     ConfigOption,
     DetachOption,
+    FreshOption,
     JsonOption,
     TrainerArgsArgument,
+    WaitOption,
 )
 from dflashctl.config import load_config
 
@@ -20,22 +20,8 @@ def restart(
     trainer_args: TrainerArgsArgument = None,
     config: ConfigOption = None,
     detach: DetachOption = False,
-    fresh: Annotated[
-        bool,
-        typer.Option(
-            "--fresh",
-            help="Start training at step 0 instead of continuing the replaced run's "
-            "latest checkpoint.",
-        ),
-    ] = False,
-    wait: Annotated[
-        bool,
-        typer.Option(
-            "--wait",
-            help="If another deploy, restart or stop is in flight on this workdir, queue "
-            "behind it instead of being refused.",
-        ),
-    ] = False,
+    fresh: FreshOption = False,
+    wait: WaitOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Stop stale runs and relaunch the current release; follows unless --detach."""
