@@ -217,17 +217,10 @@ class DFlashWorkload(Workload):
             what = f"{len(samples)} random-token samples (throughput only)"
         else:
             path = Path(data.source)
-            if not path.is_file():
-                raise TrainConfigError(f"data.source: {path} is not a file (or synthetic / random)")
-            if self.tokenizer is None:
-                raise TrainConfigError(
-                    "data.source is a file but no tokenizer: set data.tokenizer or target.path"
-                )
-            samples, stats = load_samples(
+            samples, stats = self._load_file(
                 path,
-                self.tokenizer,
-                max_length=data.seq_len,
-                block_size=self.cfg.drafter.block_size,
+                f"data.source: {path} is not a file (or synthetic / random)",
+                "data.source is a file but no tokenizer: set data.tokenizer or target.path",
             )
             what = (
                 f"{stats.kept} samples from {path} ({stats.too_few_loss_tokens} with too few loss tokens "
@@ -240,6 +233,19 @@ class DFlashWorkload(Workload):
                 what += f", {len(self.heldout)} of them held out for eval"
         self._notes.append(f"data: {what} in {time.perf_counter() - started:.1f} s")
         return samples
+
+    def _load_file(self, path: Path, not_a_file: str, no_tokenizer: str):
+        """Samples of a .jsonl/.txt file, tokenized and cut like the training data."""
+        if not path.is_file():
+            raise TrainConfigError(not_a_file)
+        if self.tokenizer is None:
+            raise TrainConfigError(no_tokenizer)
+        return load_samples(
+            path,
+            self.tokenizer,
+            max_length=self.cfg.data.seq_len,
+            block_size=self.cfg.drafter.block_size,
+        )
 
     def _split_holdout(self, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
         """(training samples, held-out samples): a seeded choice, the same in every process."""
@@ -429,17 +435,10 @@ class DFlashWorkload(Workload):
         data, ev = self.cfg.data, self.cfg.eval
         if ev.source:
             path = Path(ev.source)
-            if not path.is_file():
-                raise TrainConfigError(f"eval.source: {path} is not a file")
-            if self.tokenizer is None:
-                raise TrainConfigError(
-                    "eval.source needs a tokenizer: set data.tokenizer or target.path"
-                )
-            held, _ = load_samples(
+            held, _ = self._load_file(
                 path,
-                self.tokenizer,
-                max_length=data.seq_len,
-                block_size=self.cfg.drafter.block_size,
+                f"eval.source: {path} is not a file",
+                "eval.source needs a tokenizer: set data.tokenizer or target.path",
             )
         elif data.source in ("synthetic", "random"):
             high = (
