@@ -35,7 +35,7 @@ from pydantic import (
 from dflashctl import hints
 from dflashctl.config_errors import describe, invalid, translate
 from dflashctl.errors import ConfigError
-from dflashctl.yaml_source import load_yaml
+from dflashctl.yaml_source import YamlSource, load_yaml
 
 CONFIG_ENV = "DFLASHCTL_CONFIG"
 DEFAULT_CONFIG_NAME = "dflash.yaml"
@@ -323,12 +323,81 @@ class RunConfig(Section):
         return value
 
 
+# Where the trainer of one node runs; also what a `nodes:` entry may override.
+NODE_SECTIONS = ("host", "proxmox", "container")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class NodeConfig(Section):
+    """One node of a run across several boxes: a host and its container. In the file
+    each section holds only what differs from the top-level section of the same name
+    (merged in parse_config)."""
+
+    name: str | None = None  # None: the host's address (and the vmid, when shared)
+    host: HostConfig
+    proxmox: ProxmoxConfig = Field(default_factory=ProxmoxConfig)
+    container: ContainerConfig = Field(default_factory=ContainerConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _NODE_NAME.match(value):
+            raise invalid(
+                f"{value!r} is not a node name", "letters, digits, '.', '_' and '-', e.g. gpu-a"
+            )
+        return value
+
+    def label(self) -> str:
+        assert self.name is not None  # named by Config._nodes
+        return self.name
+
+
+class TorchrunConfig(Section):
+    """How several nodes run as one torchrun job (static rendezvous: node rank r hosts
+    ranks r*N .. r*N+N-1, so rank 0, which writes the checkpoints, is on the first node)."""
+
+    nproc_per_node: int | str = "gpu"  # processes per node: a number, or gpu/auto/cpu
+    port: int = 29400  # on the first node's container: torchrun's rendezvous store
+    # Where the other nodes reach the first node's container; None: the address it
+    # has on its default route, asked from inside it at each launch.
+    address: str | None = None
+    args: TextList = Field(default_factory=list)  # more torchrun options, before the script
+
+    @field_validator("nproc_per_node", mode="before")
+    @classmethod
+    def _nproc(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise invalid(f"expected a number or gpu, auto or cpu, got {describe(value)}")
+        if isinstance(value, int) and value < 1:
+            raise invalid(f"must be at least 1, got {value}")
+        if isinstance(value, str) and value not in ("gpu", "auto", "cpu"):
+            raise invalid(f"expected a number or gpu, auto or cpu, got {value!r}")
+        return value
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, value: int) -> int:
+        if not 1 <= value <= 65535:
+            raise invalid(f"expected a port between 1 and 65535, got {value}")
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise invalid(f"expected a hostname or an IP address, got {value!r}")
+        return value
+
+
 class Config(Section):
+    # Declared first: a mistake inside a node is reported there, not as its copy in host.
+    nodes: list[NodeConfig] = Field(default_factory=list)
     host: HostConfig
     proxmox: ProxmoxConfig = Field(default_factory=ProxmoxConfig)
     container: ContainerConfig = Field(default_factory=ContainerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    torchrun: TorchrunConfig = Field(default_factory=TorchrunConfig)
     # Checked by dflashctl.crash.rules, which knows the form of a rule.
     crash_patterns: list[dict[str, Any]] = Field(default_factory=list)
     # Not part of the file: where it came from and a digest of what it says.
@@ -346,13 +415,34 @@ class Config(Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
 
+    @property
+    def multi_node(self) -> bool:
+        """Several nodes: one torchrun job across them (else the plain one-target case)."""
+        return len(self.nodes) > 1
+
+    def for_node(self, index: int) -> Config:
+        """This config as if it named node `index` alone: everything that works on one
+        target (sync, launch, follow) takes it unchanged."""
+        node = self.nodes[index]
+        return self.model_copy(
+            update={
+                "host": node.host,
+                "proxmox": node.proxmox,
+                "container": node.container,
+                "nodes": [node],
+            }
+        )
+
+    def node_configs(self) -> list[Config]:
+        return [self.for_node(i) for i in range(len(self.nodes))]
+
     @model_validator(mode="before")
     @classmethod
     def _every_section_from_the_file(cls, data: Any) -> Any:
         """A left-out or empty section is an empty mapping, validated like a written one."""
         if not isinstance(data, dict):
             return data
-        filled = {name: {} for name in ("proxmox", "container", "trainer", "run")}
+        filled = {name: {} for name in ("proxmox", "container", "trainer", "run", "torchrun")}
         filled.update({k: v for k, v in data.items() if not (v is None and k in filled)})
         if filled.get("host", "") is None:
             filled["host"] = {}
@@ -360,25 +450,87 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _workdir(self, info: ValidationInfo) -> Config:
-        ct = self.container
-        # A local workdir (no container on this machine) is a local path too, and
-        # `python: ../.venv/bin/python` names a file next to this config, not a command.
-        if self.host.is_local and ct.vmid is None:
-            update = {"workdir": _resolve(ct.workdir, info)}
-            if "/" in ct.python:
-                update["python"] = _resolve(ct.python, info)
-            self.container = ct = ct.model_copy(update=update)
-        if not ct.workdir.startswith("/"):
-            raise invalid(
-                f"must be an absolute path, got {ct.workdir!r}", key=("container", "workdir")
-            )
-        if ct.workdir.rstrip("/") in ("", "/root", "/home", "/tmp", "/usr", "/etc"):
-            raise invalid(
-                f"{ct.workdir!r} is too broad: dflashctl manages releases/ and runs/ in it",
-                "use a folder of its own, e.g. /root/dflash",
-                key=("container", "workdir"),
-            )
+        written = bool(self.nodes)
+        if not written:  # the plain case: one node, the top-level sections
+            self.nodes = [
+                NodeConfig(host=self.host, proxmox=self.proxmox, container=self.container)
+            ]
+        for index, node in enumerate(self.nodes):
+            where = ("nodes", index, "container") if written else ("container",)
+            node.container = _checked_container(node.host, node.container, info, where)
+        _name_nodes(self.nodes)
+        if written:
+            _no_duplicate_nodes(self.nodes)
+        first = self.nodes[0]
+        self.host, self.proxmox, self.container = first.host, first.proxmox, first.container
         return self
+
+
+def _checked_container(
+    host: HostConfig, ct: ContainerConfig, info: ValidationInfo, where: tuple[Any, ...]
+) -> ContainerConfig:
+    # A local workdir (no container on this machine) is a local path too, and
+    # `python: ../.venv/bin/python` names a file next to this config, not a command.
+    if host.is_local and ct.vmid is None:
+        update = {"workdir": _resolve(ct.workdir, info)}
+        if "/" in ct.python:
+            update["python"] = _resolve(ct.python, info)
+        ct = ct.model_copy(update=update)
+    if not ct.workdir.startswith("/"):
+        raise invalid(f"must be an absolute path, got {ct.workdir!r}", key=(*where, "workdir"))
+    if ct.workdir.rstrip("/") in ("", "/root", "/home", "/tmp", "/usr", "/etc"):
+        raise invalid(
+            f"{ct.workdir!r} is too broad: dflashctl manages releases/ and runs/ in it",
+            "use a folder of its own, e.g. /root/dflash",
+            key=(*where, "workdir"),
+        )
+    return ct
+
+
+def _host_key(host: HostConfig) -> tuple[Any, ...]:
+    return (host.address, host.port, host.user)
+
+
+def _name_nodes(nodes: list[NodeConfig]) -> None:
+    """An unnamed node is called after its host, plus its vmid where hosts repeat."""
+    hosts = [n.host.address for n in nodes]
+    for node in nodes:
+        if node.name is None:
+            shared = hosts.count(node.host.address) > 1
+            vmid = node.container.vmid
+            node.name = (
+                f"{node.host.address}-{vmid if vmid is not None else 'host'}"
+                if shared
+                else node.host.address
+            )
+
+
+def _no_duplicate_nodes(nodes: list[NodeConfig]) -> None:
+    seen_names: dict[str, int] = {}
+    seen_places: dict[tuple[Any, ...], int] = {}
+    for index, node in enumerate(nodes):
+        place = (*_host_key(node.host), node.container.vmid, node.container.workdir)
+        if place in seen_places:
+            other = seen_places[place]
+            where = (
+                f"container {node.container.vmid}"
+                if node.container.vmid is not None
+                else f"workdir {node.container.workdir}"
+            )
+            raise invalid(
+                f"the same {where} on {node.host.address} as nodes[{other}]",
+                "each node is a container of its own (or a workdir of its own on a host)",
+                key=("nodes", index),
+            )
+        seen_places[place] = index
+        name = node.label()
+        if name in seen_names:
+            raise invalid(
+                f"node name {name!r} is already the name of nodes[{seen_names[name]}]",
+                "give each node its own `name:`",
+                key=("nodes", index, "name"),
+            )
+        seen_names[name] = index
 
 
 # --------------------------------------------------------------------------- discovery
@@ -429,6 +581,45 @@ def load_config(explicit: str | os.PathLike | None = None) -> Config:
     return parse_config(text, path)
 
 
+def merge_node_sections(raw: dict[str, Any], source: YamlSource) -> dict[str, Any]:
+    """Each `nodes:` entry's host, proxmox and container sections on top of the
+    top-level ones (`host: gpu-b` is short for `host: {address: gpu-b}`, `container: 201`
+    for `container: {vmid: 201}`). A value a node inherits is reported, if wrong, at the
+    line where the top level wrote it. The top-level sections become the first node's."""
+    nodes = raw.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        return raw
+    shorthand = {"host": "address", "container": "vmid"}
+    merged_nodes = []
+    for index, entry in enumerate(nodes):
+        if not isinstance(entry, dict):
+            merged_nodes.append(entry)  # pydantic says what it should be
+            continue
+        entry = dict(entry)
+        for section in NODE_SECTIONS:
+            top = raw.get(section) if isinstance(raw.get(section), dict) else {}
+            own = entry.get(section)
+            if section in shorthand and own is not None and not isinstance(own, (dict, list)):
+                own = {shorthand[section]: own}
+                source.values[("nodes", index, section, shorthand[section])] = source.values.get(
+                    ("nodes", index, section)
+                )
+            if own is not None and not isinstance(own, dict):
+                continue  # not a mapping: reported as it is
+            for key in top:
+                if key not in (own or {}):
+                    for table in (source.values, source.keys):
+                        if (section, key) in table:
+                            table[("nodes", index, section, key)] = table[(section, key)]
+            entry[section] = {**top, **(own or {})}
+        merged_nodes.append(entry)
+    raw = dict(raw, nodes=merged_nodes)
+    if isinstance(merged_nodes[0], dict):
+        for section in NODE_SECTIONS:
+            raw[section] = merged_nodes[0].get(section, {})
+    return raw
+
+
 def parse_config(text: str, path: Path) -> Config:
     try:
         source = load_yaml(text)
@@ -448,6 +639,7 @@ def parse_config(text: str, path: Path) -> Config:
             f"{path}: expected a mapping of sections (host, proxmox, container, ...), "
             f"got {describe(raw)}"
         )
+    raw = merge_node_sections(raw, source)
     try:
         config = Config.model_validate(raw, context={"base": path.resolve().parent})
     except ValidationError as exc:

@@ -37,7 +37,17 @@ def session(config: Config) -> Iterator[Target]:
     paramiko) becomes one plain HostError (exit 3)."""
     target = open_target(config)
     try:
-        yield target
+        with as_host_error(target):
+            yield target
+    finally:
+        target.close()
+
+
+@contextlib.contextmanager
+def as_host_error(target: Target) -> Iterator[None]:
+    """A low-level failure inside the block (a socket, paramiko) as one plain HostError."""
+    try:
+        yield
     except DflashError:
         raise
     except _low_level_errors() as exc:
@@ -46,8 +56,6 @@ def session(config: Config) -> Iterator[Target]:
             f"talking to {target.transport.description} failed: {detail}",
             hint="check the host and the network, then run the command again",
         ) from exc
-    finally:
-        target.close()
 
 
 def _low_level_errors() -> tuple[type[BaseException], ...]:
