@@ -14,6 +14,9 @@
   hello    nothing: the container keeps the agent (see dflashctl/agent_client.py)
   metrics  runs' metrics.jsonl records, following each run's resumed-from lineage
            (metrics.py)
+  address  the container's own address, for the other nodes of a run (network.py)
+  listen / probe   a TCP listener and a connection to it: can the nodes reach the
+           rendezvous port (network.py)
   log      stream a run's train.log in frames (logreader.py; main.py runs it directly)
 
 Every verb that changes the workdir holds its lock from its first check to its last
@@ -31,6 +34,7 @@ from .files import lock_workdir, tree_bytes
 from .lineage import latest_checkpoint
 from .manifest import real_manifest
 from .metrics import op_metrics
+from .network import op_address, op_listen, op_probe
 from .processes import process_table
 from .releases import (
     build_release,
@@ -299,4 +303,7 @@ OPERATIONS = {
     "settle": op_settle,
     "hello": op_hello,
     "metrics": op_metrics,
+    "address": op_address,
+    "listen": op_listen,
+    "probe": op_probe,
 }

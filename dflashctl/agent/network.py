@@ -1,0 +1,116 @@
+"""The container's network, for a run across several nodes: its own address (the one
+the other nodes reach it at), and whether a TCP port can be listened on and reached.
+
+Stdlib only: the interface of the default route from /proc/net/route, its IPv4 address
+from the SIOCGIFADDR ioctl (no `ip` or `hostname -I` needed in the container).
+"""
+
+import fcntl
+import socket
+import struct
+import time
+
+SIOCGIFADDR = 0x8915
+
+
+def interface_address(name):
+    """The IPv4 address of interface `name`, or None."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = struct.pack("256s", name.encode()[:15])
+        answer = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, packed)
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    return socket.inet_ntoa(answer[20:24])
+
+
+def default_route_interface(route_file="/proc/net/route"):
+    """The interface of the IPv4 default route (destination 0.0.0.0), or None."""
+    try:
+        with open(route_file, encoding="ascii") as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        return None
+    for row in rows:
+        if len(row) > 1 and row[1] == "00000000":
+            return row[0]
+    return None
+
+
+def addresses():
+    """[(interface, IPv4)] of every interface with an address, loopback last."""
+    found = []
+    for _, name in socket.if_nameindex():
+        address = interface_address(name)
+        if address:
+            found.append((name, address))
+    return sorted(found, key=lambda item: item[1].startswith("127."))
+
+
+def op_address(p):
+    """The address the other nodes should use: the default route's interface's, else
+    the first interface's that is not loopback; None when there is only loopback."""
+    every = addresses()
+    chosen = None
+    via = default_route_interface()
+    for name, address in every:
+        if name == via and not address.startswith("127."):
+            chosen = address
+    if chosen is None:
+        outside = [a for _, a in every if not a.startswith("127.")]
+        chosen = outside[0] if outside else None
+    return {
+        "address": chosen,
+        "interface": via,
+        "addresses": [{"interface": n, "address": a} for n, a in every],
+        "hostname": socket.gethostname(),
+    }
+
+
+def op_listen(p):
+    """Listen on `port` for `seconds` (the doctor's rendezvous check: the other nodes
+    probe it meanwhile); answers after the wait with who connected, or why it could
+    not listen (the port is taken: a run still holds it?)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", int(p["port"])))
+    except OSError as exc:
+        sock.close()
+        return {"listening": False, "error": exc.strerror or str(exc), "peers": []}
+    sock.listen(16)
+    sock.settimeout(0.2)
+    peers = []
+    deadline = time.monotonic() + float(p.get("seconds", 5))
+    try:
+        while time.monotonic() < deadline:
+            try:
+                conn, addr = sock.accept()
+            except socket.timeout:  # noqa: UP041 (Python 3.6: not yet TimeoutError)
+                continue
+            peers.append(addr[0])
+            conn.close()
+    finally:
+        sock.close()
+    return {"listening": True, "peers": peers}
+
+
+def op_probe(p):
+    """Open a TCP connection to `address`:`port` within `timeout_s`, retrying until then
+    (the listener may start a moment later); say how it went."""
+    deadline = time.monotonic() + float(p.get("timeout_s", 5))
+    last = "timed out"
+    while True:
+        try:
+            conn = socket.create_connection(
+                (p["address"], int(p["port"])), timeout=max(0.1, deadline - time.monotonic())
+            )
+            conn.close()
+            return {"reached": True}
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        if time.monotonic() >= deadline:
+            return {"reached": False, "error": last}
+        time.sleep(0.1)

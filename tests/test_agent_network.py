@@ -1,0 +1,63 @@
+"""The agent's network verbs: the container's own address, a listener and a probe."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from dflashctl.agent import network
+
+ROUTES = """\
+Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+veth1\t0000E70A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+veth1\t00000000\t0100E70A\t0003\t0\t0\t0\t00000000\t0\t0\t0
+"""
+
+
+def test_the_default_route_names_the_interface(tmp_path):
+    routes = tmp_path / "route"
+    routes.write_text(ROUTES)
+    assert network.default_route_interface(str(routes)) == "veth1"
+    routes.write_text(ROUTES.splitlines()[0] + "\n")  # no default route
+    assert network.default_route_interface(str(routes)) is None
+    assert network.default_route_interface(str(tmp_path / "missing")) is None
+
+
+def test_the_address_is_never_loopback_when_another_exists():
+    answer = network.op_address({})
+    listed = [a["address"] for a in answer["addresses"]]
+    assert "127.0.0.1" in listed
+    outside = [a for a in listed if not a.startswith("127.")]
+    assert answer["address"] == (outside[0] if outside else None) or answer["address"] in outside
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_probe_reaches_a_listener_started_after_it():
+    port = free_port()
+    heard = {}
+    probe = threading.Thread(
+        target=lambda: heard.update(
+            network.op_probe({"address": "127.0.0.1", "port": port, "timeout_s": 5})
+        )
+    )
+    probe.start()
+    answer = network.op_listen({"port": port, "seconds": 1.0})
+    probe.join()
+    assert heard == {"reached": True}
+    assert answer["listening"] and answer["peers"] == ["127.0.0.1"]
+
+
+def test_a_taken_port_and_an_unreachable_one_say_why():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        answer = network.op_listen({"port": port, "seconds": 0.2})
+        assert not answer["listening"] and "in use" in answer["error"]
+    refused = network.op_probe({"address": "127.0.0.1", "port": free_port(), "timeout_s": 0.3})
+    assert refused["reached"] is False and refused["error"]
