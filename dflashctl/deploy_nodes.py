@@ -61,16 +61,16 @@ def deploy_nodes(config: Config, options: DeployOptions) -> tuple[int, dict[str,
         if options.dry_run:
             return 0, _print_plans(nodes, plans)
         confirm_size(config, max(plans, key=lambda p: p.bytes_to_send), yes=options.yes)
-        endpoint = rendezvous_endpoint(config, nodes)
+        rendezvous = rendezvous_endpoint(config, nodes)
         built = _build_everywhere(config, nodes, plans)
         meta = source_meta(config)
         run_id = runs.new_id()
-        answers, rendezvous, seconds = launch_everywhere(
+        answers, endpoint, seconds = launch_everywhere(
             config,
             nodes,
             run_id,
             [plan.release for plan in plans],
-            endpoint,
+            rendezvous,
             meta,
             extra_args=options.extra_args,
             fresh=options.fresh,
@@ -79,8 +79,8 @@ def deploy_nodes(config: Config, options: DeployOptions) -> tuple[int, dict[str,
         )
         for node, answer in zip(nodes, answers, strict=True):
             releases.save_last_deploy(node.config, answer["release"], manifest)
-        print_nodes_launched(nodes, answers, run_id, rendezvous, seconds)
-        summary = nodes_summary(nodes, answers, run_id, rendezvous)
+        print_nodes_launched(nodes, answers, run_id, endpoint, seconds)
+        summary = nodes_summary(nodes, answers, run_id, endpoint)
         for entry, plan, build in zip(summary["nodes"], plans, built, strict=True):
             entry.update(
                 previous_release=plan.base_release,

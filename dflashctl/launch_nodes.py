@@ -20,6 +20,7 @@ job missing a node would only wait at its rendezvous), and the error names the n
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,10 +43,38 @@ from dflashctl.nodes import Node, on_every_node, values_or_raise
 NODE_ENV = ("DFLASH_NODE_NAME", "DFLASH_NODE_RANK", "DFLASH_NUM_NODES", "DFLASH_RDZV_ENDPOINT")
 
 
-def rendezvous_endpoint(config: Config, nodes: list[Node]) -> tuple[str, int]:
-    """Where every node's torchrun meets the first node's: asked before anything is
-    built or stopped, so a node without an address changes nothing."""
-    return rendezvous_address(config, nodes[0]), config.torchrun.port
+@dataclass(frozen=True)
+class Rendezvous:
+    address: str
+    port: int
+    interfaces: dict[int, str]  # node index -> the interface that reaches `address`
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+def rendezvous_endpoint(config: Config, nodes: list[Node]) -> Rendezvous:
+    """Where every node's torchrun meets the first node's, and the interface each node
+    reaches it through: asked before anything is built or stopped, so a node without
+    an address or a route changes nothing."""
+    address = rendezvous_address(config, nodes[0])
+
+    def route(node: Node) -> str:
+        answer = agent_client.call_agent(
+            node.target, node.config.container.python, "address", {"toward": address}
+        )
+        interface = (answer.get("route") or {}).get("interface")
+        if not interface:
+            raise HostError(
+                f"no route to the rendezvous address {address} from inside the container",
+                hint="check the container's network, or set torchrun.address to an address "
+                "every node reaches the first node's container at",
+            )
+        return str(interface)
+
+    interfaces = values_or_raise(on_every_node(nodes, route), "finding its way to the rendezvous")
+    return Rendezvous(address, config.torchrun.port, dict(enumerate(interfaces)))
 
 
 def rendezvous_address(config: Config, first: Node) -> str:
@@ -68,7 +97,7 @@ def rendezvous_address(config: Config, first: Node) -> str:
 
 
 def node_command(
-    config: Config, node: Node, count: int, endpoint: tuple[str, int], run_id: str, extra: list[str]
+    config: Config, node: Node, count: int, where: tuple[str, int], run_id: str, extra: list[str]
 ) -> list[str]:
     """Node `node`'s launch: its torchrun, then the trainer as on one node."""
     torchrun = config.torchrun
@@ -79,8 +108,8 @@ def node_command(
         f"--nnodes={count}",
         f"--node-rank={node.index}",
         f"--nproc-per-node={torchrun.nproc_per_node}",
-        f"--master-addr={endpoint[0]}",
-        f"--master-port={endpoint[1]}",
+        f"--master-addr={where[0]}",
+        f"--master-port={where[1]}",
         f"--rdzv-id={run_id}",
         *torchrun.args,
         config.trainer.entry,
@@ -95,7 +124,7 @@ def node_params(
     node: Node,
     run_id: str,
     release: str | None,
-    endpoint: tuple[str, int],
+    rendezvous: Rendezvous,
     meta: dict[str, Any],
     *,
     extra_args: list[str],
@@ -103,15 +132,15 @@ def node_params(
     by: str,
     wait: bool,
 ) -> LaunchParams:
-    rendezvous = f"{endpoint[0]}:{endpoint[1]}"
     node_meta = {
         "name": node.name,
         "rank": node.index,
         "count": len(nodes),
         "names": [n.name for n in nodes],
-        "rendezvous": rendezvous,
+        "rendezvous": rendezvous.endpoint,
     }
-    command = node_command(config, node, len(nodes), endpoint, run_id, extra_args)
+    where = (rendezvous.address, rendezvous.port)
+    command = node_command(config, node, len(nodes), where, run_id, extra_args)
     params = launch_params(
         node.config,
         run_id,
@@ -129,9 +158,13 @@ def node_params(
             "DFLASH_NODE_NAME": node.name,
             "DFLASH_NODE_RANK": str(node.index),
             "DFLASH_NUM_NODES": str(len(nodes)),
-            "DFLASH_RDZV_ENDPOINT": rendezvous,
+            "DFLASH_RDZV_ENDPOINT": rendezvous.endpoint,
         }
     )
+    # gloo binds the address the hostname resolves to, in a container often loopback
+    # (127.0.1.1 in /etc/hosts): the other nodes could not connect. Tell it the
+    # interface that reaches the rendezvous (unless trainer.env says otherwise).
+    params["env"].setdefault("GLOO_SOCKET_IFNAME", rendezvous.interfaces[node.index])
     # Each node's supervisor would restart its own torchrun on its own: not across nodes.
     params["recovery"]["retry"]["max_restarts"] = 0
     return params
@@ -142,7 +175,7 @@ def launch_everywhere(
     nodes: list[Node],
     run_id: str,
     releases: list[str | None],
-    endpoint: tuple[str, int],
+    rendezvous: Rendezvous,
     meta: dict[str, Any],
     *,
     extra_args: list[str],
@@ -164,7 +197,7 @@ def launch_everywhere(
             node,
             run_id,
             releases[node.index],
-            endpoint,
+            rendezvous,
             meta,
             extra_args=extra_args,
             fresh=fresh,
@@ -187,7 +220,7 @@ def launch_everywhere(
     if any(not o.ok for o in outcomes):
         _stop_where_launched(nodes, [o.node for o in outcomes if o.ok], run_id)
     answers = values_or_raise(outcomes, "launching")
-    return answers, f"{endpoint[0]}:{endpoint[1]}", time.monotonic() - t0
+    return answers, rendezvous.endpoint, time.monotonic() - t0
 
 
 def _stop_where_launched(nodes: list[Node], launched: list[Node], run_id: str) -> None:
@@ -297,23 +330,23 @@ def restart_nodes(
     again everywhere; returns the JSON summary."""
     with terminal.step(f"inspecting {len(nodes)} nodes") as step:
         current = current_releases(nodes, config.trainer.entry)
-        endpoint = rendezvous_endpoint(config, nodes)
+        rendezvous = rendezvous_endpoint(config, nodes)
         step["done"] = f"inspected {len(nodes)} nodes: release {current[0]} on each"
     run_id = runs.new_id()
-    answers, rendezvous, seconds = launch_everywhere(
+    answers, endpoint, seconds = launch_everywhere(
         config,
         nodes,
         run_id,
         list(current),
-        endpoint,
+        rendezvous,
         meta,
         extra_args=extra_args,
         fresh=fresh,
         by="restart",
         wait=wait,
     )
-    print_nodes_launched(nodes, answers, run_id, rendezvous, seconds)
-    return nodes_summary(nodes, answers, run_id, rendezvous)
+    print_nodes_launched(nodes, answers, run_id, endpoint, seconds)
+    return nodes_summary(nodes, answers, run_id, endpoint)
 
 
 def source_meta(config: Config) -> dict[str, Any]:

@@ -127,6 +127,7 @@ def test_deploy_launches_one_torchrun_job_on_every_node(nodes):
         env = environ(nodes.pid(name, run_id))
         assert (env["DFLASH_NODE_NAME"], env["DFLASH_NODE_RANK"]) == (name, str(rank))
         assert env["DFLASH_NUM_NODES"] == "2" and env["DFLASH_RUN_ID"] == run_id
+        assert env["GLOO_SOCKET_IFNAME"] == "lo"  # the way to 127.0.0.1
     # The job really runs as one: both nodes' trainers get past the rendezvous.
     for name in ("a", "b"):
         log = nodes.run_dir(name, run_id) / "train.log"
