@@ -365,3 +365,9 @@ def test_a_network_needs_an_endpoint_and_room_for_them():
         netns.Network(0)
     with pytest.raises(ValueError, match="room for 2 endpoints, not 3"):
         netns.Network(3, subnet="10.231.0.0/30")
+
+
+def test_a_missing_tool_is_named(monkeypatch):
+    monkeypatch.setattr(netns, "NEEDED_TOOLS", ("ip", "no-such-tool-here"))
+    with pytest.raises(netns.NetworkUnavailable, match="needs no-such-tool-here \\(apt-get"):
+        netns.Holder.start()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ INTERFACE = "eth0"
 BRIDGE = "br0"
 # In each holder's environment: the pid of the test session that made it.
 OWNER_ENV = "DFLASHCTL_TEST_NETNS_OWNER"
+NEEDED_TOOLS = ("setpriv", "unshare", "nsenter", "ip")
 
 
 class NetworkUnavailable(RuntimeError):
@@ -71,6 +73,11 @@ class Holder:
 
     @classmethod
     def start(cls, timeout: float = 10.0) -> Holder:
+        missing = [tool for tool in NEEDED_TOOLS if shutil.which(tool) is None]
+        if missing:
+            raise NetworkUnavailable(
+                f"a test network needs {', '.join(missing)} (apt-get install util-linux iproute2)"
+            )
         # setpriv: SIGKILL when the test process dies; unshare --net: a new, empty
         # namespace; the shell says "ready" once it runs inside it.
         process = subprocess.Popen(

@@ -186,9 +186,10 @@ def _ha_start(root, vmid: int, delay: float) -> int:
 
 
 def _interfaces(ct: state.Container) -> list[dict] | None:
-    """GET .../lxc/<vmid>/interfaces (pve-container PVE::LXC::get_interfaces): `ip --json
-    address` in the container's network namespace, one {name, hwaddr, inet, inet6} per
-    interface, the last address of each family; nothing for a stopped container."""
+    """GET .../lxc/<vmid>/interfaces in the real API's shape: one {name, hwaddr, inet,
+    inet6} per interface, from `ip --json address` in the container's network namespace
+    (the last address of each family); nothing for a stopped container (from memory of
+    pve-container's PVE::LXC::get_interfaces, not checked against its source)."""
     pid = ct.init_pid()
     if pid is None:
         return None
