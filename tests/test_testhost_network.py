@@ -371,3 +371,51 @@ def test_a_missing_tool_is_named(monkeypatch):
     monkeypatch.setattr(netns, "NEEDED_TOOLS", ("ip", "no-such-tool-here"))
     with pytest.raises(netns.NetworkUnavailable, match="needs no-such-tool-here \\(apt-get"):
         netns.Holder.start()
+
+
+TORCHRUN_WORKER = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")  # env:// from torchrun
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {value.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_static_rendezvous_across_containers_on_two_hosts(
+    pve_host, pve_host2, shared_known_hosts, make_container, container_network
+):
+    """What `dflashctl deploy` launches on 2 nodes: torchrun with a static rendezvous at
+    the first container's address, gloo on the containers' eth0."""
+    nodes = [
+        (pve_host, make_container(200, network=container_network[0])),
+        (pve_host2, make_container(201, host=pve_host2, network=container_network[1])),
+    ]
+    launches = []
+    for rank, (host, ct) in enumerate(nodes):
+        ct.host_path("/root/worker.py").write_text(TORCHRUN_WORKER)
+        launches.append(
+            on_host(
+                host,
+                *["pct", "exec", str(ct.vmid), "--", "env", "GLOO_SOCKET_IFNAME=eth0", PYTHON],
+                *["-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank)],
+                *["--nproc-per-node", "1", "--master-addr", nodes[0][1].address],
+                *["--master-port", "29400", "/root/worker.py"],
+                known_hosts=shared_known_hosts,
+            )
+        )
+    results = []
+    try:
+        for process in launches:
+            out, err = process.communicate(timeout=180)
+            results.append((process.returncode, out.strip(), err))
+    finally:
+        for process in launches:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert [(code, out) for code, out, _ in results] == [
+        (0, "rank 0 of 2: 3.0"),
+        (0, "rank 1 of 2: 3.0"),
+    ], results
