@@ -184,7 +184,9 @@ def _train(
         )
 
     if resume_state is None and resume:
-        found = _checkpoint_to_resume(output_dir, coordinator)
+        # One process only: under torchrun the entry point has already taken rank 0's
+        # choice for every rank (resume_across_ranks.py) and passes resume_state.
+        found = ckpt.latest_checkpoint(output_dir)
         if found is None:
             log.line(f"resume: no checkpoint under {output_dir}; starting at step 0")
         else:
@@ -435,26 +437,6 @@ def _start_from_rank0_weights(replica: DrafterReplica) -> None:
             dist.broadcast(master, src=0)
         if optimizer.uses_master:
             torch._foreach_copy_([p.data for p in optimizer.params], optimizer.masters)
-
-
-def _checkpoint_to_resume(output_dir: Path, coordinator: Coordinator | None) -> Path | None:
-    """The latest checkpoint; under torchrun rank 0 picks it and every rank loads that one
-    (it was complete before rank 0 wrote ``latest``: written, then renamed)."""
-    if coordinator is None or coordinator.rank == 0:
-        found = ckpt.latest_checkpoint(output_dir)
-        if coordinator is not None:
-            coordinator.publish("resume", found.name if found else "")
-        return found
-    name = coordinator.read("resume")
-    if not name:
-        return None
-    found = output_dir / "checkpoints" / name
-    if not (found / ckpt.STATE_FILE).is_file():
-        raise FileNotFoundError(
-            f"{coordinator.info.label()} cannot read {found}, the checkpoint rank 0 resumes "
-            "from: output_dir must be on storage every host shares"
-        )
-    return found
 
 
 def _connect_failures(supervisor: Supervisor, coordinator: Coordinator, info: DistInfo) -> None:
