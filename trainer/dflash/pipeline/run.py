@@ -396,7 +396,7 @@ def _train(
         result.checkpoint = save(lead.completed_steps, export=False)
         log.line(
             f"stopped by {why} after step {lead.completed_steps}/{total_steps}; "
-            f"a redeploy continues from it (checkpoint {result.checkpoint})"
+            f"a redeploy continues from it (checkpoint {_written_where(result.checkpoint, info)})"
         )
         return result
     if cfg.train.final_checkpoint:
@@ -421,9 +421,15 @@ def _train(
             log.line(result.eval_line)
             ctx.meter.record_eval(evaluation.metrics())
     if result.checkpoint is not None:
-        log.line(f"drafter checkpoint: {result.checkpoint}")
+        log.line(f"drafter checkpoint: {_written_where(result.checkpoint, info)}")
     log.line("training complete")
     return result
+
+
+def _written_where(checkpoint: Path, info: DistInfo) -> str:
+    """Only rank 0 writes checkpoints: another rank (perhaps on another host, whose own
+    output_dir stays empty) names rank 0's, not a path of its own."""
+    return str(checkpoint) if info.is_lead else f"{checkpoint.name}, written by rank 0"
 
 
 def _start_from_rank0_weights(replica: DrafterReplica) -> None:
