@@ -135,14 +135,15 @@ def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
     what trainer.exclude left out."""
     source = Path(config.trainer.source)
     cache = SourceCache(source)
-    manifest, skipped = sync.scan(source, config.trainer.exclude, cache)
+    texts: dict[str, bytes] = {}  # the .py files scan reads, compiled without a second read
+    manifest, skipped = sync.scan(source, config.trainer.exclude, cache, texts)
     entry = Path(config.trainer.entry).as_posix()
     if entry not in manifest:
         raise UsageError(
             f"trainer.entry {entry} is not in {source} (or trainer.exclude leaves it out)",
             hint="set trainer.entry to a .py file inside trainer.source",
         )
-    checked = sync.check_syntax(source, manifest, cache)
+    checked = sync.check_syntax(source, manifest, cache, texts)
     cache.save(manifest)
     return manifest, checked, skipped
 

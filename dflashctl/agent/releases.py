@@ -10,7 +10,7 @@ import tarfile
 import time
 
 from .errors import AgentError, StaleBase
-from .files import oldest_first, sha256_file
+from .files import oldest_first, sha256_file, spread_subfolders
 from .manifest import (
     METADATA_SUFFIX,
     file_mode,
@@ -132,6 +132,7 @@ def build_release(p):
     try:
         leftovers = remove_leftovers(workdir, archive, p.get("upload_prefix"))
         os.makedirs(releases_dir(workdir), exist_ok=True)
+        spread_subfolders(releases_dir(workdir))  # each release a tree of its own (ext4)
         final = os.path.join(releases_dir(workdir), release)
         if os.path.exists(final):
             raise AgentError(f"release {release} already exists in {workdir}")
