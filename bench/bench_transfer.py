@@ -17,8 +17,8 @@ file alone.
 
     python bench/bench_transfer.py [--runs N] [--big-mb MB] [--small-files N] [--only big|small]
 
-Each case also gives the CPU time (user + sys) of the dflashctl process and of what
-its SSH session ran on the host (sh, head, pct, the agent): unlike wall time, that
+Each case also gives the CPU time (user + sys) of the dflashctl process and of the agent
+in the container (by the end of its build, start-up included): unlike wall time, that
 does not depend on how busy the machine is.
 """
 
@@ -85,23 +85,15 @@ class Deployed:
     seconds: float  # wall, the whole CLI process
     rss: int  # peak RSS of the CLI process, bytes
     client_cpu: float  # user + sys of the CLI process and its children (git)
-    host_cpu: float  # user + sys of everything the SSH session ran (sh, head, pct, agent)
+    agent_cpu: float  # user + sys of the agent in the container by the end of its build
+    build: float  # wall seconds the agent spent unpacking and checking the release
     summary: dict
 
 
-def session_cpu(server) -> float:
-    """User + sys of the sshd listener's waited-for children so far: every connection's
-    processes (sshd's session, sh, head, pct and the agent in the container), once they
-    have exited. Runs they started detached belong to the reaper and do not count."""
-    fields = Path(f"/proc/{server.listener_pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[14]) + int(fields[15])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
-
-
-def deploy(config: Path, cache: Path, server) -> Deployed:
+def deploy(config: Path, cache: Path) -> Deployed:
     """One `deploy --detach --yes` as a whole CLI process, timed."""
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     argv = ["deploy", "-c", str(config), "--detach", "--yes", "--json"]
-    host_before = session_cpu(server)
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", RSS_WRAPPER, *argv],
@@ -114,10 +106,15 @@ def deploy(config: Path, cache: Path, server) -> Deployed:
     if result.returncode != 0:
         raise SystemExit(f"deploy failed ({result.returncode}):\n{result.stderr}")
     report = result.stderr.rsplit("peak-rss-kib=", 1)[1].split()
-    rss = int(report[0]) * 1024
-    client_cpu = float(report[1].removeprefix("cpu-s="))
-    host_cpu = session_cpu(server) - host_before
-    return Deployed(elapsed, rss, client_cpu, host_cpu, json.loads(result.stdout))
+    summary = json.loads(result.stdout)
+    return Deployed(
+        seconds=elapsed,
+        rss=int(report[0]) * 1024,
+        client_cpu=float(report[1].removeprefix("cpu-s=")),
+        agent_cpu=float(summary.get("build_cpu_seconds") or 0.0),
+        build=float(summary.get("build_seconds") or 0.0),
+        summary=summary,
+    )
 
 
 def by_hand_big(by_hand: ByHand, big: Path) -> float:
@@ -160,13 +157,17 @@ def median_of(runs: list[Deployed]) -> dict:
     return {
         "seconds": round(statistics.median(r.seconds for r in runs), 3),
         "client_cpu_s": round(statistics.median(r.client_cpu for r in runs), 3),
-        "host_cpu_s": round(statistics.median(r.host_cpu for r in runs), 3),
+        "agent_cpu_s": round(statistics.median(r.agent_cpu for r in runs), 3),
+        "build_s": round(statistics.median(r.build for r in runs), 3),
         "peak_rss_mib": round(max(r.rss for r in runs) / mib),
     }
 
 
 def cpu_note(case: dict) -> str:
-    return f"CPU: dflashctl {case['client_cpu_s']:.2f} s, host side {case['host_cpu_s']:.2f} s"
+    return (
+        f"CPU: dflashctl {case['client_cpu_s']:.2f} s, agent {case['agent_cpu_s']:.2f} s "
+        f"(its build {case['build_s']:.2f} s wall)"
+    )
 
 
 def run(args, host) -> int:
@@ -208,11 +209,11 @@ def big_cases(args, host, results: dict) -> bool:
     big, one_file = [], []
     for i in range(args.runs):
         wipe(container, cache)
-        first = deploy(config, cache, server)
+        first = deploy(config, cache)
         assert first.summary["files_sent"] == first.summary["files_total"], first.summary
         big.append(first)
         (big_src / "helpers.py").write_text(f"def greeting():\n    return 'edit {i}'\n")
-        again = deploy(config, cache, server)
+        again = deploy(config, cache)
         # Nothing of the big file travels: the archive holds helpers.py and metadata.
         assert again.summary["files_sent"] == 1 and again.summary["bytes_sent"] < 1024
         one_file.append(again)
@@ -302,7 +303,7 @@ def small_case(args, host, results: dict) -> bool:
             wipe(container, cache)
         else:
             wipe_aside(container, cache, trash)
-        deployed = deploy(config, cache, host.server)
+        deployed = deploy(config, cache)
         assert deployed.summary["files_sent"] == args.small_files + 3, deployed.summary
         small.append(deployed)
     wipe(container, cache)
@@ -316,7 +317,7 @@ def small_case(args, host, results: dict) -> bool:
     )
     print(
         f"  each run ({how}): "
-        + ", ".join(f"{r.seconds:.2f} s (host CPU {r.host_cpu:.2f} s)" for r in small)
+        + ", ".join(f"{r.seconds:.2f} s (agent CPU {r.agent_cpu:.2f} s)" for r in small)
     )
     results.update(
         small_files=case, small_files_count=args.small_files, wipe_by_delete=args.wipe_by_delete

@@ -411,6 +411,7 @@ def _send_and_launch(config, target, plan, params, run_id, started):
     diff, manifest, command = plan.diff, plan.manifest, plan.command
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
     archive_bytes = 0
+    built: dict[str, Any] = {}
     t0 = time.monotonic()
     if plan.new_release:
         archive = Archive.of_release(Path(config.trainer.source), manifest, diff.changed)
@@ -454,6 +455,9 @@ def _send_and_launch(config, target, plan, params, run_id, started):
         "files_sent": len(diff.changed) if plan.new_release else 0,
         "bytes_sent": plan.bytes_to_send if plan.new_release else 0,
         "archive_bytes": archive_bytes,
+        # The agent's unpacking and checking of the release, and its CPU time by then.
+        "build_seconds": built.get("seconds"),
+        "build_cpu_seconds": built.get("cpu_seconds"),
         "files_total": len(manifest),
         "files_removed": len(diff.removed) if plan.new_release else 0,
         "runs_stopped": launched["stopped"],
