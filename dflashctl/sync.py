@@ -153,16 +153,23 @@ def sha256_file(path: Path) -> str:
 KEEP_TEXT_BYTES = 1 << 20
 
 
-def _hash_keeping_text(path: str, keep: bool) -> tuple[str, bytes | None]:
-    """The file's sha256, and its bytes when `keep` and they fit in KEEP_TEXT_BYTES."""
-    with open(path, "rb") as f:
-        chunk = f.read(KEEP_TEXT_BYTES)
+def _hash_keeping_text(path: str, keep: bool) -> tuple[str, bytes | None, os.stat_result]:
+    """The file's sha256, its bytes when `keep` and they fit in KEEP_TEXT_BYTES, and
+    its stat once read. A small file costs four system calls (open, read, fstat,
+    close): once the bytes read are as many as the file holds, it has no more to
+    read; open() and a read to the end would add three."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunk = os.read(fd, KEEP_TEXT_BYTES)
         digest = hashlib.sha256(chunk)
-        whole: bytes | None = chunk
-        while chunk := f.read(1 << 20):
+        after = os.fstat(fd)
+        if len(chunk) == after.st_size:
+            return digest.hexdigest(), chunk if keep else None, after
+        while chunk := os.read(fd, 1 << 20):
             digest.update(chunk)
-            whole = None
-    return digest.hexdigest(), whole if keep else None
+        return digest.hexdigest(), None, os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def scan(
@@ -190,11 +197,12 @@ def scan(
             stat = os.stat(path)
             sha = cache.sha256(rel, stat) if cache else None
             if sha is None:
-                sha, text = _hash_keeping_text(path, texts is not None and rel.endswith(".py"))
+                keep = texts is not None and rel.endswith(".py")
+                sha, text, after = _hash_keeping_text(path, keep)
                 if text is not None:
                     texts[rel] = text  # type: ignore[index]
                 if cache:
-                    cache.remember(rel, stat, sha, after=os.stat(path))
+                    cache.remember(rel, stat, sha, after=after)
             manifest[rel] = [stat.st_size, sha, file_mode(stat.st_mode)]
         except OSError as exc:
             raise unreadable(Path(path), exc) from None

@@ -332,6 +332,22 @@ def test_syntax_check_compiles_what_the_scan_read_without_reading_it_again(tmp_p
         check_syntax(src, manifest, texts=texts)
 
 
+def test_a_big_python_file_is_hashed_whole_and_not_kept(tmp_path):
+    from dflashctl.sync import KEEP_TEXT_BYTES
+
+    body = b"# " + b"x" * 98 + b"\n"
+    big = body * (KEEP_TEXT_BYTES // len(body) + 2)  # a little over the limit
+    src = tree(tmp_path, {"small.py": "x = 1\n"})
+    (src / "big.py").write_bytes(big)
+    (src / "empty.py").write_bytes(b"")
+    texts: dict[str, bytes] = {}
+    manifest, _ = scan(src, [], texts=texts)
+    assert manifest["big.py"][:2] == [len(big), hashlib.sha256(big).hexdigest()]
+    assert manifest["empty.py"][:2] == [0, hashlib.sha256(b"").hexdigest()]
+    assert sorted(texts) == ["empty.py", "small.py"]
+    assert check_syntax(src, manifest, texts=texts) == 3  # big.py read again to compile
+
+
 def test_diff_of_thousands_of_files_stays_fast():
     local = {f"pkg/m{i:05d}.py": [10, f"{i:064x}", "644"] for i in range(20_000)}
     started = time.perf_counter()
