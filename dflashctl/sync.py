@@ -153,14 +153,17 @@ def sha256_file(path: Path) -> str:
 KEEP_TEXT_BYTES = 1 << 20
 
 
-def _hash_keeping_text(path: str, keep: bool) -> tuple[str, bytes | None, os.stat_result]:
+def _hash_keeping_text(
+    path: str, size: int, keep: bool
+) -> tuple[str, bytes | None, os.stat_result]:
     """The file's sha256, its bytes when `keep` and they fit in KEEP_TEXT_BYTES, and
-    its stat once read. A small file costs four system calls (open, read, fstat,
-    close): once the bytes read are as many as the file holds, it has no more to
-    read; open() and a read to the end would add three."""
+    its stat once read; `size`: what its stat said before. A small file costs four
+    system calls (open, read, fstat, close): once the bytes read are as many as the
+    file holds, there is no more to read. (The first read asks for `size` bytes, not
+    a megabyte: os.read allocates what it is asked for, a megabyte is an mmap.)"""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunk = os.read(fd, KEEP_TEXT_BYTES)
+        chunk = os.read(fd, min(size, KEEP_TEXT_BYTES) or 1)
         digest = hashlib.sha256(chunk)
         after = os.fstat(fd)
         if len(chunk) == after.st_size:
@@ -198,7 +201,7 @@ def scan(
             sha = cache.sha256(rel, stat) if cache else None
             if sha is None:
                 keep = texts is not None and rel.endswith(".py")
-                sha, text, after = _hash_keeping_text(path, keep)
+                sha, text, after = _hash_keeping_text(path, stat.st_size, keep)
                 if text is not None:
                     texts[rel] = text  # type: ignore[index]
                 if cache:

@@ -163,18 +163,21 @@ def current_umask():
     return umask
 
 
-def write_member(src, dest, mode, umask):
-    """Write the member's bytes (file object `src`) to a new file `dest` with `mode`;
-    returns (sha256 of what was written, the file's stat). Four system calls for a
-    small file (open, write, fstat, close): Python's open() adds three more, and a
-    chmod only when the umask took bits off `mode`."""
+def write_member(src, size, dest, mode, umask):
+    """Write the member's `size` bytes (file object `src`) to a new file `dest` with
+    `mode`; returns (sha256 of what was written, the file's stat). Four system calls
+    for a small file (open, write, fstat, close): Python's open() adds three more, and
+    a chmod only when the umask took bits off `mode`. Reads ask for no more than is
+    left (a read of a megabyte allocates a megabyte, whatever it returns)."""
     digest = hashlib.sha256()
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
-        while True:
-            chunk = src.read(1 << 20)
+        left = size
+        while left > 0:
+            chunk = src.read(min(left, 1 << 20))
             if not chunk:
                 break
+            left -= len(chunk)
             digest.update(chunk)
             view = memoryview(chunk)
             while view:
@@ -209,7 +212,9 @@ def fill_release(partial, archive, base_dir):
             if folder not in folders:
                 os.makedirs(folder, exist_ok=True)
                 folders.add(folder)
-            digest, st = write_member(tar.extractfile(member), dest, member.mode & 0o7777, umask)
+            digest, st = write_member(
+                tar.extractfile(member), member.size, dest, member.mode & 0o7777, umask
+            )
             stats[name] = stat_identity(st)
             unpacked[name] = [member.size, digest]
     if manifest is None:
