@@ -24,6 +24,7 @@ from dflashctl.errors import HostError
 from dflashctl.follow import follow_run, report_result
 
 if TYPE_CHECKING:
+    from dflashctl.nodes import Node
     from dflashctl.target import Target
 
 
@@ -185,6 +186,23 @@ def follow_unless_detached(
     )
     summary["result"] = result.to_json()
     return report_result(result), summary
+
+
+def follow_nodes_unless_detached(
+    nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
+) -> tuple[int, dict[str, Any]]:
+    """Several nodes (config.multi_node): follow the new run on every node at once, as
+    `logs -f` does (dflashctl/follow/multinode.py); (exit code, summary with the result:
+    each node's, and the root cause)."""
+    from dflashctl.follow.multinode import follow_nodes, report_nodes_result
+
+    run_id = summary["run_id"]
+    if detach:
+        terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
+        return 0, summary
+    result = follow_nodes(nodes, run_id, rules=rules, from_offset=0)
+    summary["result"] = result.to_json()
+    return report_nodes_result(result), summary
 
 
 # --------------------------------------------------------------------------- Ctrl-C

@@ -139,15 +139,16 @@ def two_containers(tmp_path, make_container, write_config):
     return path, a, b
 
 
-class Stderr(threading.Thread):
-    """Collects a process's stderr lines with the time each arrived."""
+class Collected(threading.Thread):
+    """Collects the lines of a process's stdout or stderr with the time each arrived."""
 
-    def __init__(self, proc):
-        super().__init__(name="stderr", daemon=True)
-        self.proc, self.lines = proc, []
+    def __init__(self, stream):
+        super().__init__(name="collector", daemon=True)
+        self.stream, self.lines = stream, []
+        self.start()
 
     def run(self):
-        for line in self.proc.stderr:
+        for line in self.stream:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
 
     def first(self, start: str):
@@ -157,8 +158,8 @@ class Stderr(threading.Thread):
         return "\n".join(text for _, text in self.lines)
 
 
-def streaming(errors: Stderr) -> bool:
-    return bool(errors.first("a | step 5/") and errors.first("b | step 5/"))
+def streaming(printed: Collected) -> bool:
+    return bool(printed.first("a | step 5/") and printed.first("b | step 5/"))
 
 
 def cli(path, *args, **kwargs):
@@ -199,8 +200,7 @@ def test_a_rank_killed_by_hand_is_reported_within_two_seconds(two_containers):
     a_rundir = launch_in(a, 1000, 0.05, "peer", quiet=True)
     launch_in(b, 1000, 0.05, "hang", quiet=True)
     proc = cli(path, "--json")
-    errors = Stderr(proc)
-    errors.start()
+    errors = Collected(proc.stderr)
     try:
         wait_for(lambda: streaming(errors) or proc.poll() is not None, 30, "lines of both")
         assert proc.poll() is None, errors.text()
@@ -293,3 +293,34 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
     during = [line for t, line in printed if lost[0] < t < back[0] and line.startswith("b | ")]
     assert during, "node b printed nothing while node a reconnected"
     assert report_nodes_result(result) == 0
+
+
+def test_a_node_that_cannot_be_reached_is_named_while_the_other_is_followed_to_its_end(
+    two_containers,
+):
+    """Container b stops under its run: following b ends with exit 3 naming node b;
+    node a is followed to its end all the same."""
+    path, a, b = two_containers
+    launch_in(a, 60, 0.05, "finish")
+    launch_in(b, 1000, 0.05, "hang")
+    proc = cli(path, "--reconnect-timeout", "1")
+    printed, errors = Collected(proc.stdout), Collected(proc.stderr)
+    try:
+        wait_for(lambda: streaming(printed) or proc.poll() is not None, 30, "lines of both")
+        assert proc.poll() is None, errors.text()
+        b.stop()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    errors.join(10)
+    printed.join(10)
+    text, out = errors.text(), printed.text()
+    assert proc.returncode == 3, text
+    assert "error: node b (CT 201 on " in text
+    assert "step 60/60" in of_node(out, "a | ")[-2] and of_node(out, "a | ")[-1] == (
+        "training complete"
+    )
+    assert f"run {RUN} could not be followed to its end on node b" in text
+    assert "  b  unreachable: node b (CT 201" in text
+    assert "Traceback" not in text

@@ -506,6 +506,9 @@ def report_nodes_result(result: NodesFollowResult, *, json_mode: bool = False) -
         terminal.info(
             f"run {run} is still running; follow it with {hints.command(f'logs -f {run}')}"
         )
+    elif status == "unreachable":
+        lost = ", ".join(node.name for node in result.nodes if node.error is not None)
+        terminal.warning(f"run {run} could not be followed to its end on node {lost}")
     for node in result.nodes:
         terminal.info(f"  {escape(node.name)}  {escape(_node_words(node))}")
     if status == "unreachable":
