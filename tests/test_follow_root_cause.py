@@ -169,3 +169,22 @@ def test_threads_printing_through_prefixed_consoles_never_mix_within_a_line():
     for name, prefix in zip(names, prefixes, strict=True):
         mine = [line for line in lines if line.startswith(prefix)]
         assert mine == [f"{prefix}{name} line {n} " + "x" * 50 for n in range(300)]
+
+
+def test_torchrun_stopping_its_ranks_is_a_failure_unless_it_was_told_to_stop():
+    closing = (
+        "W1130 21:10:00.000000 42 torch/distributed/elastic/multiprocessing/api.py:1031] "
+        "Sending process 43 closing signal SIGTERM"
+    )
+    failed = TorchrunWatch()
+    failed.feed("step 3/100")
+    assert not failed.rank_failed
+    failed.feed(closing)
+    assert failed.rank_failed
+    stopped = TorchrunWatch()
+    stopped.feed(
+        "W1130 20:57:38.461000 27593 torch/distributed/elastic/agent/server/api.py:753] "
+        "Received 15 death signal, shutting down workers"
+    )
+    stopped.feed(closing)
+    assert not stopped.rank_failed

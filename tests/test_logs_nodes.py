@@ -4,6 +4,7 @@ a plain `logs` of both logs, and Ctrl-C leaving both runs alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -158,3 +159,67 @@ def test_deploy_follows_the_new_run_on_every_node(two, capsys):
     err = capsys.readouterr().err
     assert "root cause (the first failure in time): node b, thread drafter-2 on cpu" in err
     assert "dflashctl logs -f r1" in err
+
+
+# torchrun on a node where one of two local ranks was SIGKILLed: it stops the other
+# rank first (its grace period: here until the file ranks-stopped appears) and names
+# the failed rank only then, in its failure summary.
+TORCHRUN_LIKE = r"""
+import os, sys, time
+for i in range(1, 4):
+    print(f"step {i}/100", flush=True)
+print("W1130 21:10:00.000000 42 torch/distributed/elastic/multiprocessing/api.py:1031] "
+      "Sending process 43 closing signal SIGTERM", flush=True)
+while not os.path.exists("ranks-stopped"):
+    time.sleep(0.05)
+for line in [
+    "E1130 21:10:05.000000 42 torch/distributed/elastic/multiprocessing/api.py:1002] "
+    "failed (exitcode: -9) local_rank: 1 (pid: 44) of binary: python",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-11-30_21:10:05",
+    "  rank      : 3 (local_rank: 1)",
+    "  exitcode  : -9 (pid: 44)",
+    "  traceback : Signal 9 (SIGKILL) received by PID 44",
+    "============================================================",
+]:
+    print(line, flush=True)
+sys.exit(1)
+"""
+
+
+def test_torchrun_stopping_a_nodes_other_ranks_is_reported_before_it_names_the_rank(two):
+    a_rundir = two.start("a", "r1", 5, 0.01, "hang")
+    b_rundir = two.workdirs["b"] / "runs" / "r1"
+    two.rundirs.append(b_rundir)
+    subprocess.run(launch_argv(str(b_rundir), [sys.executable, "-u", "-c", TORCHRUN_LIKE]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflashctl", "logs", "-f", "r1", "--json", "-c", str(two.config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any(e.startswith("✗ node b") for e in errors), 30, "node b's report")
+        assert not (b_rundir / "exit_code").exists()  # said while torchrun still waits
+        report = next(e for e in errors if e.startswith("✗ node b"))
+        assert report.startswith("✗ node b: a rank failed; torchrun is stopping the node's")
+        (b_rundir / "ranks-stopped").write_text("")
+        wait_for(lambda: (b_rundir / "exit_code").exists(), what="node b's end")
+        kill_run(a_rundir)
+        out = proc.stdout.read()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    assert proc.returncode == 1, "".join(errors)
+    cause = json.loads(out)["root_cause"]
+    assert (cause["node"], cause["rank"], cause["summary"]) == ("b", 3, "killed by SIGKILL, pid 44")
+    assert any(e.startswith("✗ node b, rank 3: killed by SIGKILL, pid 44") for e in errors)

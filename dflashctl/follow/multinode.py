@@ -185,6 +185,7 @@ class _NodeWatch:
     result: FollowResult | None = None
     error: BaseException | None = None
     reported: bool = False
+    failing_since: float | None = None  # time.time() of the first sign of a failure (live)
 
     @property
     def ended(self) -> bool:
@@ -316,13 +317,35 @@ class _NodesFollower:
 
     def _on_line(self, watch: _NodeWatch, text: str, live: bool) -> None:
         watch.last_line, watch.last_line_at, watch.live = text, time.monotonic(), live
+        knew = watch.torchrun.rank_failed
         watch.torchrun.feed(text)
+        if watch.torchrun.rank_failed and not knew:
+            # torchrun stops the node's other ranks first (their grace period) and
+            # names the failed one only then: say now that this node is failing.
+            with self._lock:
+                if live and watch.failing_since is None:
+                    watch.failing_since = time.time()
+                report = not watch.reported
+                watch.reported = True
+            if report:
+                self._report_failure(
+                    watch,
+                    NodeFailure(
+                        watch.node.name,
+                        watch.node.index,
+                        seen_at=watch.failing_since,
+                        state="a rank failed; torchrun is stopping the node's other ranks "
+                        "(it names the failed one once they stopped)",
+                    ),
+                )
 
     def _on_crash(self, watch: _NodeWatch, event: CrashEvent) -> None:
         """A crash is certain in this node's log (called before its panel is shown)."""
         # A crash already in the backlog happened before we looked: when is unknown here.
         watch.seen_at[id(event)] = time.time() if watch.live else None
         with self._lock:
+            if watch.live and watch.failing_since is None:
+                watch.failing_since = time.time()
             first_here = watch.first_crash is None
             if first_here:
                 watch.first_crash = event
@@ -335,8 +358,9 @@ class _NodesFollower:
             ]
             if not _is_cause(event) or earlier:
                 event.is_root_cause = False
-            report = first_here and not watch.reported
-            watch.reported = watch.reported or report
+            # Its first crash is said even after torchrun's first sign was: it names it.
+            report = first_here
+            watch.reported = True
         if report:
             self._report_failure(watch, _failure_of(watch, event))
 
@@ -428,13 +452,13 @@ def _failure_of(watch: _NodeWatch, event: CrashEvent | None) -> NodeFailure:
         if attempts and attempts[-1].get("ended_unix") is not None:
             ended_at = float(attempts[-1]["ended_unix"])
         state = info.describe_state()
+    seen = [watch.seen_at.get(id(event)) if event is not None else None, watch.failing_since]
+    known = [when for when in seen if when is not None]
     return NodeFailure(
         node=watch.node.name,
         index=watch.node.index,
         event=event,
-        seen_at=watch.seen_at.get(id(event))
-        if event is not None
-        else (time.time() if watch.live else None),
+        seen_at=min(known) if known else (time.time() if watch.live else None),
         ended_at=ended_at,
         state=state,
         torchrun=watch.torchrun.failure,

@@ -45,6 +45,11 @@ _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|traceback)\s*:\s*(.*
 _TORCHRUN_RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _TORCHRUN_EXIT = re.compile(r"^(-?\d+) \(pid: (\d+)\)")
 _ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
+# torchrun stopping its other local ranks: one of them failed (its summary comes only
+# once they have stopped, which may take the grace period), unless torchrun itself was
+# told to stop first ("Received 15 death signal, shutting down workers").
+_CLOSING = re.compile(r"\] Sending process \d+ closing signal SIG\w+")
+_TOLD_TO_STOP = re.compile(r"\] Received \d+ death signal, shutting down workers")
 _PEER_NAMED = re.compile(
     r"PeerFailure: .*?rank (\d+)(?: on host (\S+))? (?:failed|stopped answering)"
 )
@@ -78,14 +83,22 @@ class TorchrunFailure:
 
 class TorchrunWatch:
     """Reads a node's log lines for torchrun's "Root Cause (first observed failure)"
-    block and keeps what it says (the first block only: torchrun prints one per job)."""
+    block and keeps what it says (the first block only: torchrun prints one per job);
+    notes the moment torchrun starts stopping the other local ranks after a failure."""
 
     def __init__(self) -> None:
         self.failure: TorchrunFailure | None = None
+        # torchrun began stopping its other ranks because one failed: the first sign.
+        self.rank_failed = False
+        self._told_to_stop = False
         self._in_block = False
         self._done = False
 
     def feed(self, line: str) -> None:
+        if "] Received " in line and _TOLD_TO_STOP.search(line):
+            self._told_to_stop = True
+        elif "] Sending process " in line and not self._told_to_stop and _CLOSING.search(line):
+            self.rank_failed = True
         if self._done:
             return
         if not self._in_block:
@@ -160,7 +173,7 @@ class NodeFailure:
 
     def what(self) -> str:
         """What failed, in one line: `AssertionError: tree manager ...`, `killed by SIGKILL`."""
-        if self.torchrun is not None and (self.event is None or _is_child_failed(self.event)):
+        if self.torchrun is not None and (self.event is None or _says_only_torchrun(self.event)):
             said = self.torchrun.describe()
             if said:
                 return said
@@ -224,5 +237,7 @@ def named_rank(event: CrashEvent | None) -> int | None:
     return None
 
 
-def _is_child_failed(event: CrashEvent) -> bool:
-    return (event.exception or "").endswith("ChildFailedError")
+def _says_only_torchrun(event: CrashEvent) -> bool:
+    """torchrun's ChildFailedError, or no more than its exit status: its summary of the
+    failed rank says more."""
+    return event.category == "exit_status" or (event.exception or "").endswith("ChildFailedError")
