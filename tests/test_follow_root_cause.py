@@ -127,7 +127,13 @@ def test_only_consequences_seen_the_first_of_them_stands_for_the_cause():
 
 def test_torchrun_summary_names_the_killed_rank():
     watch = TorchrunWatch()
-    for line in TORCHRUN_SIGKILL:
+    upto = TORCHRUN_SIGKILL.index("w.py FAILED")
+    for line in TORCHRUN_SIGKILL[:upto]:
+        watch.feed(line)
+    # Before its summary, torchrun's first line says which local rank and how.
+    early = NodeFailure("gpu-b", 1, event=crash(TORCHRUN_SIGKILL[:upto]), torchrun=watch.failure)
+    assert early.describe() == "node gpu-b, local rank 0: killed by SIGKILL, pid 27599"
+    for line in TORCHRUN_SIGKILL[upto:]:
         watch.feed(line)
     said = watch.failure
     assert (said.rank, said.local_rank, said.exitcode, said.pid) == (1, 0, -9, 27599)

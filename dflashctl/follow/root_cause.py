@@ -45,6 +45,9 @@ _TORCHRUN_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|traceback)\s*:\s*(.*
 _TORCHRUN_RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _TORCHRUN_EXIT = re.compile(r"^(-?\d+) \(pid: (\d+)\)")
 _ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
+# The line torchrun logs first, before its ChildFailedError and summary:
+#   E1130 20:50:42.344000 27594 torch/.../api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 27599) of binary: ...
+_FAILED_LINE = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 # torchrun stopping its other local ranks: one of them failed (its summary comes only
 # once they have stopped, which may take the grace period), unless torchrun itself was
 # told to stop first ("Received 15 death signal, shutting down workers").
@@ -104,7 +107,11 @@ class TorchrunWatch:
         if not self._in_block:
             if line.startswith(_ROOT_CAUSE_HEADER):
                 self._in_block = True
-                self.failure = TorchrunFailure()
+                self.failure = self.failure or TorchrunFailure()
+            elif "] failed (exitcode: " in line and (failed := _FAILED_LINE.search(line)):
+                self.failure = self.failure or TorchrunFailure()
+                self.failure.exitcode = int(failed[1])
+                self.failure.local_rank, self.failure.pid = int(failed[2]), int(failed[3])
             return
         if line.startswith("====="):
             self._in_block, self._done = False, True
@@ -186,6 +193,8 @@ class NodeFailure:
         parts = [f"node {self.node}"]
         if self.rank is not None:
             parts.append(f"rank {self.rank}")
+        elif self.torchrun is not None and self.torchrun.local_rank is not None:
+            parts.append(f"local rank {self.torchrun.local_rank}")
         thread = self.thread()
         if thread:
             device = f" on {self.event.device}" if self.event and self.event.device else ""
