@@ -194,7 +194,8 @@ def follow_nodes_unless_detached(
     """Several nodes (config.multi_node): follow the new run on every node at once, as
     `logs -f` does (dflashctl/follow/multinode.py); (exit code, summary with the result:
     each node's, and the root cause)."""
-    from dflashctl.follow.multinode import follow_nodes, report_nodes_result
+    from dflashctl.follow.multinode import follow_nodes
+    from dflashctl.follow.nodes_report import report_nodes_result
 
     run_id = summary["run_id"]
     if detach:

@@ -22,7 +22,8 @@ from rich.console import Console
 from dflashctl import terminal
 from dflashctl.config import load_config
 from dflashctl.crash import load_rules
-from dflashctl.follow.multinode import follow_nodes, report_nodes_result
+from dflashctl.follow.multinode import follow_nodes
+from dflashctl.follow.nodes_report import report_nodes_result
 from dflashctl.nodes import node_sessions
 from tests.test_follow_support import kill_run, launch_argv, wait_for
 

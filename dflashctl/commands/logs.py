@@ -74,7 +74,7 @@ def logs(
 ) -> None:
     """Show a run's log and the crashes in it; --follow streams it until the run ends."""
     from dflashctl.follow import report_result
-    from dflashctl.follow.multinode import NodesFollowResult, report_nodes_result
+    from dflashctl.follow.nodes_report import NodesFollowResult, report_nodes_result
 
     if json_output:
         terminal.set_quiet_stdout(True)

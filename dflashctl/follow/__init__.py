@@ -55,12 +55,8 @@ root_cause.py (the first failure across nodes; torchrun's failure summary), pref
 
 from dflashctl.follow.follower import follow_run
 from dflashctl.follow.lines import LineSink, LineSplitter
-from dflashctl.follow.multinode import (
-    NodesFollowResult,
-    follow_nodes,
-    report_nodes_result,
-    resolve_run,
-)
+from dflashctl.follow.multinode import follow_nodes, resolve_run
+from dflashctl.follow.nodes_report import NodesFollowResult, report_nodes_result
 from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult, classify_log, report_result
 
