@@ -293,7 +293,8 @@ class _NodesFollower:
             report = first_here
             watch.reported = True
         if report:
-            self._report_failure(watch, _failure_of(watch, event))
+            # From the backlog, what the other nodes do now says nothing about then.
+            self._report_failure(watch, _failure_of(watch, event), others=watch.live)
 
     def _ended(self, watch: _NodeWatch) -> None:
         """This node's run ended (or its log was read, without --follow)."""
@@ -306,7 +307,7 @@ class _NodesFollower:
             watch.reported = watch.reported or report
         if report:
             event = result.crashes[0] if result.crashes else None
-            self._report_failure(watch, _failure_of(watch, event))
+            self._report_failure(watch, _failure_of(watch, event), others=watch.live)
         elif result.status in ("finished", "stopped") and self._others_going(watch):
             with OUTPUT_LOCK:
                 self.notices().print(
@@ -319,11 +320,13 @@ class _NodesFollower:
 
     # -- the report when a node fails ------------------------------------------------------
 
-    def _report_failure(self, watch: _NodeWatch, failure: NodeFailure) -> None:
+    def _report_failure(
+        self, watch: _NodeWatch, failure: NodeFailure, *, others: bool = True
+    ) -> None:
         """Said at once: which node failed with what; the first one also says what every
         other node is doing at this moment."""
         with self._lock:
-            first = not any(w.reported and w is not watch for w in self._watches)
+            first = others and not any(w.reported and w is not watch for w in self._watches)
         out = self.notices()
         what = failure.describe()
         role = ""
