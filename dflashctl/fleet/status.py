@@ -1,0 +1,117 @@
+"""`dflashctl status` on several nodes: one row per node (where it is, its container,
+the release, the active run and its state), every node asked at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+
+from dflashctl import terminal
+from dflashctl.config import Config
+from dflashctl.errors import HostError
+from dflashctl.fleet.errors import error_json, error_text, first_failure
+from dflashctl.nodes import Node, NodeOutcome, node_sessions, on_every_node
+
+HEADERS = ("node", "where", "container", "release", "active run", "state")
+
+
+def _node_status(node: Node) -> dict[str, Any]:
+    from dflashctl.commands.status import node_status
+    from dflashctl.connect import open_proxmox
+
+    api = open_proxmox(node.config, node.target.transport)
+    return node_status(node.config, api, node.target)
+
+
+def collect(config: Config) -> list[NodeOutcome[dict[str, Any]]]:
+    with node_sessions(config) as nodes:
+        return on_every_node(nodes, _node_status)
+
+
+def row(outcome: NodeOutcome[dict[str, Any]]) -> tuple[list[str], str]:
+    """The row's cells and the colour of its state."""
+    node = outcome.node
+    report = outcome.value
+    if report is None:
+        return [node.name, node.target.describe(), "unreachable", "-", "-",
+                error_text(outcome.error)], "red"  # fmt: skip
+    container = report["container"]
+    if container is None:
+        where_runs = "- (the host)"
+    elif container["status"] == "running":
+        where_runs = f"running, up {terminal.human_duration(container['uptime_s'])}"
+    else:
+        where_runs = container["status"]
+    run = report["active_run"]
+    colour = "dim"
+    if report["active_run_error"]:
+        state, colour = report["active_run_error"]["message"], "red"
+    elif run is None:
+        stopped = container is not None and container["status"] != "running"
+        state = "unknown while the container is stopped" if stopped else "none launched yet"
+    else:
+        state = run["state"] + (f", {run['recovery']}" if run.get("recovery") else "")
+        colour = {
+            "running": "green",
+            "exited": "green" if run["exit_code"] == 0 else "red",
+            "stopped": "yellow",
+        }.get(run["status"], "red")
+    cells = [
+        node.name,
+        report["target"],
+        where_runs,
+        report["release"] or "-",
+        run["id"] if run else "-",
+        state,
+    ]
+    return cells, colour
+
+
+def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
+    rows = [row(o) for o in outcomes]
+    if terminal.out.is_terminal:
+        from rich.table import Table
+
+        table = Table(title=f"{len(outcomes)} nodes", title_justify="left")
+        for header in HEADERS:
+            table.add_column(header, no_wrap=header != "state")
+        for cells, colour in rows:
+            state = f"[{colour}]{escape(cells[-1])}[/{colour}]"
+            table.add_row(*(escape(c) for c in cells[:-1]), state)
+        terminal.out.print(table)
+        return
+    lines = [list(HEADERS)] + [cells for cells, _ in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADERS) - 1)]
+    for line in lines:
+        texts = [cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)]
+        terminal.out.print("  ".join([*texts, line[-1]]), markup=False)
+
+
+def status_command(config: Config, *, as_json: bool) -> None:
+    outcomes = collect(config)
+    if as_json:
+        terminal.print_json(
+            {
+                "nodes": [
+                    {
+                        "node": o.node.name,
+                        **(o.value or {"target": o.node.target.describe()}),
+                        "error": error_json(o.error),
+                    }
+                    for o in outcomes
+                ]
+            },
+            indent=2,
+        )
+    else:
+        print_rows(outcomes)
+    failure = first_failure(outcomes, "status")
+    if failure is not None:
+        raise failure
+    unreadable = [o for o in outcomes if o.value and o.value["active_run_error"]]
+    if unreadable:  # the container answered, the runs could not be read
+        problem = unreadable[0].value["active_run_error"]
+        raise HostError(
+            f"{unreadable[0].node.describe()} status: {problem['message']}", hint=problem["hint"]
+        )
