@@ -5,6 +5,7 @@ real agent, real processes and signals; the CLI as a user runs it."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,70 @@ def test_a_node_whose_python_fails_is_named_and_the_other_still_answers(two):
     assert f"gpu-a: stopped run {run_id}" in stop.stderr
     assert "error: node gpu-b (this machine) stopping runs: /opt/nowhere/python3" in stop.stderr
     assert not pid_alive(pid)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def doctor_checks(project: TwoNodes) -> tuple[int, dict[str | None, dict[str, dict]]]:
+    done = dflashctl(project, "doctor", "--json")
+    by_node: dict[str | None, dict[str, dict]] = {}
+    for check in json.loads(done.stdout)["checks"]:
+        by_node.setdefault(check.get("node"), {})[check["name"]] = check
+    return done.returncode, by_node
+
+
+def test_doctor_rendezvous_passes_between_two_workdirs_and_fails_on_a_taken_port(two):
+    port = free_port()
+    two.write(torchrun={"address": "127.0.0.1", "port": port})
+    code, checks = doctor_checks(two)
+    assert code == 0, checks
+    assert set(checks) == {None, "gpu-a", "gpu-b"}
+    assert checks["gpu-b"]["python"]["status"] == "pass"
+    across = checks[None]
+    assert across["rendezvous address"]["detail"] == "127.0.0.1 (torchrun.address)"
+    assert across["rendezvous port"]["detail"] == (
+        f"node gpu-a listens on port {port}; all 2 nodes reach 127.0.0.1:{port}"
+    )
+
+    with socket.socket() as holder:  # a run still holding the port, say
+        # (as torchrun's store does: the probes just now left connections in TIME_WAIT)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("0.0.0.0", port))
+        holder.listen(1)
+        code, checks = doctor_checks(two)
+    assert code == 3
+    taken = checks[None]["rendezvous port"]
+    assert taken["status"] == "fail"
+    assert taken["detail"] == (
+        f"node gpu-a cannot listen on port {port} in its container: Address already in use "
+        "(a run still holding it?)"
+    )
+    assert "torchrun.port" in taken["fix"]
+
+    text = dflashctl(two, "doctor")
+    assert text.returncode == 0
+    assert text.stdout.startswith("✓ config valid")
+    assert "\nnode gpu-a\n  ✓ SSH reachable        host.address is local" in text.stdout
+    assert "\nacross the nodes\n  ✓ rendezvous address" in text.stdout
+
+
+def test_doctor_warns_when_the_nodes_have_different_release_files(two):
+    two.write(torchrun={"address": "127.0.0.1", "port": free_port()})
+    two.deploy_each()
+    code, checks = doctor_checks(two)
+    agree = checks[None]["nodes agree"]
+    assert code == 0 and agree["status"] == "pass"
+    assert "the same release files (" in agree["detail"]  # two releases, the same files
+
+    (two.root / "src" / "helpers.py").write_text("def greeting():\n    return 'changed'\n")
+    code, _ = deploy(two.config().for_node(0), DeployOptions(detach=True))
+    assert code == 0
+    code, checks = doctor_checks(two)
+    agree = checks[None]["nodes agree"]
+    assert code == 0 and agree["status"] == "warn"
+    assert agree["detail"].startswith("release differs: gpu-a ")
+    assert ", gpu-b " in agree["detail"] and "sends every node the same release" in agree["detail"]

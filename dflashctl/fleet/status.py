@@ -88,20 +88,23 @@ def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
         terminal.out.print("  ".join([*texts, line[-1]]), markup=False)
 
 
+def _node_json(outcome: NodeOutcome[dict[str, Any]]) -> dict[str, Any]:
+    """The one-node status (its Proxmox node as `proxmox_node`), named by its node."""
+    report = dict(outcome.value or {"target": outcome.node.target.describe()})
+    proxmox_node = report.pop("node", None)
+    return {
+        "node": outcome.node.name,
+        **report,
+        "proxmox_node": proxmox_node,
+        "error": error_json(outcome.error),
+    }
+
+
 def status_command(config: Config, *, as_json: bool) -> None:
     outcomes = collect(config)
     if as_json:
         terminal.print_json(
-            {
-                "nodes": [
-                    {
-                        "node": o.node.name,
-                        **(o.value or {"target": o.node.target.describe()}),
-                        "error": error_json(o.error),
-                    }
-                    for o in outcomes
-                ]
-            },
+            {"nodes": [_node_json(o) for o in outcomes]},
             indent=2,
         )
     else:
