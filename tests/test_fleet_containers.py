@@ -144,6 +144,16 @@ def test_an_unreachable_host_is_named_and_the_other_node_still_answers(two_cts):
     assert [s["run_id"] for s in a["stopped"]] == [run_a["run_id"]]
     assert b["stopped"] == [] and "refused the connection" in b["error"]["message"]
 
+    doctor = cli(path, "doctor", "--json")
+    assert doctor.returncode == 3
+    checks = {(c.get("node"), c["name"]): c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks[("a", "torch")]["status"] == "pass"
+    assert checks[("b", "SSH reachable")]["detail"] == (
+        f"127.0.0.1 port {port} refused the connection"
+    )
+    assert checks[("b", "python")]["status"] == "skip"
+    assert checks[(None, "rendezvous port")]["status"] == "skip"  # needs node b, or an address
+
 
 def test_doctor_checks_every_container_and_the_rendezvous(two_cts):
     write, _ = two_cts
@@ -185,7 +195,9 @@ def test_doctor_without_an_address_to_rendezvous_at_says_to_set_one(two_cts):
     write, _ = two_cts
     done = cli(write(), "doctor", "--json")
     assert done.returncode == 3
-    [address] = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "rendezvous address"]
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"] if "node" not in c}
+    address = checks["rendezvous address"]
+    assert checks["rendezvous port"]["detail"] == "skipped: needs the rendezvous address"
     assert address["status"] == "fail"
     # Its loopback interface only, here not even up: nothing the other nodes can use.
     assert address["detail"].startswith(

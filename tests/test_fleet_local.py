@@ -299,3 +299,22 @@ def test_doctor_warns_when_the_nodes_have_different_release_files(two):
     assert code == 0 and agree["status"] == "warn"
     assert agree["detail"].startswith("release differs: gpu-a ")
     assert ", gpu-b " in agree["detail"] and "sends every node the same release" in agree["detail"]
+
+
+def test_prune_asks_once_for_every_node_and_runs_show_reads_the_first_node(two):
+    two.deploy_each()
+    run_id = two.launch_shared()
+    refused = dflashctl(two, "runs", "--prune", "0")  # no terminal to ask on
+    assert refused.returncode == 2
+    assert "--prune would remove 2 run folders; nothing was removed" in refused.stderr
+    assert "gpu-a (this machine)" in refused.stderr and "gpu-b (this machine)" in refused.stderr
+    assert all(len(list((w / "runs").iterdir())) == 2 for w in two.workdirs)
+
+    shown = dflashctl(two, "runs", "show", run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    answer = json.loads(shown.stdout)
+    assert answer["node"] == "gpu-a" and answer["target"] == "gpu-a (this machine)"
+    assert answer["note"].startswith("metrics from the first node, gpu-a: rank 0 writes them")
+    text = dflashctl(two, "runs", "show", run_id)
+    assert "metrics from the first node, gpu-a" in text.stderr
+    assert f"{run_id} on gpu-a (this machine)" in text.stdout

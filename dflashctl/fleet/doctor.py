@@ -109,6 +109,8 @@ def check_every_node(doctor: Doctor, config: Config) -> None:
             address = _address_check(doctor, config, checkups)
             if address is not None:
                 _port_check(doctor, config, checkups, address)
+            else:
+                doctor.skip("rendezvous port", "needs the rendezvous address")
         _agreement_check(doctor, checkups)
     finally:
         for checkup in checkups:

@@ -16,6 +16,7 @@ from dflashctl.nodes import NodeOutcome, node_sessions, on_every_node
 from dflashctl.runs import PruneResult, RunInfo
 
 HEADERS = ("  run", "node", "release", "started (UTC)", "continues", "state")
+WIDE_TABLE = 110  # terminal columns: narrower, the table leaves out the start time
 _STYLES = {"running": "cyan", "exited": "green", "stopped": "yellow"}
 
 
@@ -92,18 +93,23 @@ def print_runs(config: Config, outcomes: list[NodeOutcome[list[RunInfo]]]) -> No
 
         title = f"runs on {len(config.nodes)} nodes"
         table = Table(title=title, title_justify="left")
+        # On a narrow terminal the start time goes and the release id gives way; run
+        # ids, node names and states never do (a long state wraps).
+        wide = terminal.out.width >= WIDE_TABLE
         table.add_column(HEADERS[0], no_wrap=True, min_width=22)
-        table.add_column(HEADERS[1], no_wrap=True)
-        table.add_column(HEADERS[2], no_wrap=True, overflow="ellipsis")
-        table.add_column(HEADERS[3], no_wrap=True)
-        table.add_column(HEADERS[4], no_wrap=True)
-        table.add_column(HEADERS[5], no_wrap=True, min_width=17)
+        table.add_column(HEADERS[1], no_wrap=True, min_width=max(len(c[1]) for c in cells))
+        table.add_column(HEADERS[2], overflow="ellipsis")
+        if wide:
+            table.add_column(HEADERS[3], no_wrap=True)
+        table.add_column(HEADERS[4], overflow="ellipsis")
+        table.add_column(HEADERS[5], min_width=17)
         for texts, (_, _, run) in zip(cells, rows, strict=True):
             style = _STYLES.get(run.state.status, "red")
             if run.state.status == "exited" and not run.state.ok:
                 style = "red"
             state = f"[{style}]{escape(run.describe_state())}[/{style}]"
-            table.add_row(*(escape(t) for t in texts), state)
+            shown = texts if wide else (*texts[:3], texts[4])
+            table.add_row(*(escape(t) for t in shown), state)
         terminal.out.print(table)
     else:
         # Plain aligned columns off a terminal: nothing is cut short or wrapped.

@@ -13,6 +13,7 @@ from dflashctl.errors import HostError
 from dflashctl.fleet.errors import error_json, error_text, first_failure
 from dflashctl.nodes import Node, NodeOutcome, node_sessions, on_every_node
 
+WIDE_TABLE = 120  # terminal columns: narrower, the table leaves out `where`
 HEADERS = ("node", "where", "container", "release", "active run", "state")
 
 
@@ -74,11 +75,20 @@ def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
         from rich.table import Table
 
         table = Table(title=f"{len(outcomes)} nodes", title_justify="left")
-        for header in HEADERS:
-            table.add_column(header, no_wrap=header != "state")
+        # On a narrow terminal `where` goes (--json has it) and the container and release
+        # give way; names, run ids and states never do (a long state wraps).
+        wide = terminal.out.width >= WIDE_TABLE
+        table.add_column(HEADERS[0], no_wrap=True, min_width=max(len(c[0]) for c, _ in rows))
+        if wide:
+            table.add_column(HEADERS[1], no_wrap=True, overflow="ellipsis")
+        table.add_column(HEADERS[2], overflow="ellipsis")
+        table.add_column(HEADERS[3], overflow="ellipsis")
+        table.add_column(HEADERS[4], no_wrap=True, min_width=20)
+        table.add_column(HEADERS[5], min_width=17)
         for cells, colour in rows:
             state = f"[{colour}]{escape(cells[-1])}[/{colour}]"
-            table.add_row(*(escape(c) for c in cells[:-1]), state)
+            shown = cells[:-1] if wide else [cells[0], *cells[2:-1]]
+            table.add_row(*(escape(c) for c in shown), state)
         terminal.out.print(table)
         return
     lines = [list(HEADERS)] + [cells for cells, _ in rows]
