@@ -199,12 +199,14 @@ def upload_and_deploy(
     archive: Archive,
     launch: LaunchParams,
     progress: Callable[[int], None] | None = None,
+    verb: str = "deploy",
 ) -> LaunchAnswer:
     """Round trip 2, one command on the host: the archive arrives on its stdin (no
     extra round trips for a file transfer), streamed from disk as it is sent, written
     to a file on the host as it arrives, `pct push`ed into the container as one file,
     and the agent, reading the rest of stdin, builds the release, stops stale runs and
-    launches. `progress(n)` as pieces of the archive go out. Returns the agent's answer."""
+    launches (verb `build`: builds only). `progress(n)` as pieces of the archive go
+    out. Returns the agent's answer."""
     workdir, python = config.container.workdir, config.container.python
     release = plan.new_release
     assert release is not None
@@ -218,7 +220,7 @@ def upload_and_deploy(
         "base": plan.base_release,
         "upload_prefix": prefix,
     }
-    agent = agent_client.agent_argv(python, "deploy")
+    agent = agent_client.agent_argv(python, verb)
     if target.vmid is None:
         run_agent = shlex.join(agent)
         push = ""
@@ -247,7 +249,7 @@ def upload_and_deploy(
     def after_archive() -> Iterator[bytes]:
         if target.vmid is not None:
             yield f"{digest.hexdigest()}\n".encode()  # for the check of what arrived
-        yield agent_client.agent_input("deploy", params)
+        yield agent_client.agent_input(verb, params)
 
     stdin = itertools.chain(archive.chunks(progress, digest=digest), after_archive())
     # Room for a slow link: 1 MB/s on top of the agent's own work.
@@ -277,7 +279,7 @@ def upload_and_deploy(
         pct.raise_for_push(result, target.vmid, dest, archive.size, 0o600)
     if target.vmid is not None:
         pct.raise_for_pct(result, target.vmid, "exec")
-    answer = agent_client.parse_agent_answer(result, python, "deploy", target.describe())
+    answer = agent_client.parse_agent_answer(result, python, verb, target.describe())
     return cast(LaunchAnswer, answer)
 
 
@@ -303,6 +305,10 @@ def deploy(
     options: DeployOptions,
 ) -> tuple[int, dict[str, Any]]:
     """Run a deploy; returns (exit code, the JSON summary)."""
+    if config.multi_node:
+        from dflashctl.deploy_nodes import deploy_nodes
+
+        return deploy_nodes(config, options)
     started = time.monotonic()
     # A mistake in crash_patterns is a config error: said before anything is contacted.
     rules = rules_for(config)

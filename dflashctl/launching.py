@@ -24,6 +24,7 @@ from dflashctl.errors import HostError
 from dflashctl.follow import follow_run, report_result
 
 if TYPE_CHECKING:
+    from dflashctl.nodes import Node
     from dflashctl.target import Target
 
 
@@ -185,6 +186,21 @@ def follow_unless_detached(
     )
     summary["result"] = result.to_json()
     return report_result(result), summary
+
+
+def follow_nodes_unless_detached(
+    config: Config, nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
+) -> tuple[int, dict[str, Any]]:
+    """A run across nodes: follow every node's log at once (exit code, summary)."""
+    run_id = summary["run_id"]
+    if detach:
+        terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
+        return 0, summary
+    from dflashctl.follow import follow_nodes, report_nodes_result
+
+    result = follow_nodes(nodes, run_id, rules=rules, from_offset=0)
+    summary["result"] = result.to_json()
+    return report_nodes_result(result), summary
 
 
 # --------------------------------------------------------------------------- Ctrl-C

@@ -37,6 +37,8 @@ def restart(
 ) -> tuple[int, dict[str, Any]]:
     """Stop stale runs and launch the current release again: one round trip, no sync."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
+    if config.multi_node:
+        return _restart_nodes(config, rules, detach, extra_args or [], fresh, wait)
     with session(config) as target:
         run_id = runs.new_id()
         command = trainer_command(config, extra_args or [])
@@ -69,6 +71,19 @@ def restart(
             "target": target.describe(),
         }
         return follow_unless_detached(config, target, rules, summary, detach=detach)
+
+
+def _restart_nodes(config, rules, detach, extra_args, fresh, wait):
+    from dflashctl.launch_nodes import restart_nodes, source_meta
+    from dflashctl.launching import follow_nodes_unless_detached
+    from dflashctl.nodes import node_sessions
+
+    with node_sessions(config) as nodes:
+        meta = dict(source_meta(config), restart=True)
+        summary = restart_nodes(
+            config, nodes, extra_args=extra_args, fresh=fresh, wait=wait, meta=meta
+        )
+        return follow_nodes_unless_detached(config, nodes, rules, summary, detach=detach)
 
 
 def stop(

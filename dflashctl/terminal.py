@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -93,8 +94,11 @@ def step(message: str) -> Iterator[dict]:
 
 def spinner(message: str) -> contextlib.AbstractContextManager:
     """A spinner while something runs, on a terminal only (elsewhere nothing, so that
-    logs stay one line per step)."""
-    return err.status(message) if interactive() else contextlib.nullcontext()
+    logs stay one line per step). Only the main thread shows one: work on several nodes
+    runs in threads under the main thread's spinner, and a terminal has one live line."""
+    if not interactive() or threading.current_thread() is not threading.main_thread():
+        return contextlib.nullcontext()
+    return err.status(message)
 
 
 # Off a terminal, a transfer reports itself at most this often (a log stays short).

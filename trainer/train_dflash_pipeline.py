@@ -102,11 +102,20 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     if cfg.runtime.threads:
         torch.set_num_threads(cfg.runtime.threads)
 
+    from dflash.pipeline.resume_across_ranks import agree_on_resume, choose_on_lead
     from dflash.pipeline.resuming import load_for_resume, resume_folder, resume_line
 
     resume_state = None
     folder = None if args.resume else resume_folder(args.resume_from)
-    if folder is not None:
+    lead_choice = None
+    if info.enabled:
+        # Rank 0 decides for every rank (agree_on_resume, after the rendezvous); it checks
+        # its choice now, before minutes of set-up: a misfit is reported in seconds.
+        if info.is_lead:
+            lead_choice = choose_on_lead(cfg, args.resume, folder)
+            if lead_choice.error is not None:
+                print(f"config error: {lead_choice.error}", file=sys.stderr, flush=True)
+    elif folder is not None:
         try:  # before minutes of set-up: a checkpoint that does not fit fails in seconds
             resume_state = load_for_resume(folder, cfg)
         except TrainConfigError as exc:
@@ -131,12 +140,15 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
                 timeout_s=cfg.runtime.dist_timeout_s,
             )
             coordinator.start_monitor(cfg.runtime.peer_timeout_s)
+            resume_state, folder = agree_on_resume(
+                coordinator, log, cfg, choice=lead_choice, own_folder=folder
+            )
         workload = (workload_factory or default_workload)(cfg)
         result = train(
             cfg,
             workload,
             log,
-            resume=args.resume,
+            resume=args.resume and not info.enabled,  # under torchrun rank 0 chose above
             resume_state=resume_state,
             resume_folder=folder,
             source_dir=HERE,
@@ -145,7 +157,8 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
             coordinator=coordinator,
         )
     except TrainConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr, flush=True)
+        if lead_choice is None or lead_choice.error is None:  # rank 0 printed its own at once
+            print(f"config error: {exc}", file=sys.stderr, flush=True)
         if coordinator is not None:
             coordinator.post_failure(f"config error: {exc}")
         return EXIT_CONFIG

@@ -50,9 +50,28 @@ def addresses():
     return sorted(found, key=lambda item: item[1].startswith("127."))
 
 
+def route_toward(address):
+    """The interface and source address this machine uses to reach `address` (the
+    kernel's own route lookup: a UDP socket's connect sends nothing), or (None, None)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.connect((address, 9))
+        local = sock.getsockname()[0]
+    except OSError:
+        return None, None
+    finally:
+        sock.close()
+    for name, own in addresses():
+        if own == local:
+            return name, local
+    return None, local
+
+
 def op_address(p):
     """The address the other nodes should use: the default route's interface's, else
-    the first interface's that is not loopback; None when there is only loopback."""
+    the first interface's that is not loopback; None when there is only loopback.
+    With `toward`: also the interface that reaches that address (gloo must be told
+    it: it binds what the hostname resolves to, often loopback in a container)."""
     every = addresses()
     chosen = None
     via = default_route_interface()
@@ -62,7 +81,12 @@ def op_address(p):
     if chosen is None:
         outside = [a for _, a in every if not a.startswith("127.")]
         chosen = outside[0] if outside else None
+    route = {}
+    if p.get("toward"):
+        name, local = route_toward(p["toward"])
+        route = {"route": {"interface": name, "address": local}}
     return {
+        **route,
         "address": chosen,
         "interface": via,
         "addresses": [{"interface": n, "address": a} for n, a in every],

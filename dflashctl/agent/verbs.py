@@ -7,6 +7,8 @@
   deploy   build the release (unpack an archive of changed files into
            releases/<id>.partial, link the unchanged ones from the base release,
            validate, rename to releases/<id>), then launch, under one lock
+  build    build the release only (a run across several nodes: every node builds
+           before any launches); `discard` removes one that will not be launched
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
   prune    remove ended runs' folders beyond the newest N (never the active or a running one)
@@ -116,6 +118,39 @@ def op_deploy(p):
         os.close(lock)
     launched["build"] = built
     return launched
+
+
+def op_build(p):
+    """build only: a run across several nodes launches nowhere before the release is
+    built and verified on every node (the client then calls `launch` on each)."""
+    lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
+    try:
+        started = time.monotonic()
+        built = build_release(p)
+        built["seconds"] = round(time.monotonic() - started, 3)
+    finally:
+        os.close(lock)
+    return {"build": built, "release": built["release"]}
+
+
+def op_discard(p):
+    """A built release that will not be launched (another node failed): removed unless
+    it became current or a run uses it."""
+    workdir, release = p["workdir"], p["release"]
+    lock = lock_workdir(workdir, p.get("holder"), True)
+    try:
+        used = {
+            (run_record(workdir, rid).get("meta") or {}).get("release") for rid in run_ids(workdir)
+        }
+        path = os.path.join(releases_dir(workdir), release)
+        removed = (
+            os.path.isdir(path) and current_release(workdir) != release and release not in used
+        )
+        if removed:
+            remove_release(workdir, release)
+    finally:
+        os.close(lock)
+    return {"removed": bool(removed)}
 
 
 def launch(p):
@@ -296,6 +331,8 @@ def op_hello(p):
 OPERATIONS = {
     "inspect": op_inspect,
     "deploy": op_deploy,
+    "build": op_build,
+    "discard": op_discard,
     "launch": op_launch,
     "stop": op_stop,
     "runs": op_runs,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import lxc, state
+from .netns import Endpoint
 
 
 def _ns_pid_link(pid: int) -> str | None:
@@ -35,9 +36,10 @@ def _status_field(pid: int, name: str) -> str | None:
 class Container:
     """Container `vmid` of the node whose state lives in `state_dir`."""
 
-    def __init__(self, state_dir: Path, vmid: int):
+    def __init__(self, state_dir: Path, vmid: int, *, network: Endpoint | None = None):
         self._ct = state.Container(Path(state_dir), vmid)
         self.vmid = vmid
+        self.network = network  # its place on a test network (netns.Endpoint), if any
         self._own_monitors: list[int] = []  # sandbox monitors that are our children
 
     @property
@@ -49,6 +51,11 @@ class Container:
     def tmp(self) -> Path:
         """The host folder that is /tmp inside the container."""
         return self._ct.rootfs_tmp
+
+    @property
+    def address(self) -> str | None:
+        """Its address on the test network (e.g. "10.231.0.1"), None without one."""
+        return self.network.address if self.network else None
 
     @property
     def hostname(self) -> str:
@@ -128,6 +135,7 @@ class Container:
                 str(pid),
                 "-p",
                 "-u",
+                "-n",
                 "-m",
                 "-r",
                 f"--wd={cwd}",

@@ -2,9 +2,15 @@
 `pytest_plugins = ["tests.host.fixtures"]`.
 
     pve_host        session: a real sshd on 127.0.0.1 (see sshd.SshServer), pct/pvesh on PATH
-    make_container  factory: make_container(vmid=200, running=True) -> Container
+    pve_host2       session: a second node (pve2): its own sshd, host key, state, containers
+    shared_known_hosts  session: one known_hosts file trusting both hosts
+    make_container  factory: make_container(vmid=200, running=True, host=pve_host,
+                    network=None) -> Container
     container       a running container 200
-    write_config    write_config(directory, vmid=200, trainer_source=None, **overrides) -> Path
+    container_network   2 network namespaces on one bridge (10.231.0.1, .2), see netns.py
+    make_network    factory: make_network(size=2, subnet="10.231.0.0/24") -> netns.Network
+    write_config    write_config(directory, vmid=200, trainer_source=None, host=pve_host,
+                    **overrides) -> Path
 
 Containers are real LXC containers (Debian's `lxc`) where LXC can start one, else
 bubblewrap sandboxes; the run's summary says which kind ran (DFLASHCTL_TEST_CONTAINERS=
@@ -27,12 +33,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from . import lxc, state
+from . import lxc, netns, state
 from .containers import Container
-from .sshd import SshServer
+from .sshd import SshServer, write_known_hosts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE = "pve"
+SECOND_NODE = "pve2"
 
 
 def _missing_tool(name: str) -> bool:
@@ -179,16 +186,15 @@ def pytest_terminal_summary(terminalreporter):
         )
 
 
-@pytest.fixture(scope="session")
-def pve_host(tmp_path_factory):
-    """The test host: sshd on 127.0.0.1:<port>, root login with `identity_file`, host key
-    in `known_hosts`; sessions run the pct/pvesh stand-ins against `state_dir`."""
-    require_test_host()
-    base = tmp_path_factory.mktemp("pve-host")
+def _serve(base: Path, settings: dict, **server_options):
+    """A test host's sshd over its state folder; on the way out every container of its
+    state is killed and removed, then sshd (and with it what sessions left) stopped."""
     state_dir = base / "state"
     state_dir.mkdir()
-    (state_dir / "host.json").write_text(json.dumps(_host_settings(base)))
-    server = SshServer(workdir=base / "ssh", state_dir=state_dir, node=NODE)
+    (state_dir / "host.json").write_text(json.dumps(settings))
+    server = SshServer(
+        workdir=base / "ssh", state_dir=state_dir, node=settings["node"], **server_options
+    )
     try:
         server.start()
         yield server
@@ -198,17 +204,62 @@ def pve_host(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def pve_host(tmp_path_factory):
+    """The test host: sshd on 127.0.0.1:<port>, root login with `identity_file`, host key
+    in `known_hosts`; sessions run the pct/pvesh stand-ins against `state_dir`."""
+    require_test_host()
+    netns.reap_stale_holders()
+    base = tmp_path_factory.mktemp("pve-host")
+    yield from _serve(base, _host_settings(base))
+
+
+@pytest.fixture(scope="session")
+def pve_host2(pve_host, tmp_path_factory):
+    """A second node, `pve2`, as a second Proxmox host of a cluster: its own sshd (port,
+    host key, `known_hosts`), its own state and containers (its pct/pvesh see only those),
+    the same container kind and root filesystem as pve_host. It accepts pve_host's
+    client key, as a user's one key is authorized on all their hosts."""
+    base = tmp_path_factory.mktemp("pve-host2")
+    settings = json.loads((pve_host.state_dir / "host.json").read_text())
+    settings["node"] = SECOND_NODE
+    if settings.get("containers") == "lxc":
+        # LXC names cgroups after the container: both nodes may have a container 200.
+        settings["lxc_prefix"] = f"{lxc.session_prefix()}{SECOND_NODE}-"
+    yield from _serve(base, settings, client_key=pve_host.identity_file)
+
+
+@pytest.fixture(scope="session")
+def shared_known_hosts(pve_host, pve_host2, tmp_path_factory) -> Path:
+    """One known_hosts file with both hosts' keys (a config's top-level known_hosts)."""
+    return write_known_hosts(
+        tmp_path_factory.mktemp("known-hosts") / "known_hosts", pve_host, pve_host2
+    )
+
+
 @pytest.fixture
 def make_container(pve_host):
-    """make_container(vmid=200, running=True, hostname=None) -> Container; every container
-    made is killed and removed after the test."""
+    """make_container(vmid=200, running=True, hostname=None, host=None, network=None)
+    -> Container, on `host` (pve_host unless given, e.g. pve_host2), in the network
+    namespace of `network` (a netns.Endpoint, e.g. container_network[0]) if given.
+    Every container made is killed and removed after the test."""
     made: list[Container] = []
 
-    def make(vmid: int = 200, running: bool = True, hostname: str | None = None) -> Container:
-        if state.Container(pve_host.state_dir, vmid).exists():
+    def make(
+        vmid: int = 200,
+        running: bool = True,
+        hostname: str | None = None,
+        *,
+        host: SshServer | None = None,
+        network: netns.Endpoint | None = None,
+    ) -> Container:
+        state_dir = (host or pve_host).state_dir
+        if state.Container(state_dir, vmid).exists():
             raise ValueError(f"container {vmid} already exists in this test")
-        state.create_container(pve_host.state_dir, vmid, hostname)
-        handle = Container(pve_host.state_dir, vmid)
+        state.create_container(
+            state_dir, vmid, hostname, netns=network.state_entry() if network else None
+        )
+        handle = Container(state_dir, vmid, network=network)
         made.append(handle)
         if running:
             handle.start()
@@ -217,6 +268,36 @@ def make_container(pve_host):
     yield make
     for handle in made:
         handle.destroy()
+
+
+@pytest.fixture
+def make_network():
+    """make_network(size=2, subnet="10.231.0.0/24") -> netns.Network: `size` network
+    namespaces of our own on one bridge, addresses .1, .2, ...; holders killed after the
+    test."""
+    made: list[netns.Network] = []
+
+    def make(size: int = 2, subnet: str = netns.SUBNET) -> netns.Network:
+        require_test_host()
+        try:
+            network = netns.Network(size, subnet)
+        except netns.NetworkUnavailable as err:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"no container network under CI: {err}", pytrace=False)
+            pytest.skip(f"no container network here: {err}")
+        made.append(network)
+        return network
+
+    yield make
+    for network in made:
+        network.close()
+
+
+@pytest.fixture
+def container_network(make_network) -> netns.Network:
+    """Two endpoints, 10.231.0.1/24 and 10.231.0.2/24 (eth0, default route), for
+    make_container(..., network=container_network[i])."""
+    return make_network(2)
 
 
 @pytest.fixture
@@ -240,7 +321,7 @@ def build_config(host, *, vmid: int | None = 200, trainer_source: Path | None = 
             "keepalive_s": 15,
         },
         "proxmox": {
-            "node": NODE,
+            "node": host.node,
             "api": "ssh",
             "url": None,
             "token_id": None,
@@ -284,16 +365,22 @@ def apply_overrides(config: dict, overrides: dict) -> dict:
 
 @pytest.fixture
 def write_config(pve_host):
-    """write_config(directory, vmid=200, trainer_source=None, **overrides) -> Path of a
-    dflash.yaml for the test host. `directory` may also be the yaml path itself."""
+    """write_config(directory, vmid=200, trainer_source=None, host=None, **overrides) ->
+    Path of a dflash.yaml for the test host (`host`: pve_host unless given, e.g.
+    pve_host2). `directory` may also be the yaml path itself."""
 
     def write(
-        directory: Path, vmid: int | None = 200, trainer_source: Path | None = None, **overrides
+        directory: Path,
+        vmid: int | None = 200,
+        trainer_source: Path | None = None,
+        *,
+        host: SshServer | None = None,
+        **overrides,
     ) -> Path:
         directory = Path(directory)
         path = directory if directory.suffix in (".yaml", ".yml") else directory / "dflash.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        config = build_config(pve_host, vmid=vmid, trainer_source=trainer_source)
+        config = build_config(host or pve_host, vmid=vmid, trainer_source=trainer_source)
         path.write_text(yaml.safe_dump(apply_overrides(config, overrides), sort_keys=False))
         return path
 

@@ -98,13 +98,23 @@ def prepare_rootfs(dest: Path, ro_binds: list[str]) -> Path:
 
 
 def write_config(
-    path: Path, *, hostname: str, rootfs: Path, root: Path, tmp: Path, ro_binds: list[str]
+    path: Path,
+    *,
+    hostname: str,
+    rootfs: Path,
+    root: Path,
+    tmp: Path,
+    ro_binds: list[str],
+    netns: str | None = None,
 ) -> None:
+    """netns: a network namespace (/proc/<pid>/ns/net) to join instead of an empty one
+    of its own (tests/host/netns.py makes those)."""
+    network = [f"lxc.namespace.share.net = {netns}"] if netns else ["lxc.net.0.type = empty"]
     lines = [
         f"lxc.uts.name = {hostname}",
         f"lxc.rootfs.path = dir:{rootfs}",
         "lxc.rootfs.options = ro",
-        "lxc.net.0.type = empty",
+        *network,
         "lxc.apparmor.profile = unconfined",
         "lxc.autodev = 1",
         "lxc.tty.max = 0",

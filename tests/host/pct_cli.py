@@ -167,7 +167,8 @@ def cmd_exec(root, args):
         if "TERM" in os.environ:
             env["TERM"] = os.environ["TERM"]
     nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
-    argv = [nsenter, "-t", str(pid), "-p", "-u", "-m", "-r", f"--wd={cwd}", "--", *command]
+    # -n: the container's network namespace (the host's own unless a test gave it one).
+    argv = [nsenter, "-t", str(pid), "-p", "-u", "-n", "-m", "-r", f"--wd={cwd}", "--", *command]
     # A child, not exec: lxc-attach reports a command killed by signal N as exit status
     # 128+N (older lxc-attach returned 0 there, lxc issue 4203), while nsenter would die
     # of the same signal. stdin, stdout and stderr are inherited and pass straight through.

@@ -5,6 +5,7 @@
     pvesh get /nodes/<node>/lxc
     pvesh get /nodes/<node>/lxc/<vmid>/status/current
     pvesh get /nodes/<node>/lxc/<vmid>/config
+    pvesh get /nodes/<node>/lxc/<vmid>/interfaces
     pvesh create /nodes/<node>/lxc/<vmid>/status/start|stop     -> a UPID
     pvesh get /nodes/<node>/tasks/<upid>/status
 
@@ -100,6 +101,8 @@ def _dispatch(root, method: str, path: str, params: dict[str, str]):
         return [_summary(ct) for ct in state.list_containers(root)]
     if len(tail) == 3 and tail[0] == "lxc" and tail[2] == "config" and method == "get":
         return state.load_container(root, tail[1]).pve_config()
+    if len(tail) == 3 and tail[0] == "lxc" and tail[2] == "interfaces" and method == "get":
+        return _interfaces(state.load_container(root, tail[1]))
     if len(tail) == 4 and tail[0] == "lxc" and tail[2] == "status":
         ct = state.load_container(root, tail[1])
         action = tail[3]
@@ -180,6 +183,32 @@ def _ha_start(root, vmid: int, delay: float) -> int:
         if not ct.is_running():
             state.start_container(ct)
     return 0
+
+
+def _interfaces(ct: state.Container) -> list[dict] | None:
+    """GET .../lxc/<vmid>/interfaces in the real API's shape: one {name, hwaddr, inet,
+    inet6} per interface, from `ip --json address` in the container's network namespace
+    (the last address of each family); nothing for a stopped container (from memory of
+    pve-container's PVE::LXC::get_interfaces, not checked against its source)."""
+    pid = ct.init_pid()
+    if pid is None:
+        return None
+    shown = subprocess.run(
+        ["nsenter", f"--net=/proc/{pid}/ns/net", "--", "ip", "--json", "address"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if shown.returncode != 0:
+        raise PveError(f"failed to get interfaces of CT {ct.vmid}: {shown.stderr.strip()}", 255)
+    result = []
+    for link in json.loads(shown.stdout):
+        entry = {"name": link["ifname"], "hwaddr": link.get("address")}
+        for address in link.get("addr_info", []):
+            if address.get("family") in ("inet", "inet6"):
+                entry[address["family"]] = f"{address['local']}/{address['prefixlen']}"
+        result.append(entry)
+    return result
 
 
 def _uptime() -> int:

@@ -41,6 +41,13 @@ def generate_key(path: Path, comment: str) -> Path:
     return path
 
 
+def write_known_hosts(path: Path, *servers: SshServer) -> Path:
+    """One known_hosts file that trusts every one of `servers` (each by its own key)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{server.host_key_line}\n" for server in servers))
+    return path
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -73,11 +80,13 @@ class SshServer:
     node: str = "pve"  # the Proxmox node name pvesh answers for
     port: int = 0
     host_key_line: str = ""
+    # A client key this server accepts instead of one of its own (one key for all hosts).
+    client_key: Path | None = None
     _process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def identity_file(self) -> Path:
-        return self.workdir / "id_ed25519"
+        return self.client_key or self.workdir / "id_ed25519"
 
     @property
     def known_hosts(self) -> Path:
@@ -96,7 +105,8 @@ class SshServer:
     def start(self, timeout: float = 15.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         generate_key(self.host_key, "test-host")
-        generate_key(self.identity_file, "test-client")
+        if self.client_key is None:
+            generate_key(self.identity_file, "test-client")
         (self.workdir / "authorized_keys").write_text(Path(f"{self.identity_file}.pub").read_text())
         # sshd refuses to start without its privilege separation directory.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)

@@ -79,6 +79,7 @@ def load_for_resume(folder: Path, cfg: TrainConfig) -> ckpt.TrainingState:
     return state
 
 
-def resume_line(folder: Path, state: ckpt.TrainingState) -> str:
-    run = os.environ.get(RESUMED_RUN_ENV) or "(by hand)"
+def resume_line(folder: Path, state: ckpt.TrainingState, run: str | None = None) -> str:
+    """``run``: the resumed run's id (default: $DFLASH_RESUMED_RUN; under torchrun rank 0's)."""
+    run = run or os.environ.get(RESUMED_RUN_ENV) or "(by hand)"
     return f"resuming run {run} at step {state.step} from {folder}"

@@ -184,7 +184,9 @@ def _train(
         )
 
     if resume_state is None and resume:
-        found = _checkpoint_to_resume(output_dir, coordinator)
+        # One process only: under torchrun the entry point has already taken rank 0's
+        # choice for every rank (resume_across_ranks.py) and passes resume_state.
+        found = ckpt.latest_checkpoint(output_dir)
         if found is None:
             log.line(f"resume: no checkpoint under {output_dir}; starting at step 0")
         else:
@@ -394,7 +396,7 @@ def _train(
         result.checkpoint = save(lead.completed_steps, export=False)
         log.line(
             f"stopped by {why} after step {lead.completed_steps}/{total_steps}; "
-            f"a redeploy continues from it (checkpoint {result.checkpoint})"
+            f"a redeploy continues from it (checkpoint {_written_where(result.checkpoint, info)})"
         )
         return result
     if cfg.train.final_checkpoint:
@@ -419,9 +421,15 @@ def _train(
             log.line(result.eval_line)
             ctx.meter.record_eval(evaluation.metrics())
     if result.checkpoint is not None:
-        log.line(f"drafter checkpoint: {result.checkpoint}")
+        log.line(f"drafter checkpoint: {_written_where(result.checkpoint, info)}")
     log.line("training complete")
     return result
+
+
+def _written_where(checkpoint: Path, info: DistInfo) -> str:
+    """Only rank 0 writes checkpoints: another rank (perhaps on another host, whose own
+    output_dir stays empty) names rank 0's, not a path of its own."""
+    return str(checkpoint) if info.is_lead else f"{checkpoint.name}, written by rank 0"
 
 
 def _start_from_rank0_weights(replica: DrafterReplica) -> None:
@@ -435,26 +443,6 @@ def _start_from_rank0_weights(replica: DrafterReplica) -> None:
             dist.broadcast(master, src=0)
         if optimizer.uses_master:
             torch._foreach_copy_([p.data for p in optimizer.params], optimizer.masters)
-
-
-def _checkpoint_to_resume(output_dir: Path, coordinator: Coordinator | None) -> Path | None:
-    """The latest checkpoint; under torchrun rank 0 picks it and every rank loads that one
-    (it was complete before rank 0 wrote ``latest``: written, then renamed)."""
-    if coordinator is None or coordinator.rank == 0:
-        found = ckpt.latest_checkpoint(output_dir)
-        if coordinator is not None:
-            coordinator.publish("resume", found.name if found else "")
-        return found
-    name = coordinator.read("resume")
-    if not name:
-        return None
-    found = output_dir / "checkpoints" / name
-    if not (found / ckpt.STATE_FILE).is_file():
-        raise FileNotFoundError(
-            f"{coordinator.info.label()} cannot read {found}, the checkpoint rank 0 resumes "
-            "from: output_dir must be on storage every host shares"
-        )
-    return found
 
 
 def _connect_failures(supervisor: Supervisor, coordinator: Coordinator, info: DistInfo) -> None:

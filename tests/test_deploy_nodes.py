@@ -1,0 +1,227 @@
+"""deploy and restart across several nodes, on two local workdirs (one per node): the
+release built on every node before any launch, one torchrun job with one run id, and
+all or nothing when a node fails.
+
+The containers-on-two-hosts version of this, with the bundled trainer, is
+tests/test_nodes_container.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_deploy_support import kill_runs, pid_alive, wait_for, write_trainer
+
+DFLASHCTL = [sys.executable, "-m", "dflashctl"]
+
+pytestmark = pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("torch"), reason="torchrun comes with torch"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TwoNodes:
+    """A project whose dflash.yaml names two nodes on this machine: workdirs a/ and b/."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.source = write_trainer(root / "src")
+        self.python = {"a": sys.executable, "b": sys.executable}
+        self.args = ["--steps", "3", "--sleep", "60", "--on-term", "checkpoint"]
+        self.write()
+
+    def write(self) -> None:
+        config = {
+            "host": {"address": "local"},
+            "container": {"vmid": None, "python": sys.executable},
+            "trainer": {"source": "src", "entry": "train.py", "args": self.args},
+            "run": {"stop_grace_s": 5},
+            "torchrun": {"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()},
+            "nodes": [
+                {"name": name, "container": {"workdir": str(self.workdir(name)), "python": py}}
+                for name, py in self.python.items()
+            ],
+        }
+        self.config_path = self.root / "dflash.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    def workdir(self, name: str) -> Path:
+        return self.root / name
+
+    def cli(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*DFLASHCTL, *args, "-c", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def run_dir(self, name: str, run_id: str) -> Path:
+        return self.workdir(name) / "runs" / run_id
+
+    def meta(self, name: str, run_id: str) -> dict:
+        return json.loads((self.run_dir(name, run_id) / "meta.json").read_text())
+
+    def pid(self, name: str, run_id: str) -> int:
+        return int((self.run_dir(name, run_id) / "pid").read_text())
+
+    def releases(self, name: str) -> list[str]:
+        folder = self.workdir(name) / "releases"
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+@pytest.fixture
+def nodes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    project = TwoNodes(tmp_path / "project")
+    yield project
+    for name in ("a", "b"):
+        kill_runs(project.workdir(name))
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def deployed(project: TwoNodes, *extra: str) -> dict:
+    result = project.cli("deploy", "--detach", "--json", *extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def test_deploy_launches_one_torchrun_job_on_every_node(nodes):
+    summary = deployed(nodes)
+    run_id, release = summary["run_id"], summary["release"]
+    assert [n["node"] for n in summary["nodes"]] == ["a", "b"]
+    assert summary["rendezvous"].startswith("127.0.0.1:")
+    for rank, name in enumerate(("a", "b")):
+        assert nodes.releases(name) == [release]
+        assert (nodes.workdir(name) / "current").resolve().name == release
+        meta = nodes.meta(name, run_id)
+        assert meta["node"] == {
+            "name": name,
+            "rank": rank,
+            "count": 2,
+            "names": ["a", "b"],
+            "rendezvous": summary["rendezvous"],
+        }
+        command = meta["command"]
+        assert command[1:3] == ["-m", "torch.distributed.run"]
+        assert f"--node-rank={rank}" in command and "--nnodes=2" in command
+        assert f"--rdzv-id={run_id}" in command and command[-6:] == nodes.args
+        env = environ(nodes.pid(name, run_id))
+        assert (env["DFLASH_NODE_NAME"], env["DFLASH_NODE_RANK"]) == (name, str(rank))
+        assert env["DFLASH_NUM_NODES"] == "2" and env["DFLASH_RUN_ID"] == run_id
+        assert env["GLOO_SOCKET_IFNAME"] == "lo"  # the way to 127.0.0.1
+    # The job really runs as one: both nodes' trainers get past the rendezvous.
+    for name in ("a", "b"):
+        log = nodes.run_dir(name, run_id) / "train.log"
+        wait_for(
+            lambda log=log: "training complete" in log.read_text(),
+            timeout=60,
+            what=f"node {name}'s trainer",
+        )
+
+
+def test_a_redeploy_replaces_the_run_on_every_node_and_sends_only_changes(nodes):
+    first = deployed(nodes)
+    (nodes.source / "helpers.py").write_text("def greeting():\n    return 'changed'\n")
+    second = deployed(nodes)
+    assert second["release"] != first["release"]
+    for entry in second["nodes"]:
+        assert entry["files_sent"] == 1 and entry["previous_release"] == first["release"]
+        (stopped,) = entry["runs_stopped"]
+        assert stopped["run_id"] == first["run_id"]
+    for name in ("a", "b"):
+        assert not pid_alive(nodes.pid(name, first["run_id"]))
+        assert nodes.meta(name, second["run_id"])["release"] == second["release"]
+
+
+def test_a_node_that_fails_to_build_stops_nothing_anywhere(nodes, tmp_path):
+    first = deployed(nodes)
+    # Node b's interpreter refuses the build step only: the failure comes after node a
+    # has built its release, and before anything is launched.
+    wrapper = tmp_path / "python-b"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'if [ "$3" = build ]; then echo "No space left on device" >&2; exit 1; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    nodes.python["b"] = str(wrapper)
+    nodes.write()
+    (nodes.source / "helpers.py").write_text("def greeting():\n    return 'changed'\n")
+    result = nodes.cli("deploy", "--detach")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "node b (this machine) building the release" in result.stderr
+    assert "Traceback" not in result.stderr
+    for name in ("a", "b"):
+        # The old run still runs, from the old release, which is still current.
+        assert pid_alive(nodes.pid(name, first["run_id"]))
+        assert (nodes.workdir(name) / "current").resolve().name == first["release"]
+        # The release node a built was removed again.
+        assert nodes.releases(name) == [first["release"]]
+        assert sorted(p.name for p in (nodes.workdir(name) / "runs").iterdir()) == [first["run_id"]]
+
+
+def test_restart_relaunches_the_same_release_everywhere(nodes):
+    first = deployed(nodes)
+    result = nodes.cli("restart", "--detach", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["release"] == first["release"] and summary["run_id"] != first["run_id"]
+    for name in ("a", "b"):
+        assert nodes.meta(name, summary["run_id"])["node"]["name"] == name
+        assert not pid_alive(nodes.pid(name, first["run_id"]))
+
+
+def test_restart_refuses_nodes_with_different_releases(nodes):
+    deployed(nodes)
+    (nodes.workdir("b") / "current").unlink()
+    result = nodes.cli("restart", "--detach")
+    assert result.returncode == 2, result.stderr
+    assert "nothing is deployed on b yet" in result.stderr
+
+
+def test_dry_run_shows_every_node_and_changes_nothing(nodes):
+    result = nodes.cli("deploy", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "node a (this machine) (node rank 0)" in result.stdout
+    assert "--node-rank=1" in result.stdout
+    assert not nodes.workdir("a").exists() or not (nodes.workdir("a") / "releases").exists()
+
+
+def test_no_network_address_is_a_clear_error_naming_the_first_node(nodes):
+    config = yaml.safe_load(nodes.config_path.read_text())
+    del config["torchrun"]["address"]
+    nodes.config_path.write_text(yaml.safe_dump(config))
+    # In a network namespace of its own with only loopback, node a has no address.
+    unshare = ["unshare", "--net", "--map-root-user"] if os.geteuid() else ["unshare", "--net"]
+    probe = subprocess.run([*unshare, "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {probe.stderr.decode().strip()}")
+    result = subprocess.run(
+        [*unshare, *DFLASHCTL, "deploy", "--detach", "-c", str(nodes.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "node a (this machine) has no network address but loopback" in result.stderr
+    assert "torchrun.address" in result.stderr
