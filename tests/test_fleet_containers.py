@@ -204,3 +204,52 @@ def test_doctor_without_an_address_to_rendezvous_at_says_to_set_one(two_cts):
         "node a's container has no address the other nodes could reach ("
     )
     assert "set torchrun.address" in address["fix"]
+
+
+def test_doctor_and_status_across_two_hosts_on_one_network(
+    tmp_path, pve_host, pve_host2, shared_known_hosts, make_container, container_network,
+    write_config, monkeypatch,
+):  # fmt: skip
+    """Two Proxmox hosts, a container on each in one network: the rendezvous address
+    comes from the first container's default route, and the other host's container
+    reaches its port; status has a row per host's container."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    make_container(200, network=container_network[0])
+    make_container(201, host=pve_host2, network=container_network[1])
+    port = closed_port()
+    path = write_config(
+        tmp_path,
+        trainer_source=write_trainer(tmp_path / "src"),
+        nodes=[
+            {"name": "a", "container": 200},
+            {
+                "name": "b",
+                "host": {"port": pve_host2.port},
+                "container": 201,
+                "proxmox": {"node": pve_host2.node},
+            },
+        ],  # fmt: skip
+        torchrun={"port": port},
+        **{"host.known_hosts": str(shared_known_hosts), "trainer.entry": "train.py"},
+    )
+    done = cli(path, "doctor", "--json")
+    checks = {(c.get("node"), c["name"]): c for c in json.loads(done.stdout)["checks"]}
+    assert done.returncode == 0, done.stdout
+    a_address = container_network[0].address
+    assert checks[(None, "rendezvous address")]["detail"] == (
+        f"{a_address} (eth0): node a's container address on its default route"
+    )
+    assert checks[(None, "rendezvous port")]["detail"] == (
+        f"node a listens on port {port}; all 2 nodes reach {a_address}:{port}"
+    )
+    assert checks[("b", "SSH reachable")]["detail"].startswith(
+        f"127.0.0.1 port {pve_host2.port} answers"
+    )
+
+    status = cli(path, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    nodes = json.loads(status.stdout)["nodes"]
+    assert [(n["node"], n["proxmox_node"], n["container"]["status"]) for n in nodes] == [
+        ("a", "pve", "running"),
+        ("b", pve_host2.node, "running"),
+    ]

@@ -318,3 +318,36 @@ def test_prune_asks_once_for_every_node_and_runs_show_reads_the_first_node(two):
     text = dflashctl(two, "runs", "show", run_id)
     assert "metrics from the first node, gpu-a" in text.stderr
     assert f"{run_id} on gpu-a (this machine)" in text.stdout
+
+
+def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_everywhere(two):
+    """The real multi-node deploy: one torchrun job, one run id; `runs` and `status` show
+    it on both nodes, and `stop` gives each node's trainer its SIGTERM."""
+    two.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()})
+    deployed = dflashctl(two, "deploy", "--detach", "--json")
+    assert deployed.returncode == 0, deployed.stderr
+    run_id = json.loads(deployed.stdout)["run_id"]
+    for index in range(2):
+        wait_started(two, index, run_id)  # past the rendezvous: the trainer runs
+
+    runs = json.loads(dflashctl(two, "runs", "--json").stdout)["nodes"]
+    assert [[(r["id"], r["status"]) for r in n["runs"]] for n in runs] == [
+        [(run_id, "running")],
+        [(run_id, "running")],
+    ]
+    assert [n["runs"][0]["meta"]["node"]["rank"] for n in runs] == [0, 1]
+    status = json.loads(dflashctl(two, "status", "--json").stdout)["nodes"]
+    assert [n["active_run"]["id"] for n in status] == [run_id, run_id]
+
+    done = dflashctl(two, "stop", "--json")
+    assert done.returncode == 0, done.stderr
+    for index, node in enumerate(json.loads(done.stdout)["nodes"]):
+        # The run's process group (torchrun), and its rank: torchrun starts each rank in
+        # a session of its own, so the agent finds it as a process of the same run.
+        assert {s["run_id"] for s in node["stopped"]} == {run_id}
+        assert [s["kind"] for s in node["stopped"]][0] == "active"
+        assert not pid_alive(two.pid(index, run_id))
+        # torchrun passed the SIGTERM on to its rank, which wrote its checkpoint.
+        assert (two.run_dir(index, run_id) / "checkpointed").read_text() == "yes\n"
+    runs = json.loads(dflashctl(two, "runs", "--json").stdout)["nodes"]
+    assert [n["runs"][0]["status"] for n in runs] == ["stopped", "stopped"]
