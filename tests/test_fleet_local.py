@@ -338,6 +338,12 @@ def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_every
     assert [n["runs"][0]["meta"]["node"]["rank"] for n in runs] == [0, 1]
     status = json.loads(dflashctl(two, "status", "--json").stdout)["nodes"]
     assert [n["active_run"]["id"] for n in status] == [run_id, run_id]
+    # The running job's rendezvous store holds the port: doctor says so, not a failure.
+    code, checks = doctor_checks(two)
+    port = checks[None]["rendezvous port"]
+    assert code == 0 and port["status"] == "warn", port
+    assert f"while run {run_id} runs there (its rendezvous, most likely)" in port["detail"]
+    assert "the same release files (" in checks[None]["nodes agree"]["detail"]
 
     done = dflashctl(two, "stop", "--json")
     assert done.returncode == 0, done.stderr

@@ -41,6 +41,7 @@ class NodeCheckup:
     usable: bool = False  # its python runs: the agent can be asked things there
     checks: list[Check] = field(default_factory=list)
     facts: dict[str, str] = field(default_factory=dict)  # python, torch, release
+    running: str | None = None  # the id of the run that runs there now, if any
 
 
 def _check_node(index: int, config: Config) -> NodeCheckup:
@@ -63,17 +64,17 @@ def _check_node(index: int, config: Config) -> NodeCheckup:
         checkup.facts["python"] = passed["python"].split(" (")[0]
     if "torch" in passed:
         checkup.facts["torch"] = passed["torch"].split(",")[0]
-    release = _current_release(checkup) if checkup.usable else None
-    if release is not None:
-        checkup.facts["release"] = release
+    if checkup.usable:
+        _inspect(checkup)
     return checkup
 
 
-def _current_release(checkup: NodeCheckup) -> str | None:
-    """The files of the release `current` names there, as `<id> (<digest of its real
-    manifest>)`: nodes deployed one by one have releases of different ids but the same
-    files. "" when none yet; None when it cannot be read (the checks above said why).
-    This also leaves the agent there for the rendezvous check's quick calls."""
+def _inspect(checkup: NodeCheckup) -> None:
+    """The release `current` names there, as `<id> (files <digest of its real
+    manifest>)` (nodes deployed one by one have releases of different ids but the same
+    files; "" when none yet), and the run running there. Nothing when it cannot be read
+    (the checks above said why). This also leaves the agent there for the rendezvous
+    check's quick calls."""
     from dflashctl.launching import process_scope
 
     assert checkup.target is not None
@@ -86,11 +87,15 @@ def _current_release(checkup: NodeCheckup) -> str | None:
     try:
         answer = agent_client.call_agent(checkup.target, config.container.python, "inspect", params)
     except DflashError:
-        return None
+        return
+    running = [t["run_id"] for t in answer.get("to_stop") or [] if t.get("kind") == "active"]
+    checkup.running = running[0] if running else None
     if not answer.get("release"):
-        return ""
+        checkup.facts["release"] = ""
+        return
     text = json.dumps(answer.get("manifest") or {}, sort_keys=True).encode()
-    return f"{answer['release']} (files {hashlib.sha256(text).hexdigest()[:12]})"
+    digest = hashlib.sha256(text).hexdigest()[:12]
+    checkup.facts["release"] = f"{answer['release']} (files {digest})"
 
 
 def check_every_node(doctor: Doctor, config: Config) -> None:
@@ -210,6 +215,19 @@ def _port_check(doctor: Doctor, config: Config, checkups: list[NodeCheckup], add
             reached.append((checkup.name, bool(answer.get("reached")), answer.get("error") or ""))
     seconds = time.monotonic() - start
 
+    if not heard.get("listening") and first.running:
+        # Most likely the run's own rendezvous store; a deploy stops the run first.
+        doctor.add(
+            Check(
+                "rendezvous port",
+                WARN,
+                f"port {port} on node {first.name} is in use while run {first.running} runs "
+                f"there (its rendezvous, most likely): not checked; after "
+                f"{hints.command('stop')}, doctor checks it",
+                seconds=seconds,
+            )
+        )
+        return
     if not heard.get("listening"):
         doctor.add(
             Check(
