@@ -34,7 +34,40 @@ def _padding(size: int, unit: int = BLOCK) -> int:
     return -size % unit
 
 
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+# A ustar header's fields after the checksum, for a regular file with no owner names
+# or device numbers: type "0", no link name, magic and version, uname, gname,
+# devmajor, devminor, prefix, padding (as tarfile writes them).
+_USTAR_TAIL = b"0" + bytes(100) + b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)
+_ZERO_ID = _octal(0, 8)
+_TAIL_SUM = sum(_USTAR_TAIL) + 8 * ord(" ")  # the checksum field counts as spaces
+
+
+def _ustar_header(name: str, size: int, mode: int) -> bytes | None:
+    """The header tarfile writes for this member when it needs no pax record (an ASCII
+    name of at most 100 bytes, a size below 8 GiB), built directly: tarfile's way
+    costs 15 us a member, most of a 5,000-file archive's making. None otherwise."""
+    if not name.isascii() or len(name) > 100 or "\0" in name or size >= 8**11:
+        return None
+    head = (
+        name.encode("ascii").ljust(100, b"\0")
+        + _octal(mode, 8)
+        + _ZERO_ID  # uid
+        + _ZERO_ID  # gid
+        + _octal(size, 12)
+        + _octal(0, 12)  # mtime
+    )
+    checksum = sum(head) + _TAIL_SUM
+    return head + b"%06o\0 " % checksum + _USTAR_TAIL
+
+
 def _header(name: str, size: int, mode: int) -> bytes:
+    fast = _ustar_header(name, size, mode)
+    if fast is not None:
+        return fast
     info = tarfile.TarInfo(name)
     info.size = size
     info.mode = mode

@@ -135,14 +135,15 @@ def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
     what trainer.exclude left out."""
     source = Path(config.trainer.source)
     cache = SourceCache(source)
-    manifest, skipped = sync.scan(source, config.trainer.exclude, cache)
+    texts: dict[str, bytes] = {}  # the .py files scan reads, compiled without a second read
+    manifest, skipped = sync.scan(source, config.trainer.exclude, cache, texts)
     entry = Path(config.trainer.entry).as_posix()
     if entry not in manifest:
         raise UsageError(
             f"trainer.entry {entry} is not in {source} (or trainer.exclude leaves it out)",
             hint="set trainer.entry to a .py file inside trainer.source",
         )
-    checked = sync.check_syntax(source, manifest, cache)
+    checked = sync.check_syntax(source, manifest, cache, texts)
     cache.save(manifest)
     return manifest, checked, skipped
 
@@ -416,6 +417,7 @@ def _send_and_launch(config, target, plan, params, run_id, started):
     diff, manifest, command = plan.diff, plan.manifest, plan.command
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
     archive_bytes = 0
+    built: dict[str, Any] = {}
     t0 = time.monotonic()
     if plan.new_release:
         archive = Archive.of_release(Path(config.trainer.source), manifest, diff.changed)
@@ -459,6 +461,9 @@ def _send_and_launch(config, target, plan, params, run_id, started):
         "files_sent": len(diff.changed) if plan.new_release else 0,
         "bytes_sent": plan.bytes_to_send if plan.new_release else 0,
         "archive_bytes": archive_bytes,
+        # The agent's unpacking and checking of the release, and its CPU time by then.
+        "build_seconds": built.get("seconds"),
+        "build_cpu_seconds": built.get("cpu_seconds"),
         "files_total": len(manifest),
         "files_removed": len(diff.removed) if plan.new_release else 0,
         "runs_stopped": launched["stopped"],

@@ -220,4 +220,4 @@ def _follow(
 ) -> tuple[int, dict[str, Any]]:
     from dflashctl.launching import follow_nodes_unless_detached
 
-    return follow_nodes_unless_detached(config, nodes, rules, summary, detach=detach)
+    return follow_nodes_unless_detached(nodes, rules, summary, detach=detach)

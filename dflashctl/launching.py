@@ -189,15 +189,18 @@ def follow_unless_detached(
 
 
 def follow_nodes_unless_detached(
-    config: Config, nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
+    nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
 ) -> tuple[int, dict[str, Any]]:
-    """A run across nodes: follow every node's log at once (exit code, summary)."""
+    """Several nodes (config.multi_node): follow the new run on every node at once, as
+    `logs -f` does (dflashctl/follow/multinode.py); (exit code, summary with the result:
+    each node's, and the root cause)."""
+    from dflashctl.follow.multinode import follow_nodes
+    from dflashctl.follow.nodes_report import report_nodes_result
+
     run_id = summary["run_id"]
     if detach:
         terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
-    from dflashctl.follow import follow_nodes, report_nodes_result
-
     result = follow_nodes(nodes, run_id, rules=rules, from_offset=0)
     summary["result"] = result.to_json()
     return report_nodes_result(result), summary

@@ -246,6 +246,18 @@ def get_run(target: Target, workdir: str, run_id: str, *, python: str = DEFAULT_
     return _run_from_agent(answer["runs"][0], answer.get("active_run"))
 
 
+def find_run(
+    target: Target, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON
+) -> tuple[RunInfo | None, str | None]:
+    """(the run, or None where it does not exist; the workdir's active run id), in one
+    round trip: every node of a run is asked this before it is followed."""
+    answer = _runs(target, python, {"workdir": workdir, "run_id": run_id})
+    active = answer.get("active_run")
+    if not answer["runs"]:
+        return None, active
+    return _run_from_agent(answer["runs"][0], active), active
+
+
 def run_state(
     target: Target, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON
 ) -> RunState:

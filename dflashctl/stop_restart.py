@@ -83,7 +83,7 @@ def _restart_nodes(config, rules, detach, extra_args, fresh, wait):
         summary = restart_nodes(
             config, nodes, extra_args=extra_args, fresh=fresh, wait=wait, meta=meta
         )
-        return follow_nodes_unless_detached(config, nodes, rules, summary, detach=detach)
+        return follow_nodes_unless_detached(nodes, rules, summary, detach=detach)
 
 
 def stop(

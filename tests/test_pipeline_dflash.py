@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,19 +22,18 @@ TRAINER = Path(__file__).resolve().parents[1] / "trainer"
 @pytest.mark.slow
 def test_tiny_cpu_demo_learns_and_reports(tmp_path):
     run_dir = tmp_path / "runs" / "20261129-101502-a1b2"
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "train_dflash_pipeline.py", "--config", "configs/tiny-cpu.yaml"],
         cwd=TRAINER,
         capture_output=True,
         text=True,
-        timeout=120,
+        # A bound on a hung run, not a speed check (bench/ measures speed): a few times
+        # the demo's ~20 s, for a machine shared with other work.
+        timeout=300,
         env={**os.environ, "DFLASH_RUN_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"},
     )
-    elapsed = time.monotonic() - started
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert elapsed < 60
     assert lines[-1] == "training complete"
     assert "drafter-0 on cpu: warming up" in lines  # eager: nothing is compiled
     losses = [

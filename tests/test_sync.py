@@ -299,3 +299,58 @@ def test_source_cache_remembers_only_content_that_compiles(tmp_path, monkeypatch
     broken, _ = scan(src, [], cache)
     with pytest.raises(UsageError, match="a.py:1:"):
         check_syntax(src, broken, cache)
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "mode"),
+    [
+        ("train.py", 0, 0o644),
+        ("pkg/d00/m00000.py", 12, 0o755),
+        ("x" * 100, 8**11 - 1, 0o644),  # the longest name and size a plain header holds
+        ("x" * 101, 1, 0o644),  # longer: a pax record
+        ("données/é.py", 3, 0o644),  # not ASCII: a pax record
+        ("big.bin", 8**11, 0o644),  # 8 GiB: a pax record
+    ],
+)
+def test_archive_headers_are_what_tarfile_writes(name, size, mode):
+    """The plain headers built directly are byte for byte tarfile's (pax format)."""
+    from dflashctl.archive import _header
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, mode
+    assert _header(name, size, mode) == info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def test_syntax_check_compiles_what_the_scan_read_without_reading_it_again(tmp_path):
+    src = tree(tmp_path, {"a.py": "x = 1\n", "b.py": "y = (\n", "c.txt": "z"})
+    texts: dict[str, bytes] = {}
+    manifest, _ = scan(src, [], texts=texts)
+    assert texts == {"a.py": b"x = 1\n", "b.py": b"y = (\n"}  # .py only
+    for rel in texts:
+        (src / rel).unlink()  # were it read again, this would say "cannot read"
+    with pytest.raises(UsageError, match=r"b\.py:1: "):
+        check_syntax(src, manifest, texts=texts)
+
+
+def test_a_big_python_file_is_hashed_whole_and_not_kept(tmp_path):
+    from dflashctl.sync import KEEP_TEXT_BYTES
+
+    body = b"# " + b"x" * 98 + b"\n"
+    big = body * (KEEP_TEXT_BYTES // len(body) + 2)  # a little over the limit
+    src = tree(tmp_path, {"small.py": "x = 1\n"})
+    (src / "big.py").write_bytes(big)
+    (src / "empty.py").write_bytes(b"")
+    texts: dict[str, bytes] = {}
+    manifest, _ = scan(src, [], texts=texts)
+    assert manifest["big.py"][:2] == [len(big), hashlib.sha256(big).hexdigest()]
+    assert manifest["empty.py"][:2] == [0, hashlib.sha256(b"").hexdigest()]
+    assert sorted(texts) == ["empty.py", "small.py"]
+    assert check_syntax(src, manifest, texts=texts) == 3  # big.py read again to compile
+
+
+def test_diff_of_thousands_of_files_stays_fast():
+    local = {f"pkg/m{i:05d}.py": [10, f"{i:064x}", "644"] for i in range(20_000)}
+    started = time.perf_counter()
+    diff = diff_manifests(local, None)
+    assert len(diff.changed) == 20_000 and diff.unchanged == []
+    assert time.perf_counter() - started < 1.0  # quadratic, this took about 1.6 s

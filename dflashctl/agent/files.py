@@ -4,6 +4,7 @@ import fcntl
 import hashlib
 import json
 import os
+import struct
 import time
 
 from .errors import AgentError
@@ -38,6 +39,43 @@ def sha256_file(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# chattr's `T` attribute (FS_TOPDIR_FL) through FS_IOC_GETFLAGS / FS_IOC_SETFLAGS, which
+# are _IOR/_IOW('f', 1 / 2, long) (the kernel reads and writes an int at the address).
+FS_TOPDIR_FL = 0x00020000
+_LONG = struct.calcsize("l")
+FS_IOC_GETFLAGS = (2 << 30) | (_LONG << 16) | (ord("f") << 8) | 1
+FS_IOC_SETFLAGS = (1 << 30) | (_LONG << 16) | (ord("f") << 8) | 2
+
+
+def spread_subfolders(folder):
+    """Mark `folder` as the top of independent directory trees (`chattr +T`), so ext4
+    places each folder made in it in a block group of its own choice rather than next
+    to `folder`. Best effort: other filesystems (and ext4 when we may not) say no.
+
+    Why: each release is a new tree of maybe thousands of small files. ext4 gives a new
+    file an inode in the first block group of its folder's flex group that has a free
+    one, scanning that group's bitmap from its start; without a journal it also skips
+    (after reading its inode) every free inode deleted in the last minute or more
+    (recently_deleted() in fs/ext4/ialloc.c). Where other trees churn nearby (a test
+    suite's temporary files, the previous deploys' cleanup), each new file then scans
+    thousands of them: 5,000 files took 2.7 s of kernel time on such a host, 0.1 s in a
+    folder placed by the hint. Files in a release are unaffected otherwise."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        raw = fcntl.ioctl(fd, FS_IOC_GETFLAGS, struct.pack("i", 0))
+        flags = struct.unpack("i", raw[:4])[0]
+        if not flags & FS_TOPDIR_FL:
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags | FS_TOPDIR_FL))
+        return True
+    except (OSError, struct.error):
+        return False
+    finally:
+        os.close(fd)
 
 
 def lock_workdir(workdir, holder=None, wait=False):

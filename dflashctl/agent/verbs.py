@@ -28,6 +28,7 @@ change, so what it checked is still true when it acts.
 import fcntl
 import os
 import platform
+import resource
 import shutil
 import time
 
@@ -106,6 +107,7 @@ def op_deploy(p):
         started = time.monotonic()
         built = build_release(p)
         built["seconds"] = round(time.monotonic() - started, 3)
+        built["cpu_seconds"] = round(cpu_seconds(), 3)
         launch_params = {k: v for k, v in p.items() if k != "expect"}
         try:
             launched = launch(dict(launch_params, release=built["release"]))
@@ -128,6 +130,7 @@ def op_build(p):
         started = time.monotonic()
         built = build_release(p)
         built["seconds"] = round(time.monotonic() - started, 3)
+        built["cpu_seconds"] = round(cpu_seconds(), 3)
     finally:
         os.close(lock)
     return {"build": built, "release": built["release"]}
@@ -151,6 +154,12 @@ def op_discard(p):
     finally:
         os.close(lock)
     return {"removed": bool(removed)}
+
+
+def cpu_seconds():
+    """This process's CPU time so far (user + system, its start-up included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def launch(p):

@@ -1,5 +1,10 @@
 """dflashctl logs: a run's log, live with --follow, with its crashes named.
 
+With several nodes in dflash.yaml, the run is followed on every node at once (lines
+prefixed with the node; the root cause is the first failure in time, see
+dflashctl/follow/multinode.py): exit 1 when any node crashed, 3 when a node could not
+be reached within --reconnect-timeout.
+
 Exit codes: 0 the run is running or finished cleanly, 1 it crashed (a detected crash, a
 non-zero exit or a signal; a crash found in the log of a run whose process still runs,
 say a dead worker thread, counts too), 2 usage, 3 host/connection trouble, 130 Ctrl-C
@@ -69,6 +74,7 @@ def logs(
 ) -> None:
     """Show a run's log and the crashes in it; --follow streams it until the run ends."""
     from dflashctl.follow import report_result
+    from dflashctl.follow.nodes_report import NodesFollowResult, report_nodes_result
 
     if json_output:
         terminal.set_quiet_stdout(True)
@@ -83,6 +89,8 @@ def logs(
                 hint="for a run, the exit code is read from the run itself",
             )
         result = _follow(run_id, follow, lines, reconnect_timeout, config, json_output)
+    if isinstance(result, NodesFollowResult):
+        raise typer.Exit(report_nodes_result(result, json_mode=json_output))
     raise typer.Exit(report_result(result, json_mode=json_output))
 
 
@@ -95,6 +103,8 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
 
     config = load_config(config_path)
     rules = rules_for(config)  # a bad crash rule is a config error, before any contact
+    if config.multi_node:
+        return _follow_nodes(config, rules, run_id, follow, lines, reconnect_timeout, json_output)
     workdir, python = config.container.workdir, config.container.python
     with session(config) as target:
         if run_id is None:
@@ -118,6 +128,23 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
             show_lines=follow or not json_output,
             reconnect_timeout_s=reconnect_timeout,
             waiting_notice=not json_output,
+        )
+
+
+def _follow_nodes(config, rules, run_id, follow, lines, reconnect_timeout, json_output):
+    from dflashctl.follow.multinode import follow_nodes, resolve_run
+    from dflashctl.nodes import node_sessions
+
+    with node_sessions(config) as nodes:
+        run_id = resolve_run(nodes, run_id)
+        return follow_nodes(
+            nodes,
+            run_id,
+            rules=rules,
+            follow=follow,
+            lines=lines,
+            show_lines=follow or not json_output,
+            reconnect_timeout_s=reconnect_timeout,
         )
 
 

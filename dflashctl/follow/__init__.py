@@ -37,14 +37,26 @@ How it works:
   net; never by the stream ending alone. After the end the log is read to its last byte
   before the crash detector weighs the exit code.
 
+Several nodes (a `nodes:` list in dflash.yaml): follow_nodes runs one follow_run per
+node, each in its own thread, and report_nodes_result says how the run ended on each and
+its root cause across nodes, the first failure in time:
+
+    with node_sessions(config) as nodes:
+        result = follow_nodes(nodes, resolve_run(nodes, None), rules=rules_for(config))
+    sys.exit(report_nodes_result(result, json_mode=json_mode))
+
 Modules: reader.py (the reader's frames), lines.py (lines out of bytes,
 printed and fed to the crash detector), follower.py (follow_run: streaming, reconnecting,
 the end of the run), report.py (FollowResult, the closing word, classify_log for a copied
-log).
+log), multinode.py (follow_nodes: every node at once, the report when a node fails),
+root_cause.py (the first failure across nodes; torchrun's failure summary), prefixed.py
+(each node's lines prefixed, whole, under one lock).
 """
 
 from dflashctl.follow.follower import follow_run
 from dflashctl.follow.lines import LineSink, LineSplitter
+from dflashctl.follow.multinode import follow_nodes, resolve_run
+from dflashctl.follow.nodes_report import NodesFollowResult, report_nodes_result
 from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult, classify_log, report_result
 
@@ -53,8 +65,12 @@ __all__ = [
     "FrameParser",
     "LineSink",
     "LineSplitter",
+    "NodesFollowResult",
     "ReaderBroken",
     "classify_log",
+    "follow_nodes",
     "follow_run",
+    "report_nodes_result",
     "report_result",
+    "resolve_run",
 ]

@@ -3,6 +3,7 @@ the end of the run by its real state."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ def follow_run(
     stall_s: float = 10.0,
     state_of: Callable[[Target, str, str], RunState] | None = None,
     waiting_notice: bool = True,
+    on_line: Callable[[str, bool], None] | None = None,
+    node: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> FollowResult:
     """Print run `run_id`'s log and crashes; return how the run ended.
 
@@ -88,6 +92,9 @@ def follow_run(
     state_of: (target, workdir, run_id) -> RunState; default dflashctl.runs.run_state.
     waiting_notice: while following a run that has logged nothing yet, show a live
       "waiting for the first line" on a terminal (never elsewhere).
+    on_line: called with each line and whether it came live (not from the backlog).
+    node: the node's name, said in the follower's own notices (reconnecting, ...).
+    cancel: set from another thread to stop following as Ctrl-C would (interrupted).
     """
     if state_of is None:
         from dflashctl.runs import run_state
@@ -110,6 +117,7 @@ def follow_run(
             keep_last=lines,
             show_lines=show_lines,
             on_crash=on_crash,
+            on_line=on_line,
         ),
         backlog_max=BACKLOG_MAX_BYTES if lines is not None else -1,
         reconnect_timeout_s=reconnect_timeout_s,
@@ -117,6 +125,8 @@ def follow_run(
         stall_s=stall_s,
         state_of=state_of,
         waiting=FirstLineWait(waiting_notice and follow and show_lines),
+        notice_prefix=f"node {node}: " if node else "",
+        cancel=cancel,
     )
     return follower.run()
 
@@ -138,6 +148,8 @@ class _Follower:
     stall_s: float
     state_of: Callable[[Any, str, str], Any]
     waiting: FirstLineWait
+    notice_prefix: str = ""
+    cancel: threading.Event | None = None
     _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
     _stream: Any = field(default=None, init=False)
     # The log's size when first opened: the backlog ends there.
@@ -234,7 +246,14 @@ class _Follower:
                 f"stopping{': ' + stderr if stderr else ''}",
                 hint=f"check that `{self.python}` runs in the container (container.python)",
             )
-        time.sleep(0.5)
+        self._sleep(0.5)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait, unless the following is cancelled (from another thread) meanwhile."""
+        if self.cancel is None:
+            time.sleep(seconds)
+        elif self.cancel.wait(seconds):
+            raise KeyboardInterrupt
 
     # -- one reader ------------------------------------------------------------------
 
@@ -259,6 +278,8 @@ class _Follower:
         next_poll = last_data + self.state_poll_s
         while True:
             chunk = self._stream.read(READ_TIMEOUT_S)
+            if self.cancel is not None and self.cancel.is_set():
+                raise KeyboardInterrupt
             now = time.monotonic()
             if self.splitter.received_end == 0:
                 self.waiting.tick()
@@ -301,7 +322,7 @@ class _Follower:
             self._go_live_if_caught_up()
         elif kind == "R":
             terminal.warning(
-                f"{self.rundir}/train.log was truncated or replaced; reading it from the start"
+                f"{self.notice_prefix}{self.rundir}/train.log was truncated or replaced; reading it from the start"
             )
             self.splitter.reset(0)
             self.sink.go_live()
@@ -325,7 +346,9 @@ class _Follower:
 
     def _progress(self) -> None:
         if self._trouble_since is not None:
-            terminal.info(f"[dim]reconnected; resuming at byte {self.splitter.offset}[/dim]")
+            terminal.info(
+                f"[dim]{self.notice_prefix}reconnected; resuming at byte {self.splitter.offset}[/dim]"
+            )
         self._trouble_since = None
         self._attempt = 0
         self._empty_readers = 0
@@ -340,13 +363,15 @@ class _Follower:
         now = time.monotonic()
         if self._trouble_since is None:
             self._trouble_since = now
-            terminal.warning(f"lost the log stream ({_reason(exc)}); reconnecting")
+            terminal.warning(
+                f"{self.notice_prefix}lost the log stream ({_reason(exc)}); reconnecting"
+            )
         while True:
             delay = RECONNECT_DELAYS_S[min(self._attempt, len(RECONNECT_DELAYS_S) - 1)]
             self._attempt += 1
             if time.monotonic() + delay - self._trouble_since > self.reconnect_timeout_s:
                 raise _lost_error(self.run_id, exc, self.reconnect_timeout_s) from exc
-            time.sleep(delay)
+            self._sleep(delay)
             try:
                 old, self.target = self.target, self._new_target()
             except Exception as again:

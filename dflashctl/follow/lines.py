@@ -43,6 +43,7 @@ class LineSink:
         keep_last: int | None = None,
         show_lines: bool = True,
         on_crash: Callable[[CrashEvent], None] | None = None,
+        on_line: Callable[[str, bool], None] | None = None,
     ) -> None:
         from dflashctl.crash import CrashDetector
 
@@ -58,7 +59,10 @@ class LineSink:
         self.summary = RunSummary()
         self.console = console
         self.show_lines = show_lines
+        # on_crash sees each crash before it is rendered (it may relabel it: a failure
+        # another node caused is a consequence there); on_line(text, live) sees each line.
         self.on_crash = on_crash
+        self.on_line = on_line
         self.backlog: deque[str] | None = deque(maxlen=keep_last) if keep_last is not None else None
         self._held_events: list[CrashEvent] = []
         self.count = 0
@@ -77,15 +81,15 @@ class LineSink:
                     self.restarting = True
         events = self.detector.feed(text)
         self.summary.feed(text)
+        if self.on_line is not None:
+            self.on_line(text, self.backlog is None)
+        self._tell(events)
         if self.backlog is not None:
             self.backlog.append(text)
             self._held_events.extend(events)
         else:
             self._print(text)
             self._render(events)
-        if self.on_crash is not None:
-            for event in events:
-                self.on_crash(event)
 
     def quiet(self) -> None:
         """The log went quiet: a traceback that may still continue is final after all
@@ -93,10 +97,8 @@ class LineSink:
         if self.backlog is None and self.count != self._flushed_at:
             self._flushed_at = self.count
             events = self.detector.flush()
+            self._tell(events)
             self._render(events)
-            if self.on_crash is not None:
-                for event in events:
-                    self.on_crash(event)
 
     def go_live(self) -> None:
         if self.backlog is None:
@@ -113,10 +115,8 @@ class LineSink:
         """The run ended: weigh the exit code (a crash may only now be certain)."""
         self.go_live()
         events = self.detector.finish(exit_code)
+        self._tell(events)
         self._render(events)
-        if self.on_crash is not None:
-            for event in events:
-                self.on_crash(event)
 
     def _new_attempt(self, number: int) -> None:
         """The supervisor restarted the trainer: what the last attempt died of is
@@ -125,13 +125,11 @@ class LineSink:
 
         events = self.detector.finish(self._attempt_exit)
         self._attempt_exit = None
+        self._tell(events)
         if self.backlog is not None:
             self._held_events.extend(events)
         else:
             self._render(events)
-        if self.on_crash is not None:
-            for event in events:
-                self.on_crash(event)
         self.recovered.extend(self.detector.crashes)
         self.detector = CrashDetector(self.rules)
         self.attempt = number
@@ -141,6 +139,11 @@ class LineSink:
     def crashes(self) -> list[CrashEvent]:
         """The crashes of the run's last attempt (the one that decides how it ended)."""
         return list(self.detector.crashes)
+
+    def _tell(self, events: list[CrashEvent]) -> None:
+        if self.on_crash is not None:
+            for event in events:
+                self.on_crash(event)
 
     def _print(self, text: str) -> None:
         if self.show_lines:

@@ -16,6 +16,7 @@ STEPS, BATCH, LR = 200, 16, 1e-2
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 200 steps: about 60 s alone, several times that on a busy machine
 def test_loss_falls_and_tau_rises(tiny_target, make_drafter, tiny_cfg):
     started = time.monotonic()
     samples = synthetic_samples(

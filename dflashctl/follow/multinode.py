@@ -1,0 +1,426 @@
+"""Follow one run on every node at once: `logs -f` (and deploy's following) for a
+config with several nodes.
+
+    with node_sessions(config) as nodes:
+        run_id = resolve_run(nodes, run_id)         # RUN, or node 0's active run
+        result = follow_nodes(nodes, run_id, rules=rules_for(config))
+    sys.exit(report_nodes_result(result, json_mode=False))   # nodes_report.py
+
+One follower per node (follow_run, with its own reconnecting), each in a thread of its
+own. Their lines go out prefixed with the node (`gpu-a | `), whole, under one lock. The
+moment a node fails (a crash certain in its log, or its run ending badly), a report
+says so on stderr, with what every other node is doing right then; following goes on
+until every node's run has ended. The root cause across nodes is the first failure in
+time (root_cause.py); the other nodes' failures are its consequences.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from dflashctl import hints, terminal
+from dflashctl.errors import DflashError, UsageError
+from dflashctl.follow.follower import follow_run
+from dflashctl.follow.nodes_report import NodeFollow, NodesFollowResult
+from dflashctl.follow.prefixed import OUTPUT_LOCK, node_prefixes, prefixed_console
+from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure, named_rank
+
+if TYPE_CHECKING:
+    from dflashctl.crash import CrashEvent
+    from dflashctl.follow.report import FollowResult
+    from dflashctl.nodes import Node
+    from dflashctl.runs import RunInfo, RunState
+    from dflashctl.target import Target
+
+LINE_SHOWN = 100  # characters of another node's last line in a failure report
+
+
+# --------------------------------------------------------------------------- the run id
+
+
+def resolve_run(nodes: list[Node], run_id: str | None) -> str:
+    """RUN, or node 0's active run; every node must have it (UsageError naming the node
+    that does not). A node whose active run is another one is said (a warning): the run
+    is followed there anyway."""
+    from dflashctl.nodes import on_every_node, values_or_raise
+    from dflashctl.runs import active_run, find_run
+
+    first = nodes[0]
+    named = run_id is not None
+    if run_id is None:
+        from dflashctl.connect import as_host_error
+
+        with as_host_error(first.target):
+            active = active_run(
+                first.target, first.config.container.workdir, python=first.config.container.python
+            )
+        if active is None:
+            raise UsageError(
+                f"no runs in {first.config.container.workdir} on {first.describe()} yet",
+                hint=f"start one with {hints.command('deploy')}",
+            )
+        run_id = active.id
+    wanted = run_id
+    found = values_or_raise(
+        on_every_node(
+            nodes,
+            lambda node: find_run(
+                node.target,
+                node.config.container.workdir,
+                wanted,
+                python=node.config.container.python,
+            ),
+        ),
+        "reading its runs",
+    )
+    for node, (run, active_id) in zip(nodes, found, strict=True):
+        if run is None:
+            raise UsageError(
+                f"{node.describe()} has no run {wanted} in {node.config.container.workdir}/runs",
+                hint=f"a run of several nodes has its folder on each; list them with "
+                f"{hints.command('runs')}",
+            )
+        if not named and active_id != wanted:
+            terminal.warning(
+                f"node {node.name}'s active run is {active_id or 'none'}, not {wanted} "
+                f"(node {first.name}'s); following {wanted} on every node"
+            )
+    return wanted
+
+
+# --------------------------------------------------------------------------- following
+
+
+@dataclass(eq=False)
+class _NodeWatch:
+    """What one node's follower has seen so far (written by its thread, read by the
+    others for their reports)."""
+
+    node: Node
+    console: Console
+    live: bool = True  # the last line came live, not from the backlog
+    last_line: str | None = None
+    last_line_at: float | None = None  # time.monotonic()
+    first_crash: CrashEvent | None = None
+    seen_at: dict[int, float | None] = field(default_factory=dict)  # id(event) -> time.time()
+    torchrun: TorchrunWatch = field(default_factory=TorchrunWatch)
+    info: RunInfo | None = None  # the run's record, as last asked
+    result: FollowResult | None = None
+    error: BaseException | None = None
+    reported: bool = False
+    failing_since: float | None = None  # time.time() of the first sign of a failure (live)
+
+    @property
+    def ended(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+def follow_nodes(
+    nodes: list[Node],
+    run_id: str,
+    *,
+    rules: Any,
+    follow: bool = True,
+    from_offset: int = 0,
+    lines: int | None = None,
+    show_lines: bool = True,
+    reconnect_timeout_s: float = 120.0,
+    state_poll_s: float = 5.0,
+    console: Callable[[], Console] | None = None,
+    notices: Callable[[], Console] | None = None,
+) -> NodesFollowResult:
+    """Follow run `run_id` on every node until every node's run has ended (or, with
+    follow=False, read what each log holds now). Never raises for one node's trouble:
+    a node that cannot be reached within `reconnect_timeout_s` ends with its error in
+    the result (exit code 3), while the others are followed on.
+
+    from_offset / lines: as follow_run's, for every node (deploy follows a new run from
+    byte 0; `logs` shows the last `lines` of each node first).
+    console: where the prefixed lines and panels go (default terminal.out, asked at each
+    write); notices: where the failure reports go (default terminal.err).
+    """
+    follower = _NodesFollower(
+        nodes=nodes,
+        run_id=run_id,
+        console=console or (lambda: terminal.out),
+        notices=notices or (lambda: terminal.err),
+    )
+    kwargs = dict(
+        rules=rules,
+        follow=follow,
+        from_offset=from_offset,
+        lines=lines,
+        show_lines=show_lines,
+        reconnect_timeout_s=reconnect_timeout_s,
+        state_poll_s=state_poll_s,
+        waiting_notice=False,  # one live notice per node would fight over the terminal
+    )
+    return follower.run(kwargs)
+
+
+@dataclass(eq=False)
+class _NodesFollower:
+    nodes: list[Node]
+    run_id: str
+    console: Callable[[], Console]
+    notices: Callable[[], Console]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _watches: list[_NodeWatch] = field(default_factory=list)
+
+    def run(self, kwargs: dict[str, Any]) -> NodesFollowResult:
+        prefixes = node_prefixes([node.name for node in self.nodes])
+        self._watches = [
+            _NodeWatch(
+                node,
+                prefixed_console(self.console, prefix, node.index),
+                live=kwargs["lines"] is None,  # no backlog: every line is new
+            )
+            for node, prefix in zip(self.nodes, prefixes, strict=True)
+        ]
+        threads = [
+            threading.Thread(
+                target=self._follow_one, args=(watch, kwargs), name=f"follow-{watch.node.name}"
+            )
+            for watch in self._watches
+        ]
+        for thread in threads:
+            thread.start()
+        interrupted = False
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.1)  # short: Ctrl-C reaches the main thread between joins
+        except KeyboardInterrupt:
+            interrupted = True
+            self.cancel.set()
+            for thread in threads:
+                thread.join()
+        return self._result(interrupted)
+
+    # -- one node (its own thread) -------------------------------------------------------
+
+    def _follow_one(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
+        from dflashctl.connect import as_host_error, open_target
+
+        node = watch.node
+        config = node.config
+        try:
+            with as_host_error(node.target):
+                watch.result = follow_run(
+                    lambda: open_target(config),
+                    config.container.workdir,
+                    self.run_id,
+                    target=node.target,
+                    python=config.container.python,
+                    console=watch.console,
+                    on_crash=partial(self._on_crash, watch),
+                    on_line=partial(self._on_line, watch),
+                    state_of=partial(self._state_of, watch),
+                    node=node.name,
+                    cancel=self.cancel,
+                    **kwargs,
+                )
+        except Exception as exc:  # this node's; the others are followed on
+            watch.error = exc
+            if isinstance(exc, DflashError) and not exc.message.startswith("node "):
+                exc.message = f"{node.describe()}: {exc.message}"
+                exc.args = (exc.message,)
+            with OUTPUT_LOCK:
+                terminal.error(str(exc), getattr(exc, "hint", None))
+            return
+        self._ended(watch)
+
+    def _state_of(self, watch: _NodeWatch, target: Target, workdir: str, run_id: str) -> RunState:
+        from dflashctl.runs import get_run
+
+        info = get_run(target, workdir, run_id, python=watch.node.config.container.python)
+        watch.info = info
+        return info.state
+
+    def _on_line(self, watch: _NodeWatch, text: str, live: bool) -> None:
+        watch.last_line, watch.last_line_at, watch.live = text, time.monotonic(), live
+        knew = watch.torchrun.rank_failed
+        watch.torchrun.feed(text)
+        if watch.torchrun.rank_failed and not knew:
+            # torchrun stops the node's other ranks first (their grace period) and
+            # names the failed one only then: say now that this node is failing.
+            with self._lock:
+                if live and watch.failing_since is None:
+                    watch.failing_since = time.time()
+                report = not watch.reported
+                watch.reported = True
+            if report:
+                self._report_failure(
+                    watch,
+                    NodeFailure(
+                        watch.node.name,
+                        watch.node.index,
+                        seen_at=watch.failing_since,
+                        state="a rank failed; torchrun is stopping the node's other ranks "
+                        "(it names the failed one once they stopped)",
+                    ),
+                )
+
+    def _on_crash(self, watch: _NodeWatch, event: CrashEvent) -> None:
+        """A crash is certain in this node's log (called before its panel is shown)."""
+        # A crash already in the backlog happened before we looked: when is unknown here.
+        watch.seen_at[id(event)] = time.time() if watch.live else None
+        with self._lock:
+            if watch.live and watch.failing_since is None:
+                watch.failing_since = time.time()
+            first_here = watch.first_crash is None
+            if first_here:
+                watch.first_crash = event
+            # Across nodes only the first failure is the root cause: a failure another
+            # rank caused, or one after another node's, is a consequence here too.
+            earlier = [
+                w
+                for w in self._watches
+                if w is not watch and w.first_crash is not None and _is_cause(w.first_crash)
+            ]
+            if not _is_cause(event) or earlier:
+                event.is_root_cause = False
+            # Its first crash is said even after torchrun's first sign was: it names it.
+            report = first_here
+            watch.reported = True
+        if report:
+            # From the backlog, what the other nodes do now says nothing about then.
+            self._report_failure(watch, _failure_of(watch, event), others=watch.live)
+
+    def _ended(self, watch: _NodeWatch) -> None:
+        """This node's run ended (or its log was read, without --follow)."""
+        result = watch.result
+        assert result is not None
+        if result.interrupted or result.status == "running":
+            return
+        with self._lock:
+            report = result.status == "crashed" and not watch.reported
+            watch.reported = watch.reported or report
+        if report:
+            event = result.crashes[0] if result.crashes else None
+            self._report_failure(watch, _failure_of(watch, event), others=watch.live)
+        elif result.status in ("finished", "stopped") and self._others_going(watch):
+            with OUTPUT_LOCK:
+                self.notices().print(
+                    f"[green]✓[/green] node {watch.node.name}: {escape(_ended_words(watch))}; "
+                    "following the other nodes"
+                )
+
+    def _others_going(self, watch: _NodeWatch) -> bool:
+        return any(not w.ended for w in self._watches if w is not watch)
+
+    # -- the report when a node fails ------------------------------------------------------
+
+    def _report_failure(
+        self, watch: _NodeWatch, failure: NodeFailure, *, others: bool = True
+    ) -> None:
+        """Said at once: which node failed with what; the first one also says what every
+        other node is doing at this moment."""
+        with self._lock:
+            first = others and not any(w.reported and w is not watch for w in self._watches)
+        out = self.notices()
+        what = failure.describe()
+        role = ""
+        if failure.consequence:
+            role = " (stopped by another rank's failure)"
+        with OUTPUT_LOCK:
+            out.print(f"[bold red]✗[/bold red] {escape(what)}{role}", soft_wrap=True)
+            if first:
+                for other in self._watches:
+                    if other is not watch:
+                        out.print(
+                            f"  {escape(other.node.name)}: {escape(_doing(other))}",
+                            soft_wrap=True,
+                        )
+
+    # -- the answer --------------------------------------------------------------------
+
+    def _result(self, interrupted: bool) -> NodesFollowResult:
+        nodes, failures = [], []
+        for watch in self._watches:
+            failure = None
+            result = watch.result
+            if result is not None and result.status == "crashed":
+                event = result.crashes[0] if result.crashes else watch.first_crash
+                failure = _failure_of(watch, event)
+                failures.append(failure)
+            nodes.append(
+                NodeFollow(
+                    name=watch.node.name,
+                    where=watch.node.describe(),
+                    result=result,
+                    error=watch.error,
+                    failure=failure,
+                )
+            )
+        cause, consequences = first_failure(failures)
+        return NodesFollowResult(
+            run_id=self.run_id,
+            nodes=nodes,
+            root_cause=cause,
+            consequences=consequences,
+            interrupted=interrupted
+            or any(w.result and w.result.interrupted for w in self._watches),
+        )
+
+
+def _is_cause(event: CrashEvent) -> bool:
+    return not NodeFailure("", 0, event=event).consequence
+
+
+def _failure_of(watch: _NodeWatch, event: CrashEvent | None) -> NodeFailure:
+    info = watch.info
+    ended_at = None
+    state = None
+    if info is not None and info.state.status != "running":
+        attempts = (info.attempts or {}).get("attempts") or []
+        if attempts and attempts[-1].get("ended_unix") is not None:
+            ended_at = float(attempts[-1]["ended_unix"])
+        state = info.describe_state()
+    seen = [watch.seen_at.get(id(event)) if event is not None else None, watch.failing_since]
+    known = [when for when in seen if when is not None]
+    return NodeFailure(
+        node=watch.node.name,
+        index=watch.node.index,
+        event=event,
+        seen_at=min(known) if known else (time.time() if watch.live else None),
+        ended_at=ended_at,
+        state=state,
+        torchrun=watch.torchrun.failure,
+        names_rank=named_rank(event),
+    )
+
+
+def _ended_words(watch: _NodeWatch) -> str:
+    if watch.info is not None:
+        return f"run {watch.info.describe_state()}"
+    result = watch.result
+    return f"run {result.status}" if result is not None else "ended"
+
+
+def _doing(watch: _NodeWatch) -> str:
+    """What a node's ranks are doing right now, as far as its follower knows."""
+    if watch.error is not None:
+        return f"unreachable: {watch.error}"
+    if watch.result is not None:
+        return _ended_words(watch)
+    if watch.first_crash is not None:
+        event = watch.first_crash
+        return f"stopping: {event.category} ({_cut(event.summary)})"
+    if watch.last_line_at is None:
+        return "running, nothing logged yet"
+    ago = time.monotonic() - watch.last_line_at
+    return f"running, last line {ago:.1f} s ago: {_cut(watch.last_line or '')}"
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= LINE_SHOWN else text[: LINE_SHOWN - 3] + "..."

@@ -1,0 +1,225 @@
+"""`dflashctl logs` with two nodes on this machine (two workdirs, `host: local`): which
+run is followed (node 0's active run; another node's is said), a node without the run,
+a plain `logs` of both logs, and Ctrl-C leaving both runs alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import yaml
+
+from tests.test_follow_support import (
+    expected_lines,
+    kill_run,
+    launch_argv,
+    trainer_argv,
+    wait_for,
+)
+
+
+class TwoNodes:
+    """Nodes a and b: two workdirs on this machine; runs started in them are killed after."""
+
+    def __init__(self, tmp_path):
+        self.workdirs = {"a": tmp_path / "a", "b": tmp_path / "b"}
+        self.config = tmp_path / "dflash.yaml"
+        nodes = [
+            {"name": name, "host": "local", "container": {"vmid": None, "workdir": str(path)}}
+            for name, path in self.workdirs.items()
+        ]
+        self.config.write_text(
+            yaml.safe_dump({"container": {"python": sys.executable}, "nodes": nodes})
+        )
+        self.rundirs = []
+
+    def start(self, node: str, run_id: str, lines: int, delay: float, mode: str = "finish"):
+        rundir = self.workdirs[node] / "runs" / run_id
+        self.rundirs.append(rundir)
+        subprocess.run(launch_argv(str(rundir), trainer_argv(sys.executable, lines, delay, mode)))
+        wait_for(lambda: (rundir / "pid").exists(), what="the pid file")
+        return rundir
+
+    def logs(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "dflashctl", "logs", "-c", str(self.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+
+
+@pytest.fixture
+def two(tmp_path):
+    nodes = TwoNodes(tmp_path)
+    yield nodes
+    for rundir in nodes.rundirs:
+        kill_run(rundir)
+
+
+def of_node(text: str, node: str) -> list[str]:
+    prefix = f"{node} | "
+    return [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def test_plain_logs_show_every_nodes_lines_prefixed(two):
+    for node in ("a", "b"):
+        rundir = two.start(node, "r1", 4, 0.0)
+        wait_for(lambda r=rundir: (r / "exit_code").exists(), what="the run's end")
+    done = two.logs("r1")
+    assert done.returncode == 0, done.stderr
+    assert of_node(done.stdout, "a") == expected_lines(4) == of_node(done.stdout, "b")
+    assert "run r1 finished on all 2 nodes" in done.stderr
+
+
+def test_the_active_run_of_node_0_is_followed_and_another_one_said(two):
+    two.start("a", "r1", 3, 0.0)
+    two.start("b", "r1", 3, 0.0)
+    two.start("b", "r2", 1, 0.0)  # node b's active run is now r2
+    done = two.logs("-f")
+    assert done.returncode == 0, done.stderr
+    assert "node b's active run is r2, not r1 (node a's); following r1 on every node" in (
+        done.stderr
+    )
+    assert of_node(done.stdout, "b") == expected_lines(3)
+
+
+def test_a_node_without_the_run_is_named(two):
+    two.start("a", "r1", 2, 0.0)
+    done = two.logs("-f", "r1")
+    assert done.returncode == 2, done.stderr
+    assert f"node b (this machine) has no run r1 in {two.workdirs['b']}/runs" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_ctrl_c_stops_following_every_node_and_leaves_the_runs(two):
+    rundirs = [two.start(node, "r1", 10_000, 0.02, "hang") for node in ("a", "b")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflashctl", "logs", "-f", "-c", str(two.config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: (
+                any(line.startswith("a | step 60/") for line in printed)
+                and any(line.startswith("b | step 60/") for line in printed)
+            ),
+            timeout=30,
+            what="live lines of both nodes",
+        )
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "stopped following; run r1 keeps running on its 2 nodes" in err
+    assert "Traceback" not in err
+    assert not any((rundir / "exit_code").exists() for rundir in rundirs)
+
+
+def test_deploy_follows_the_new_run_on_every_node(two, capsys):
+    """What deploy and restart call after launching on several nodes."""
+    from dflashctl.config import load_config
+    from dflashctl.crash import load_rules
+    from dflashctl.launching import follow_nodes_unless_detached
+    from dflashctl.nodes import node_sessions
+
+    two.start("a", "r1", 3, 0.01)
+    two.start("b", "r1", 2, 0.01, "thread-crash")
+    with node_sessions(load_config(two.config)) as nodes:
+        code, summary = follow_nodes_unless_detached(
+            nodes, load_rules(), {"run_id": "r1"}, detach=False
+        )
+        assert follow_nodes_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=True) == (
+            0,
+            {"run_id": "r1"},
+        )
+    assert code == 1
+    cause = summary["result"]["root_cause"]
+    assert (cause["node"], cause["thread"], cause["exception"]) == (
+        "b",
+        "drafter-2",
+        "AssertionError",
+    )
+    assert [n["status"] for n in summary["result"]["nodes"]] == ["finished", "crashed"]
+    err = capsys.readouterr().err
+    assert "root cause (the first failure in time): node b, thread drafter-2 on cpu" in err
+    assert "dflashctl logs -f r1" in err
+
+
+# torchrun on a node where one of two local ranks was SIGKILLed: it stops the other
+# rank first (its grace period: here until the file ranks-stopped appears) and names
+# the failed rank only then, in its failure summary.
+TORCHRUN_LIKE = r"""
+import os, sys, time
+for i in range(1, 4):
+    print(f"step {i}/100", flush=True)
+print("W1130 21:10:00.000000 42 torch/distributed/elastic/multiprocessing/api.py:1031] "
+      "Sending process 43 closing signal SIGTERM", flush=True)
+while not os.path.exists("ranks-stopped"):
+    time.sleep(0.05)
+for line in [
+    "E1130 21:10:05.000000 42 torch/distributed/elastic/multiprocessing/api.py:1002] "
+    "failed (exitcode: -9) local_rank: 1 (pid: 44) of binary: python",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-11-30_21:10:05",
+    "  rank      : 3 (local_rank: 1)",
+    "  exitcode  : -9 (pid: 44)",
+    "  traceback : Signal 9 (SIGKILL) received by PID 44",
+    "============================================================",
+]:
+    print(line, flush=True)
+sys.exit(1)
+"""
+
+
+def test_torchrun_stopping_a_nodes_other_ranks_is_reported_before_it_names_the_rank(two):
+    a_rundir = two.start("a", "r1", 5, 0.01, "hang")
+    b_rundir = two.workdirs["b"] / "runs" / "r1"
+    two.rundirs.append(b_rundir)
+    subprocess.run(launch_argv(str(b_rundir), [sys.executable, "-u", "-c", TORCHRUN_LIKE]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflashctl", "logs", "-f", "r1", "--json", "-c", str(two.config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any(e.startswith("✗ node b") for e in errors), 30, "node b's report")
+        assert not (b_rundir / "exit_code").exists()  # said while torchrun still waits
+        report = next(e for e in errors if e.startswith("✗ node b"))
+        assert report.startswith("✗ node b: a rank failed; torchrun is stopping the node's")
+        (b_rundir / "ranks-stopped").write_text("")
+        wait_for(lambda: (b_rundir / "exit_code").exists(), what="node b's end")
+        kill_run(a_rundir)
+        out = proc.stdout.read()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    assert proc.returncode == 1, "".join(errors)
+    cause = json.loads(out)["root_cause"]
+    assert (cause["node"], cause["rank"], cause["summary"]) == ("b", 3, "killed by SIGKILL, pid 44")
+    assert any(e.startswith("✗ node b, rank 3: killed by SIGKILL, pid 44") for e in errors)
