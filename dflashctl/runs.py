@@ -222,9 +222,18 @@ def list_runs(target: Target, workdir: str, *, python: str = DEFAULT_PYTHON) -> 
 
 def active_run(target: Target, workdir: str, *, python: str = DEFAULT_PYTHON) -> RunInfo | None:
     """The run launched last (whatever its state now), or None if none ever was."""
+    return active_run_and_release(target, workdir, python=python)[0]
+
+
+def active_run_and_release(
+    target: Target, workdir: str, *, python: str = DEFAULT_PYTHON
+) -> tuple[RunInfo | None, str | None]:
+    """The run launched last and the release `current` points at (None: none yet),
+    in one round trip."""
     answer = _runs(target, python, {"workdir": workdir, "run_id": _ACTIVE})
     runs = answer["runs"]
-    return _run_from_agent(runs[0], answer.get("active_run")) if runs else None
+    run = _run_from_agent(runs[0], answer.get("active_run")) if runs else None
+    return run, answer.get("release")
 
 
 def get_run(target: Target, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON) -> RunInfo:

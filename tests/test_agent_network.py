@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from dflashctl.agent import network
 
@@ -61,3 +62,22 @@ def test_a_taken_port_and_an_unreachable_one_say_why():
         assert not answer["listening"] and "in use" in answer["error"]
     refused = network.op_probe({"address": "127.0.0.1", "port": free_port(), "timeout_s": 0.3})
     assert refused["reached"] is False and refused["error"]
+
+
+def test_a_listener_told_how_many_to_expect_answers_once_they_came():
+    port = free_port()
+    probes = [
+        threading.Thread(
+            target=network.op_probe, args=({"address": address, "port": port, "timeout_s": 5},)
+        )
+        for address in ("127.0.0.1", "127.0.0.1")
+    ]
+    for probe in probes:
+        probe.start()
+    started = time.monotonic()
+    answer = network.op_listen({"port": port, "seconds": 30, "expect": 2})
+    for probe in probes:
+        probe.join()
+    assert time.monotonic() - started < 10  # not the 30 s it would wait for more
+    # IPv4 peers of a dual-stack listener are named as IPv4 addresses.
+    assert answer == {"listening": True, "peers": ["127.0.0.1", "127.0.0.1"]}

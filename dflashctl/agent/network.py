@@ -5,6 +5,7 @@ Stdlib only: the interface of the default route from /proc/net/route, its IPv4 a
 from the SIOCGIFADDR ioctl (no `ip` or `hostname -I` needed in the container).
 """
 
+import errno
 import fcntl
 import socket
 import struct
@@ -93,28 +94,48 @@ def op_address(p):
     }
 
 
+def _listening_socket(port):
+    """Bound to every address, IPv6 and IPv4 at once where the kernel has IPv6 (as
+    torchrun's store listens), else every IPv4 address."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 in this kernel
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((address, port))
+            return sock
+        except OSError as exc:
+            sock.close()
+            ipv6_missing = exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL)
+            if family == socket.AF_INET or not ipv6_missing:
+                raise  # e.g. the port is in use: the same answer for IPv4
+    raise OSError(errno.EAFNOSUPPORT, "no IPv4 or IPv6 sockets here")
+
+
 def op_listen(p):
     """Listen on `port` for `seconds` (the doctor's rendezvous check: the other nodes
-    probe it meanwhile); answers after the wait with who connected, or why it could
-    not listen (the port is taken: a run still holds it?)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    probe it meanwhile), or until `expect` connections came (when given); answers with
+    who connected, or why it could not listen (the port is taken: a run still holds it?)."""
     try:
-        sock.bind(("0.0.0.0", int(p["port"])))
+        sock = _listening_socket(int(p["port"]))
     except OSError as exc:
-        sock.close()
         return {"listening": False, "error": exc.strerror or str(exc), "peers": []}
     sock.listen(16)
     sock.settimeout(0.2)
     peers = []
     deadline = time.monotonic() + float(p.get("seconds", 5))
+    expect = p.get("expect")
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and (expect is None or len(peers) < int(expect)):
             try:
                 conn, addr = sock.accept()
             except socket.timeout:  # noqa: UP041 (Python 3.6: not yet TimeoutError)
                 continue
-            peers.append(addr[0])
+            peers.append(addr[0][7:] if addr[0].startswith("::ffff:") else addr[0])
             conn.close()
     finally:
         sock.close()

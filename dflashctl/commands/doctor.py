@@ -47,6 +47,7 @@ class Check:
     fix: str | None = None
     config_problem: bool = False  # failed because of dflash.yaml (exit 2), not the host
     seconds: float = 0.0
+    node: str | None = None  # several nodes: whose check it is (None: about them all)
 
 
 class Doctor:
@@ -262,93 +263,113 @@ def _source_check(doctor: Doctor, config: Any) -> None:
     )
 
 
+# The checks of one node, in order (after "config valid" and "trainer source").
+NODE_CHECKS = [
+    "SSH reachable",
+    "host key known",
+    "SSH login",
+    "Proxmox API answers",
+    "container runs",
+    "python",
+    "torch",
+    "GPUs",
+    "free disk",
+]
+
+
 def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Doctor:
     from dflashctl.config import load_config
 
     doctor = Doctor(on_check)
-    remaining = [
-        "SSH reachable",
-        "host key known",
-        "SSH login",
-        "Proxmox API answers",
-        "container runs",
-        "python",
-        "torch",
-        "GPUs",
-        "free disk",
-    ]
     try:
         config = load_config(config_path)
     except ConfigError as exc:
         doctor.add(Check("config valid", FAIL, exc.message, exc.hint, True))
-        for name in remaining:
+        for name in NODE_CHECKS:
             doctor.skip(name, "needs a valid config")
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
     _source_check(doctor, config)
+    if config.multi_node:
+        from dflashctl.fleet.doctor import check_every_node
 
-    from dflashctl.connect import open_proxmox, open_target
+        check_every_node(doctor, config)
+        return doctor
+
+    from dflashctl.connect import open_target
 
     try:
         target = open_target(config)
     except ConfigError as exc:  # ~/.ssh/config unreadable
         doctor.add(Check("SSH reachable", FAIL, exc.message, exc.hint, True))
-        for name in remaining[1:]:
+        for name in NODE_CHECKS[1:]:
             doctor.skip(name, "needs SSH")
         return doctor
-    with target.transport as transport:
-        if not _connect_checks(doctor, config, transport):
-            done = {c.name for c in doctor.checks}
-            for name in remaining:
-                if name not in done:
-                    doctor.skip(name, "needs a working SSH connection")
-            return doctor
-        vmid = config.container.vmid
-        if vmid is None:
-            doctor.skip("Proxmox API answers", "no container configured (container.vmid: null)")
-            doctor.skip("container runs", "no container configured: the trainer runs on the host")
-        else:
-            from dflashctl import proxmox
-
-            api = None
-
-            def api_probe() -> str:
-                nonlocal api
-                api = open_proxmox(config, transport)
-                via = "pvesh over SSH" if config.proxmox.api == "ssh" else config.proxmox.url
-                return f"Proxmox VE {proxmox.api_version(api)} ({via})"
-
-            if not doctor.run("Proxmox API answers", api_probe) and api is None:
-                # Not even opened (https token, requests): nothing below can work. A
-                # failed /version alone says nothing about the rest: go on.
-                for name in remaining[4:]:
-                    doctor.skip(name, "needs the Proxmox API")
-                return doctor
-
-            def container_probe() -> str:
-                from dflashctl.pct import ContainerNotRunning, not_running_hint
-
-                status = proxmox.container_status(api, config.proxmox.node, vmid)
-                if not status.running:
-                    raise ContainerNotRunning(
-                        f"container {vmid} ({status.name}) is {status.status}",
-                        hint=not_running_hint(vmid),
-                    )
-                return f"container {vmid} ({status.name}) is running, up {terminal.human_duration(status.uptime_s)}"
-
-            if not doctor.run("container runs", container_probe):
-                for name in remaining[5:]:
-                    doctor.skip(name, "needs the container running")
-                return doctor
-
-        python = config.container.python
-        if doctor.run("python", _python_probe(target, python)):
-            doctor.run("torch", _torch_probe(target, python))
-        else:
-            doctor.skip("torch", "needs python")
-        doctor.run("GPUs", _gpu_probe(target))
-        doctor.run("free disk", _disk_probe(target, config.container.workdir))
+    with target.transport:
+        check_target(doctor, config, target)
     return doctor
+
+
+def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
+    """Every check of the one target `config` names, from SSH to free disk; the caller
+    closes the target. True when its python runs (the agent can be asked things)."""
+    from dflashctl.connect import open_proxmox
+
+    remaining = NODE_CHECKS
+    transport = target.transport
+    if not _connect_checks(doctor, config, transport):
+        done = {c.name for c in doctor.checks}
+        for name in remaining:
+            if name not in done:
+                doctor.skip(name, "needs a working SSH connection")
+        return False
+    vmid = config.container.vmid
+    if vmid is None:
+        doctor.skip("Proxmox API answers", "no container configured (container.vmid: null)")
+        doctor.skip("container runs", "no container configured: the trainer runs on the host")
+    else:
+        from dflashctl import proxmox
+
+        api = None
+
+        def api_probe() -> str:
+            nonlocal api
+            api = open_proxmox(config, transport)
+            via = "pvesh over SSH" if config.proxmox.api == "ssh" else config.proxmox.url
+            return f"Proxmox VE {proxmox.api_version(api)} ({via})"
+
+        if not doctor.run("Proxmox API answers", api_probe) and api is None:
+            # Not even opened (https token, requests): nothing below can work. A
+            # failed /version alone says nothing about the rest: go on.
+            for name in remaining[4:]:
+                doctor.skip(name, "needs the Proxmox API")
+            return False
+
+        def container_probe() -> str:
+            from dflashctl.pct import ContainerNotRunning, not_running_hint
+
+            status = proxmox.container_status(api, config.proxmox.node, vmid)
+            if not status.running:
+                raise ContainerNotRunning(
+                    f"container {vmid} ({status.name}) is {status.status}",
+                    hint=not_running_hint(vmid),
+                )
+            return f"container {vmid} ({status.name}) is running, up {terminal.human_duration(status.uptime_s)}"
+
+        if not doctor.run("container runs", container_probe):
+            for name in remaining[5:]:
+                doctor.skip(name, "needs the container running")
+            return False
+
+    python = config.container.python
+    python_runs = doctor.run("python", _python_probe(target, python))
+    if python_runs:
+        doctor.run("torch", _torch_probe(target, python))
+    else:
+        doctor.skip("torch", "needs python")
+    doctor.run("GPUs", _gpu_probe(target))
+    doctor.run("free disk", _disk_probe(target, config.container.workdir))
+    return python_runs
 
 
 # --------------------------------------------------------------------------- output
@@ -361,18 +382,35 @@ _MARK = {
 }
 
 
-def print_check(check: Check) -> None:
+def print_check(check: Check, indent: str = "") -> None:
     style = "dim" if check.status == SKIP else ""
     detail = escape(check.detail)
-    line = f"{_MARK[check.status]} {check.name:<20} {f'[{style}]{detail}[/{style}]' if style else detail}"
+    line = f"{indent}{_MARK[check.status]} {check.name:<20} {f'[{style}]{detail}[/{style}]' if style else detail}"
     terminal.out.print(line)
     if check.status == FAIL and check.fix:
-        terminal.out.print(f"  [dim]fix:[/dim] {escape(check.fix)}")
+        terminal.out.print(f"{indent}  [dim]fix:[/dim] {escape(check.fix)}")
+
+
+class GroupedPrinter:
+    """print_check, with a heading before each node's checks and before the checks
+    across the nodes that follow them (a config without `nodes:` has no headings)."""
+
+    def __init__(self) -> None:
+        self._group: str | None = None
+        self._grouped = False
+
+    def __call__(self, check: Check) -> None:
+        if check.node != self._group and (check.node is not None or self._grouped):
+            heading = f"node {check.node}" if check.node is not None else "across the nodes"
+            terminal.out.print(f"[bold]{escape(heading)}[/bold]")
+            self._group, self._grouped = check.node, True
+        print_check(check, "  " if self._grouped else "")
 
 
 def doctor(config: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Check the config, SSH, host key, Proxmox, the container, python/torch, GPUs and disk."""
-    result = run_checks(config, (lambda check: None) if as_json else print_check)
+    """Check the config, SSH, host key, Proxmox, the container, python/torch, GPUs and disk
+    (on every node, then whether the nodes reach the rendezvous port and agree)."""
+    result = run_checks(config, (lambda check: None) if as_json else GroupedPrinter())
     if as_json:
         terminal.print_json(
             {
@@ -394,6 +432,8 @@ def doctor(config: ConfigOption = None, as_json: JsonOption = False) -> None:
 def _check_json(check: Check) -> dict[str, Any]:
     data = asdict(check)
     data.pop("config_problem")
+    if check.node is None:
+        data.pop("node")  # one node (or a check across the nodes): as it always was
     data["seconds"] = round(check.seconds, 3)
     return data
 

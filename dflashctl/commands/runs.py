@@ -50,7 +50,8 @@ def runs(
     step it continues, or step 0), state (running / exited N / killed by SIG / stopped).
 
     With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead.
-    `runs show RUN` draws one run's curves."""
+    `runs show RUN` draws one run's curves. With several nodes: every node's runs, a
+    row per node (--prune: on every node)."""
     from dflashctl import runs as run_records
     from dflashctl.connect import session
 
@@ -64,6 +65,9 @@ def runs(
     if prune is not None and prune < 0:
         raise UsageError(f"--prune {prune}: KEEP must be 0 or more (how many runs to keep)")
     cfg = load_config(config)
+    if cfg.multi_node:
+        _on_every_node(cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output)
+        return
     if prune is not None:
         _prune(cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output)
         return
@@ -129,6 +133,21 @@ def continues(meta: dict) -> str:
 
 
 _STYLES = {"running": "cyan", "exited": "green", "stopped": "yellow"}
+
+
+def _on_every_node(cfg, prune: int | None, *, yes: bool, dry_run: bool, json_output: bool) -> None:
+    """A multi-node config: every node's runs (or --prune on every node); a node that
+    failed is raised after the others were reported."""
+    from dflashctl.fleet import runs as fleet_runs
+
+    if prune is None:
+        failure = fleet_runs.list_command(cfg, json_output=json_output)
+    else:
+        failure = fleet_runs.prune_command(
+            cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output
+        )
+    if failure is not None:
+        raise failure
 
 
 def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> None:

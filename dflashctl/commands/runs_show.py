@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from dflashctl import terminal
+from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
 
@@ -52,16 +52,30 @@ def show(
     if len(wanted) > 2:
         raise UsageError(f"runs show takes one run or two to compare, got {len(wanted)}")
     cfg = load_config(config)
+    # Several nodes: rank 0 writes metrics.jsonl and the checkpoints, and it runs on the
+    # first node (the top-level sections are that node's), so this reads node 0 alone.
+    note = None
+    if cfg.multi_node:
+        first = cfg.nodes[0].label()
+        note = (
+            f"metrics from the first node, {first}: rank 0 writes them there "
+            f"({len(cfg.nodes)} nodes; every node's state: {hints.command('runs')})"
+        )
     with session(cfg) as target:
-        place = target.describe()
+        place = target.describe() if note is None else f"{first} ({target.describe()})"
         curves = read_curves(target, cfg.container.workdir, wanted, python=cfg.container.python)
     if png is not None:
         from dflashctl.plot_image import write_png
 
         write_png(curves, png)
     if json_output:
-        terminal.print_json({"target": place, "runs": [c.to_json() for c in curves]})
+        answer: dict[str, Any] = {"target": place, "runs": [c.to_json() for c in curves]}
+        if note is not None:
+            answer.update(node=first, note=note)
+        terminal.print_json(answer)
         return
+    if note is not None:
+        terminal.info(note)
     _print(curves, place)
     if png is not None:
         terminal.success(f"wrote {png}")

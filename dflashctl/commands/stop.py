@@ -24,7 +24,7 @@ def stop(
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Stop the active run and any process running the entry script by hand."""
+    """Stop the active run and any process running the entry script by hand (on every node)."""
     from dflashctl.stop_restart import stop as run_stop
 
     if grace is not None and grace < 0:
@@ -32,9 +32,16 @@ def stop(
     if json_output:
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
-    summary = run_stop(cfg, grace_s=grace)
+    if cfg.multi_node:
+        from dflashctl.fleet.stop import stop_every_node
+
+        summary, failure = stop_every_node(cfg, grace_s=grace)
+    else:
+        summary, failure = run_stop(cfg, grace_s=grace), None
     if json_output:
         terminal.print_json(summary)
+    if failure is not None:
+        raise failure
 
 
 def register(app: typer.Typer) -> None:
