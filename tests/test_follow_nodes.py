@@ -213,7 +213,7 @@ def test_a_rank_killed_by_hand_is_reported_within_two_seconds(two_containers):
         assert reported_at - killed_at < 2.0, errors.text()
         assert "killed" in report.lower() or "SIGKILL" in report, report
         doing = errors.lines[[text for _, text in errors.lines].index(report) + 1][1]
-        assert doing.startswith("  a: running, last line "), doing
+        assert doing.startswith("  a: running, last line "), errors.text()
         assert "s ago: step " in doing
         (a_rundir / "peer-down").write_text("")
         out = proc.stdout.read()  # not communicate(): `errors` reads stderr

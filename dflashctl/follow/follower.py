@@ -75,6 +75,7 @@ def follow_run(
     state_of: Callable[[Target, str, str], RunState] | None = None,
     waiting_notice: bool = True,
     on_line: Callable[[str, bool], None] | None = None,
+    on_caught_up: Callable[[], None] | None = None,
     node: str | None = None,
     cancel: threading.Event | None = None,
 ) -> FollowResult:
@@ -93,6 +94,8 @@ def follow_run(
     waiting_notice: while following a run that has logged nothing yet, show a live
       "waiting for the first line" on a terminal (never elsewhere).
     on_line: called with each line and whether it came live (not from the backlog).
+    on_caught_up: called once the backlog is read while the run may still go on: from
+      then on the follower is live, whether or not new lines come.
     node: the node's name, said in the follower's own notices (reconnecting, ...).
     cancel: set from another thread to stop following as Ctrl-C would (interrupted).
     """
@@ -127,6 +130,7 @@ def follow_run(
         waiting=FirstLineWait(waiting_notice and follow and show_lines),
         notice_prefix=f"node {node}: " if node else "",
         cancel=cancel,
+        on_caught_up=on_caught_up,
     )
     return follower.run()
 
@@ -150,6 +154,7 @@ class _Follower:
     waiting: FirstLineWait
     notice_prefix: str = ""
     cancel: threading.Event | None = None
+    on_caught_up: Callable[[], None] | None = None
     _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
     _stream: Any = field(default=None, init=False)
     # The log's size when first opened: the backlog ends there.
@@ -337,9 +342,13 @@ class _Follower:
         # "H": a heartbeat only proves the connection is alive.
 
     def _go_live_if_caught_up(self, final: bool = False) -> None:
+        caught_up = self._live_from is not None and self.splitter.received_end >= self._live_from
+        if caught_up and not final and self.on_caught_up is not None:
+            self.on_caught_up()
+            self.on_caught_up = None
         if self.sink.backlog is None:
             return
-        if final or (self._live_from is not None and self.splitter.received_end >= self._live_from):
+        if final or caught_up:
             self.sink.go_live()
 
     # -- reconnecting ------------------------------------------------------------------

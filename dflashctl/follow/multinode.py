@@ -224,6 +224,9 @@ class _NodesFollower:
                     console=watch.console,
                     on_crash=partial(self._on_crash, watch),
                     on_line=partial(self._on_line, watch),
+                    # Caught up with the log while the run may go on: what happens from
+                    # now on happens live, new lines or not.
+                    on_caught_up=partial(setattr, watch, "live", True),
                     state_of=partial(self._state_of, watch),
                     node=node.name,
                     cancel=self.cancel,
@@ -332,15 +335,17 @@ class _NodesFollower:
         role = ""
         if failure.consequence:
             role = " (stopped by another rank's failure)"
+        block = [f"[bold red]✗[/bold red] {escape(what)}{role}"]
+        if first:
+            block += [
+                f"  {escape(other.node.name)}: {escape(_doing(other))}"
+                for other in self._watches
+                if other is not watch
+            ]
         with OUTPUT_LOCK:
-            out.print(f"[bold red]✗[/bold red] {escape(what)}{role}", soft_wrap=True)
-            if first:
-                for other in self._watches:
-                    if other is not watch:
-                        out.print(
-                            f"  {escape(other.node.name)}: {escape(_doing(other))}",
-                            soft_wrap=True,
-                        )
+            # One print: the report and what the others do stay together, whatever
+            # another node's follower prints meanwhile.
+            out.print("\n".join(block), soft_wrap=True)
 
     # -- the answer --------------------------------------------------------------------
 
