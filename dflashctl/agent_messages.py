@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 
 
 class _ProcessToStop(TypedDict):
-    kind: str  # "active" | "run" | "stale"
+    kind: str  # "active" | "run" | "stale" | "member" (a run's process outside its group)
     run_id: str | None
     pid: int
     pgid: int | None

@@ -100,6 +100,8 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
 def describe_stopped(stopped: StoppedProcess) -> str:
     who = f"run {stopped['run_id']}" if stopped.get("run_id") else "hand-started process"
     what = f"{who} (pid {stopped['pid']})"
+    if stopped.get("kind") == "member":  # e.g. a torchrun rank, in a session of its own
+        what = f"run {stopped['run_id']}'s process pid {stopped['pid']} (outside its group)"
     if stopped["ended"] == "terminated":
         how = f"exited after SIGTERM in {stopped.get('seconds', 0):.1f} s"
     elif stopped["ended"] == "killed":

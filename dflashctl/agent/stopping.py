@@ -74,9 +74,12 @@ def find_targets(workdir, entry, scope="container"):
             m in family or (m in table and runs_entry(table[m].argv, entry)) for m in members
         )
         run_id = process_env(proc.pid, "DFLASH_RUN_ID")
+        # A process of a run being stopped, outside its group: torchrun starts each
+        # rank in a session of its own. Stopped with it, said as part of it.
+        of_run = any(t["run_id"] == run_id and t["kind"] in ("active", "run") for t in targets)
         targets.append(
             {
-                "kind": "stale",
+                "kind": "member" if run_id and of_run else "stale",
                 "run_id": run_id,
                 "pid": proc.pid,
                 "pgid": proc.pgid if whole_group else None,
