@@ -198,3 +198,36 @@ def test_doctor_runs_deploys_local_checks_and_reports_every_syntax_error(tmp_pat
     doctor = run_checks(str(config), lambda check: None)
     [source] = [c for c in doctor.checks if c.name == "trainer source"]
     assert source.status == "fail" and doctor.exit_code == 2
+
+
+def test_a_python_with_torch_but_not_the_trainers_packages_is_a_warning_with_the_fix(
+    capsys, monkeypatch, tmp_path
+):
+    """torch imports, but transformers, safetensors, pyyaml and pydantic are missing: the
+    bundled trainer would fail at start, so doctor says which and the pip command."""
+    fake = tmp_path / "fake-site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "__version__ = '2.11.0'\nclass cuda:\n    is_available = staticmethod(lambda: False)\n"
+    )
+    python = tmp_path / "python-without-trainer-packages"
+    # -S: no site-packages, so only the fake torch above can be imported.
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={fake.parent} exec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    config = tmp_path / "dflash.yaml"
+    config.write_text(
+        "host: {address: local}\n"
+        f"container: {{vmid: null, workdir: {tmp_path / 'work'}, python: {python}}}\n"
+    )
+    _, checks = doctor_json(capsys, monkeypatch, config)
+    torch = checks["torch"]
+    assert torch["status"] == "warn", torch
+    assert "torch 2.11.0, no CUDA (CPU only)" in torch["detail"]
+    assert (
+        "the bundled trainer also needs transformers, safetensors, yaml, pydantic"
+        in (torch["detail"])
+    )
+    assert (
+        f"`{python} -m pip install transformers safetensors pyyaml pydantic` there"
+        in (torch["detail"])
+    )
