@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from dflashctl import agent_client, runs, terminal
-from dflashctl.agent_messages import InspectAnswer, LaunchAnswer, LaunchParams
+from dflashctl.agent_messages import LaunchAnswer, LaunchParams
 from dflashctl.config import Config
 from dflashctl.errors import HostError, UsageError
 from dflashctl.launching import (
@@ -33,14 +33,11 @@ from dflashctl.launching import (
     describe_stopped,
     launch_params,
     lineage_summary,
-    process_scope,
     report_interrupted,
     stop_and_launch,
+    stop_runs,
 )
 from dflashctl.nodes import Node, on_every_node, values_or_raise
-
-# Env every node's run gets (SkyPilot's SKYPILOT_NODE_RANK and friends, in our names).
-NODE_ENV = ("DFLASH_NODE_NAME", "DFLASH_NODE_RANK", "DFLASH_NUM_NODES", "DFLASH_RDZV_ENDPOINT")
 
 
 @dataclass(frozen=True)
@@ -153,6 +150,7 @@ def node_params(
         by=by,
         wait=wait,
     )
+    # What SkyPilot calls SKYPILOT_NODE_RANK and friends, in our names.
     params["env"].update(
         {
             "DFLASH_NODE_NAME": node.name,
@@ -228,13 +226,7 @@ def _stop_where_launched(nodes: list[Node], launched: list[Node], run_id: str) -
     the rendezvous for the missing node; stop it (best effort, said per node)."""
 
     def stop(node: Node) -> None:
-        params = {
-            "workdir": node.config.container.workdir,
-            "entry": node.config.trainer.entry,
-            "scope": process_scope(node.config),
-            "grace_s": 5.0,
-        }
-        agent_client.call_agent(node.target, node.config.container.python, "stop", params)
+        stop_runs(node.config, node.target, 5.0)
 
     for outcome in on_every_node(launched, stop):
         if outcome.ok:
@@ -285,21 +277,14 @@ def nodes_summary(
     }
 
 
-def current_releases(nodes: list[Node], entry: str) -> list[str]:
+def current_releases(nodes: list[Node]) -> list[str]:
     """Every node's current release, which must be one and the same for a restart."""
+    from dflashctl.deploy import inspect
 
-    def inspect(node: Node) -> InspectAnswer:
-        params = {
-            "workdir": node.config.container.workdir,
-            "entry": entry,
-            "scope": process_scope(node.config),
-        }
-        return cast(
-            InspectAnswer,
-            agent_client.call_agent(node.target, node.config.container.python, "inspect", params),
-        )
-
-    states = values_or_raise(on_every_node(nodes, inspect), "inspecting")
+    states = values_or_raise(
+        on_every_node(nodes, lambda node: inspect(node.config, node.target, may_start=False)),
+        "inspecting",
+    )
     found = [s.get("release") for s in states]
     missing = [n.name for n, r in zip(nodes, found, strict=True) if not r]
     if missing:
@@ -329,7 +314,7 @@ def restart_nodes(
     """restart across nodes: the current release (the same on every node) launched
     again everywhere; returns the JSON summary."""
     with terminal.step(f"inspecting {len(nodes)} nodes") as step:
-        current = current_releases(nodes, config.trainer.entry)
+        current = current_releases(nodes)
         rendezvous = rendezvous_endpoint(config, nodes)
         step["done"] = f"inspected {len(nodes)} nodes: release {current[0]} on each"
     run_id = runs.new_id()

@@ -15,6 +15,7 @@ from dflashctl.agent_messages import (
     LaunchParams,
     ProcessToStop,
     StartedRun,
+    StopAnswer,
     StoppedProcess,
 )
 from dflashctl.config import Config
@@ -95,6 +96,21 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
                 f"{hints.command('restart')} launches the current release again"
             )
         raise
+
+
+def stop_runs(config: Config, target: Target, grace_s: float) -> StopAnswer:
+    """The agent's `stop`: the active run and hand-started trainers (SIGTERM, `grace_s`,
+    SIGKILL), in one round trip."""
+    params = {
+        "workdir": config.container.workdir,
+        "entry": config.trainer.entry,
+        "scope": process_scope(config),
+        "grace_s": grace_s,
+    }
+    answer = agent_client.call_agent(
+        target, config.container.python, "stop", params, timeout=grace_s + 60
+    )
+    return cast(StopAnswer, answer)
 
 
 def describe_stopped(stopped: StoppedProcess) -> str:

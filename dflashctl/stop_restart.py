@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from dflashctl import agent_client, runs, terminal
-from dflashctl.agent_messages import StopAnswer
+from dflashctl import runs, terminal
 from dflashctl.config import Config
 from dflashctl.connect import session
 from dflashctl.crash import rules_for
@@ -20,9 +19,9 @@ from dflashctl.launching import (
     launch_params,
     lineage_summary,
     print_launched,
-    process_scope,
     report_interrupted,
     stop_and_launch,
+    stop_runs,
     trainer_command,
 )
 
@@ -94,19 +93,8 @@ def stop(
     """Stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
     grace = config.run.stop_grace_s if grace_s is None else grace_s
     with session(config) as target:
-        params = {
-            "workdir": config.container.workdir,
-            "entry": config.trainer.entry,
-            "scope": process_scope(config),
-            "grace_s": grace,
-        }
         with terminal.step("stopping runs") as step:
-            answer = cast(
-                StopAnswer,
-                agent_client.call_agent(
-                    target, config.container.python, "stop", params, timeout=grace + 60
-                ),
-            )
+            answer = stop_runs(config, target, grace)
             stopped = answer["stopped"]
             step["done"] = (
                 f"stopped {len(stopped)} run(s)"

@@ -4,29 +4,19 @@ and its ranks, so each node's ranks get the signal with it."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
-from dflashctl import agent_client, terminal
+from dflashctl import terminal
 from dflashctl.agent_messages import StopAnswer
 from dflashctl.config import Config
 from dflashctl.errors import HostError
 from dflashctl.fleet.errors import error_json, error_text, first_failure
-from dflashctl.launching import describe_stopped, process_scope
+from dflashctl.launching import describe_stopped, stop_runs
 from dflashctl.nodes import Node, node_sessions, on_every_node
 
 
 def _stop_node(node: Node, grace: float) -> StopAnswer:
-    config = node.config
-    params = {
-        "workdir": config.container.workdir,
-        "entry": config.trainer.entry,
-        "scope": process_scope(config),
-        "grace_s": grace,
-    }
-    answer = agent_client.call_agent(
-        node.target, config.container.python, "stop", params, timeout=grace + 60
-    )
-    return cast(StopAnswer, answer)
+    return stop_runs(node.config, node.target, grace)
 
 
 def stop_every_node(
