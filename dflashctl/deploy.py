@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -45,8 +44,10 @@ from dflashctl.connect import open_proxmox, session
 from dflashctl.crash import rules_for
 from dflashctl.errors import HostError, UsageError
 from dflashctl.launching import (
+    config_meta,
     describe_target_to_stop,
     follow_unless_detached,
+    git_state,
     launch_params,
     lineage_summary,
     print_launched,
@@ -148,6 +149,20 @@ def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
     return manifest, checked, skipped
 
 
+def check_source(config: Config) -> tuple[sync.Manifest, sync.Skipped]:
+    """preflight as a step of a deploy: its line, and one line naming what
+    trainer.exclude left out."""
+    with terminal.step("checking the trainer source") as step:
+        manifest, checked, skipped = preflight(config)
+        step["done"] = (
+            f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
+        )
+    left_out = skipped.describe(terminal.human_bytes)
+    if left_out:
+        terminal.info(f"  {left_out}")
+    return manifest, skipped
+
+
 def confirm_size(config: Config, plan: Plan, *, yes: bool) -> None:
     """More than trainer.confirm_above_mb to send: ask on a terminal; elsewhere
     only --yes sends it. Refusing is exit 2 with nothing sent."""
@@ -166,28 +181,6 @@ def confirm_size(config: Config, plan: Plan, *, yes: bool) -> None:
         raise UsageError(f"{question}; nothing was sent", hint=f"pass --yes to send it, {hint}")
     if not typer.confirm(f"{question}. Send it?", err=True):
         raise UsageError("nothing was sent", hint=hint)
-
-
-def git_state(source: Path) -> dict[str, Any]:
-    """The source's git commit and whether it has uncommitted changes (if in git)."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if head.returncode != 0:
-            return {}
-        status = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return {"git_commit": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
 
 
 # --------------------------------------------------------------------------- uploading
@@ -313,15 +306,8 @@ def deploy(
     started = time.monotonic()
     # A mistake in crash_patterns is a config error: said before anything is contacted.
     rules = rules_for(config)
-    with terminal.step("checking the trainer source") as step:
-        manifest, checked, skipped = preflight(config)
-        step["done"] = (
-            f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
-        )
-    left_out = skipped.describe(terminal.human_bytes)
-    if left_out:
-        terminal.info(f"  {left_out}")
-    meta = {"config_digest": config.digest, "config_path": str(config.path)}
+    manifest, skipped = check_source(config)
+    meta = config_meta(config)
     # Asking git takes a few subprocesses: done while the host answers.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
         git = pool.submit(git_state, Path(config.trainer.source))

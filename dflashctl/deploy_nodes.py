@@ -26,11 +26,12 @@ from dflashctl.crash import rules_for
 from dflashctl.deploy import (
     DeployOptions,
     Plan,
+    check_source,
     confirm_size,
     inspect,
     plan_from,
-    preflight,
     print_plan,
+    upload_and_deploy,
 )
 from dflashctl.launch_nodes import (
     launch_everywhere,
@@ -38,9 +39,8 @@ from dflashctl.launch_nodes import (
     nodes_summary,
     print_nodes_launched,
     rendezvous_endpoint,
-    source_meta,
 )
-from dflashctl.launching import launch_params, lock_holder
+from dflashctl.launching import lock_holder, source_meta
 from dflashctl.nodes import Node, node_sessions, on_every_node, values_or_raise
 
 
@@ -48,14 +48,7 @@ def deploy_nodes(config: Config, options: DeployOptions) -> tuple[int, dict[str,
     """Run a deploy on every node; returns (exit code, the JSON summary)."""
     started = time.monotonic()
     rules = rules_for(config)
-    with terminal.step("checking the trainer source") as step:
-        manifest, checked, skipped = preflight(config)
-        step["done"] = (
-            f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
-        )
-    left_out = skipped.describe(terminal.human_bytes)
-    if left_out:
-        terminal.info(f"  {left_out}")
+    manifest, skipped = check_source(config)
     with node_sessions(config) as nodes:
         plans = _plans(config, nodes, options, manifest)
         if options.dry_run:
@@ -158,10 +151,13 @@ def _build_everywhere(config: Config, nodes: list[Node], plans: list[Plan]) -> l
 
     def build(node: Node, progress) -> LaunchAnswer:
         plan = plans[node.index]
-        params = launch_params(node.config, "", plan.new_release, [], {}, wait=plan.wait)
-        params["holder"] = lock_holder("deploy")
-        from dflashctl.deploy import upload_and_deploy
-
+        # What the agent's build takes (no run is launched: nothing to stop, no grace).
+        params = {
+            "workdir": node.config.container.workdir,
+            "holder": lock_holder("deploy"),
+            "wait": plan.wait,
+            "grace_s": 0.0,
+        }
         return upload_and_deploy(
             node.config, node.target, plan, archives[node.index], params, progress, verb="build"
         )

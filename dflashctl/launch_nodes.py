@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 from dflashctl import agent_client, runs, terminal
@@ -332,13 +331,3 @@ def restart_nodes(
     )
     print_nodes_launched(nodes, answers, run_id, endpoint, seconds)
     return nodes_summary(nodes, answers, run_id, endpoint)
-
-
-def source_meta(config: Config) -> dict[str, Any]:
-    from dflashctl.deploy import git_state
-
-    return {
-        "config_digest": config.digest,
-        "config_path": str(config.path),
-        **git_state(Path(config.trainer.source)),
-    }

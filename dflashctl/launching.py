@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from dflashctl import agent_client, hints, recovery, terminal
@@ -33,6 +35,38 @@ def process_scope(config: Config) -> str:
     """Where a hand-started trainer may be: anywhere in a container of its own; on a
     machine without one, only under the workdir (other projects share the machine)."""
     return "container" if config.container.vmid is not None else "workdir"
+
+
+def git_state(source: Path) -> dict[str, Any]:
+    """The source's git commit and whether it has uncommitted changes (if in git)."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if head.returncode != 0:
+            return {}
+        status = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {"git_commit": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+
+
+def config_meta(config: Config) -> dict[str, Any]:
+    """Which config launched a run (recorded in its meta.json)."""
+    return {"config_digest": config.digest, "config_path": str(config.path)}
+
+
+def source_meta(config: Config) -> dict[str, Any]:
+    """config_meta and the provenance of the trainer source as it is here now."""
+    return {**config_meta(config), **git_state(Path(config.trainer.source))}
 
 
 def lock_holder(command: str) -> dict[str, Any]:

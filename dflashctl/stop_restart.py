@@ -4,14 +4,12 @@ round trip to the agent, nothing synced."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from dflashctl import runs, terminal
 from dflashctl.config import Config
 from dflashctl.connect import session
 from dflashctl.crash import rules_for
-from dflashctl.deploy import git_state
 from dflashctl.errors import HostError
 from dflashctl.launching import (
     describe_stopped,
@@ -20,6 +18,7 @@ from dflashctl.launching import (
     lineage_summary,
     print_launched,
     report_interrupted,
+    source_meta,
     stop_and_launch,
     stop_runs,
     trainer_command,
@@ -41,14 +40,9 @@ def restart(
     with session(config) as target:
         run_id = runs.new_id()
         command = trainer_command(config, extra_args or [])
-        meta = {
-            "config_digest": config.digest,
-            "config_path": str(config.path),
-            "restart": True,
-            # The provenance of the release: the source as it is here now (restart sends
-            # nothing, so this says what the user would deploy, which is usually it).
-            **git_state(Path(config.trainer.source)),
-        }
+        # The provenance of the release: the source as it is here now (restart sends
+        # nothing, so this says what the user would deploy, which is usually it).
+        meta = dict(source_meta(config), restart=True)
         params = launch_params(
             config, run_id, None, command, meta, fresh=fresh, by="restart", wait=wait
         )
@@ -73,7 +67,7 @@ def restart(
 
 
 def _restart_nodes(config, rules, detach, extra_args, fresh, wait):
-    from dflashctl.launch_nodes import restart_nodes, source_meta
+    from dflashctl.launch_nodes import restart_nodes
     from dflashctl.launching import follow_nodes_unless_detached
     from dflashctl.nodes import node_sessions
 

@@ -104,10 +104,7 @@ def op_deploy(p):
     restart or stop can come between the two."""
     lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
     try:
-        started = time.monotonic()
-        built = build_release(p)
-        built["seconds"] = round(time.monotonic() - started, 3)
-        built["cpu_seconds"] = round(cpu_seconds(), 3)
+        built = timed_build(p)
         launch_params = {k: v for k, v in p.items() if k != "expect"}
         try:
             launched = launch(dict(launch_params, release=built["release"]))
@@ -127,13 +124,19 @@ def op_build(p):
     built and verified on every node (the client then calls `launch` on each)."""
     lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
     try:
-        started = time.monotonic()
-        built = build_release(p)
-        built["seconds"] = round(time.monotonic() - started, 3)
-        built["cpu_seconds"] = round(cpu_seconds(), 3)
+        built = timed_build(p)
     finally:
         os.close(lock)
     return {"build": built, "release": built["release"]}
+
+
+def timed_build(p):
+    """build_release, with its wall time and the agent's CPU time so far."""
+    started = time.monotonic()
+    built = build_release(p)
+    built["seconds"] = round(time.monotonic() - started, 3)
+    built["cpu_seconds"] = round(cpu_seconds(), 3)
+    return built
 
 
 def op_discard(p):
