@@ -46,6 +46,18 @@ class TrainingState:
     rng: dict
     nonfinite_count: int = 0
 
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainingState:
+        """The inverse of to_dict (a loaded file, or what rank 0 sent)."""
+        return cls(
+            step=int(data["step"]),
+            model=data["model"],
+            optimizer=data["optimizer"],
+            config=data["config"],
+            rng=data["rng"],
+            nonfinite_count=int(data.get("nonfinite_count", 0)),
+        )
+
     def to_dict(self) -> dict:
         return {
             "format_version": FORMAT_VERSION,
@@ -177,14 +189,7 @@ def load_checkpoint(folder: Path) -> TrainingState:
     data = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
     if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{folder}: unsupported checkpoint format {data.get('format_version')!r}")
-    return TrainingState(
-        step=int(data["step"]),
-        model=data["model"],
-        optimizer=data["optimizer"],
-        config=data["config"],
-        rng=data["rng"],
-        nonfinite_count=int(data.get("nonfinite_count", 0)),
-    )
+    return TrainingState.from_dict(data)
 
 
 # ---------------------------------------------------------------- background writes

@@ -84,15 +84,7 @@ def broadcast_state(state: ckpt.TrainingState | None, device: torch.device) -> c
             received.append(wire.cpu().view(spec.dtype).reshape(spec.shape))
     if lead:
         return state
-    data = _fill(skeleton, received)
-    return ckpt.TrainingState(
-        step=int(data["step"]),
-        model=data["model"],
-        optimizer=data["optimizer"],
-        config=data["config"],
-        rng=data["rng"],
-        nonfinite_count=int(data.get("nonfinite_count", 0)),
-    )
+    return ckpt.TrainingState.from_dict(_fill(skeleton, received))
 
 
 def _collect_specs(obj: Any, specs: list[TensorSpec]) -> None:
