@@ -75,17 +75,11 @@ def _inspect(checkup: NodeCheckup) -> None:
     files; "" when none yet), and the run running there. Nothing when it cannot be read
     (the checks above said why). This also leaves the agent there for the rendezvous
     check's quick calls."""
-    from dflashctl.launching import process_scope
+    from dflashctl.deploy import inspect
 
     assert checkup.target is not None
-    config = checkup.config
-    params = {
-        "workdir": config.container.workdir,
-        "entry": config.trainer.entry,
-        "scope": process_scope(config),
-    }
     try:
-        answer = agent_client.call_agent(checkup.target, config.container.python, "inspect", params)
+        answer = inspect(checkup.config, checkup.target, may_start=False)
     except DflashError:
         return
     running = [t["run_id"] for t in answer.get("to_stop") or [] if t.get("kind") == "active"]
