@@ -40,7 +40,7 @@ from dflashctl.launch_nodes import (
     print_nodes_launched,
     rendezvous_endpoint,
 )
-from dflashctl.launching import lock_holder, source_meta
+from dflashctl.launching import follow_nodes_unless_detached, lock_holder, source_meta
 from dflashctl.nodes import Node, node_sessions, on_every_node, values_or_raise
 
 
@@ -87,7 +87,7 @@ def deploy_nodes(config: Config, options: DeployOptions) -> tuple[int, dict[str,
             seconds=round(time.monotonic() - started, 3),
             dry_run=False,
         )
-        return _follow(config, nodes, rules, summary, detach=options.detach)
+        return follow_nodes_unless_detached(nodes, rules, summary, detach=options.detach)
 
 
 def _plans(config: Config, nodes: list[Node], options: DeployOptions, manifest: Any) -> list[Plan]:
@@ -209,11 +209,3 @@ def _print_plans(nodes: list[Node], plans: list[Plan]) -> dict[str, Any]:
         terminal.out.print(f"[bold]{node.describe()}[/bold] (node rank {node.index})")
         out.append({"node": node.name, **print_plan(node.config, plan)})
     return {"dry_run": True, "nodes": out}
-
-
-def _follow(
-    config: Config, nodes: list[Node], rules: Any, summary: dict[str, Any], *, detach: bool
-) -> tuple[int, dict[str, Any]]:
-    from dflashctl.launching import follow_nodes_unless_detached
-
-    return follow_nodes_unless_detached(nodes, rules, summary, detach=detach)
