@@ -15,7 +15,7 @@ from dflashctl import agent_client, hints, terminal
 from dflashctl.errors import HostError, UsageError
 from dflashctl.follow.lines import LineSink, LineSplitter
 from dflashctl.follow.reader import FrameParser, ReaderBroken
-from dflashctl.follow.report import FollowResult
+from dflashctl.follow.report import FollowResult, stopped_cleanly
 from dflashctl.follow.waiting import FirstLineWait
 
 if TYPE_CHECKING:
@@ -121,6 +121,7 @@ def follow_run(
             show_lines=show_lines,
             on_crash=on_crash,
             on_line=on_line,
+            node=node,
         ),
         backlog_max=BACKLOG_MAX_BYTES if lines is not None else -1,
         reconnect_timeout_s=reconnect_timeout_s,
@@ -195,6 +196,7 @@ class _Follower:
         if state.status == "stopped":
             # The exit status a stop leaves (SIGKILL after the grace period, say) is
             # the stop's doing, not the trainer's: not weighed as a crash.
+            self.sink.stopped_from_outside(state.signal == 9 or state.exit_code in (137, -9))
             self.sink.finish(None)
         elif state.status != "running":
             self.sink.finish(state.exit_code)
@@ -431,6 +433,8 @@ class _Follower:
             exit_code, signal, run_status = state.exit_code, state.signal, state.status
             failed = state.status in ("killed", "lost") or exit_code not in (0, None)
             status = "crashed" if crashes or failed else "finished"
+            if not crashes and stopped_cleanly(self.sink.stop):
+                status = "stopped"  # asked to stop (SIGTERM, Ctrl-C), whatever the exit status
         return FollowResult(
             run_id=self.run_id,
             status=status,
@@ -444,6 +448,7 @@ class _Follower:
             recovered=self.sink.recovered,
             attempt=self.sink.attempt,
             not_retried=self.sink.not_retried,
+            stop=self.sink.stop,
             rundir=self.rundir,
             where=self.target.describe() if self.target is not None else None,
         )

@@ -38,6 +38,9 @@ class FollowResult:
     recovered: list[CrashEvent] = field(default_factory=list)
     attempt: int = 1
     not_retried: str | None = None
+    # The trainer was asked to stop (crash/stops.py StopInfo.to_json): its checkpoint's
+    # step, or the SIGKILL that ended a stop past its grace period.
+    stop: dict[str, Any] | None = None
     rundir: str | None = None  # workdir/runs/<id> on the target
     where: str | None = None  # "CT 200 on root@pve:22", "this machine"
 
@@ -56,6 +59,8 @@ class FollowResult:
         }
         if self.stopped is not None:
             data["stopped"] = self.stopped
+        if self.stop is not None:
+            data["stop"] = self.stop
         if self.source is not None:
             data["file"] = self.source
         if self.interrupted:
@@ -103,14 +108,24 @@ def classify_log(
     sink.finish(exit_code)
     crashes = sink.crashes
     failed = exit_code not in (0, None)
+    status = "crashed" if crashes or failed else "finished"
+    if not crashes and stopped_cleanly(sink.stop):
+        status = "stopped"
     return FollowResult(
         run_id=None,
-        status="crashed" if crashes or failed else "finished",
+        status=status,
         exit_code=exit_code,
         crashes=crashes,
         source=name,
         summary=sink.summary,
+        stop=sink.stop,
     )
+
+
+def stopped_cleanly(stop: dict[str, Any] | None) -> bool:
+    """The trainer stopped as asked: its checkpoint written (or nothing to write), or
+    killed by the stop itself when its grace period ran out."""
+    return bool(stop) and bool(stop.get("clean") or stop.get("killed_after_grace"))
 
 
 # --------------------------------------------------------------------------- the report
@@ -160,7 +175,13 @@ def _say_outcome(result: FollowResult) -> None:
     if result.status == "stopped":
         from dflashctl.runs import describe_stop
 
-        terminal.info(f"{what} was {describe_stop(result.stopped or {})}")
+        if result.stopped is not None:
+            said = f" ({result.stop['outcome']})" if stopped_cleanly(result.stop) else ""
+            terminal.info(f"{what} was {describe_stop(result.stopped)}{escape(said)}")
+        else:
+            said = result.stop["said"] if result.stop else "stopped"
+            code = "" if result.exit_code is None else f"; exit code {result.exit_code}"
+            terminal.info(f"{what} {escape(said)}{code}")
         _say_where_and_what(result)
         return
     if result.status == "running":
