@@ -37,12 +37,11 @@ from dflashctl.crash.trace_parts import (
     TAIL_REACH,
     Segment,
     Trace,
-    frame_text,
+    classify_trace,
     is_class_name,
     is_code_line,
     last_redraw,
     looks_like_exception,
-    segment_for,
     short_path,
     trim_excerpt,
 )
@@ -65,7 +64,6 @@ _ANNOUNCE_FAILED = re.compile(
 _ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?):\s*$")
 # CPython reports exceptions it swallowed (in __del__, at exit) this way; the run goes on.
 _IGNORED = "Exception ignored"
-_GPU_IN_MESSAGE = re.compile(r"\bGPU (\d+)\b|\bcuda:(\d+)\b")
 # The fixed lines PyTorch appends to a CUDA error's message.
 _CONTINUATION = re.compile(
     r"^(CUDA kernel errors might be asynchronously reported|For debugging consider passing "
@@ -74,6 +72,7 @@ _CONTINUATION = re.compile(
 )
 _STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:", _IGNORED)
 
+_STARTED = re.compile(r"^started (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$")  # the trainer's header
 ANNOUNCE_REACH = 8  # "X failed:" names a traceback starting within this many other lines
 STALE_REACH = 200  # lines without a frame after which an unfinished traceback is given up
 MERGE_WINDOW = 40  # one-line matches this close together with the same rule are one event
@@ -123,6 +122,8 @@ class CrashDetector:
         self._rank: int | None = None  # rank of the line being read
         self._finished = False
         self._outside_stop = False  # see stopped_from_outside
+        self._error_files: list = []
+        self.started_at: float | None = None  # the trainer's last "started ..." header line
 
     @property
     def crashes(self) -> list[CrashEvent]:
@@ -179,6 +180,9 @@ class CrashDetector:
         self._recent.append(line)
         out: list[CrashEvent] = []
         self.stops.feed(line, self.line_no, torchrun_failing=self.torchrun.rank_failed)
+        started = _STARTED.match(line) if line.startswith("started ") else None
+        if started:
+            self.started_at = _utc_seconds(started[1])
         was_done = self.torchrun.done
         self.torchrun.feed(line)
         if self.torchrun.in_summary or self.torchrun.done != was_done:
@@ -216,9 +220,15 @@ class CrashDetector:
         for trace in sorted(self._traces, key=lambda t: t.start_line):
             self._close_trace(trace, out)
         self._flush_pending(out, before=None)
+        for event in endings.error_file_events(self, self._error_files):
+            self._emit(event, out)
         for event in endings.exit_code_events(self, exit_code):
             self._emit(event, out)
         return out
+
+    def add_error_files(self, records: list) -> None:
+        """torchelastic's error files of the run (crash/error_files.py), weighed at finish."""
+        self._error_files.extend(records)
 
     # --- tracebacks ---------------------------------------------------------------------
 
@@ -349,7 +359,7 @@ class CrashDetector:
             self._traces.remove(trace)
         if trace.ignored or endings.is_torchrun_summary(trace.segments[-1].exc_type):
             return  # torchrun's ChildFailedError: its summary is read line by line
-        event = self._classify_trace(trace)
+        event = classify_trace(trace, self._trace_rules)
         if event is None:
             return
         # One-line matches of the same kind just before (kernel assertion lines before
@@ -366,60 +376,6 @@ class CrashDetector:
         self._flush_pending(out, before=event.line)
         event.excerpt = trim_excerpt(event.excerpt)
         self._emit(event, out)
-
-    def _classify_trace(self, trace: Trace) -> CrashEvent | None:
-        lines = trace.lines
-        for rule in self._trace_rules:
-            if rule.unless and any(u.search(text) for u in rule.unless for text in lines):
-                continue
-            hit_index = None
-            if rule.patterns:
-                hit_index = next(
-                    (
-                        i
-                        for i, text in enumerate(lines)
-                        if any(p.search(text) for p in rule.patterns)
-                    ),
-                    None,
-                )
-                if hit_index is None:
-                    continue
-            segment = segment_for(trace, rule, hit_index)
-            if segment is None:
-                continue
-            return self._trace_event(trace, rule, segment)
-        return None
-
-    def _trace_event(self, trace: Trace, rule: Rule, segment: Segment) -> CrashEvent:
-        last_frame = None
-        message = segment.exc_message
-        if segment.frames:
-            code = segment.frames[-1][3]
-            last_frame = frame_text(segment.frames[-1])
-            if message is None and segment.exc_type == "AssertionError" and code:
-                message = code  # a bare assert: the asserted line says what failed
-        device, stage = trace.device, trace.stage
-        if device is None and message:
-            gpu = _GPU_IN_MESSAGE.search(message)
-            if gpu:
-                device = f"cuda:{gpu[1] or gpu[2]}"
-        return CrashEvent(
-            rule=rule.name,
-            category=rule.category,
-            severity=rule.severity,
-            retryable=rule.retryable,
-            hint=rule.hint,
-            line=trace.start_line,
-            end_line=trace.end_line or trace.start_line,
-            thread=trace.thread,
-            device=device,
-            stage=stage,
-            exception=segment.exc_type,
-            message=message,
-            last_frame=last_frame,
-            excerpt=list(trace.lines),
-            rank=trace.rank,
-        )
 
     # --- ordinary lines -----------------------------------------------------------------
 
@@ -605,3 +561,13 @@ def classify_text(
         detector.feed(line)
     detector.finish(exit_code)
     return detector.crashes
+
+
+def _utc_seconds(text: str) -> float | None:
+    import calendar
+    import time
+
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
+    except ValueError:
+        return None

@@ -113,7 +113,7 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
             else f"{who} ended by {signal_name(signal)}",
         )
     elif failure.has_traceback:
-        event = _from_recorded_traceback(detector, failure.traceback_lines)
+        event = classify_recorded_traceback(detector, failure.traceback_lines)
         if event is None or own:
             return []  # its own line (the PeerFailure it recorded) is in the log already
     elif own:
@@ -135,7 +135,7 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
     return [event]
 
 
-def _from_recorded_traceback(detector: CrashDetector, lines: list[str]) -> CrashEvent | None:
+def classify_recorded_traceback(detector: CrashDetector, lines: list[str]) -> CrashEvent | None:
     """The rank's traceback as torchelastic's error file kept it, classified alone."""
     inner = type(detector)(detector.rules)
     text = list(lines)
@@ -160,3 +160,50 @@ def _at_summary(detector, rule, category, hint, severity, retryable, message) ->
 def _rule_for(detector: CrashDetector, category: str):
     same = [r for r in detector.rules if r.category == category]
     return next((r for r in same if r.name == category), same[0] if same else None)
+
+
+def error_file_events(detector: CrashDetector, records: list) -> list[CrashEvent]:
+    """Failures torchelastic's error files tell (crash/error_files.py) that the log does
+    not: added when the log names no failure of its own; else the event they match
+    gets its file's path. Files older than the run's last start are an earlier
+    attempt's and are left alone."""
+    started = detector.started_at
+    fresh = [
+        r for r in records if r.timestamp is None or started is None or r.timestamp >= started - 1
+    ]
+    events = detector.in_log_order
+    real = [e for e in events if not is_consequence(e) and e.category != "exit_status"]
+    out: list[CrashEvent] = []
+    for record in fresh:
+        found = classify_recorded_traceback(detector, record.traceback)
+        if found is None:
+            continue
+        same = next((e for e in events if _same_failure(e, found)), None)
+        if same is not None:
+            same.details.setdefault("error_file", record.path)
+            continue
+        if real:
+            continue  # the log names the failure itself
+        rank = detector.ranks.rank_of(None, record.local_rank)
+        if rank is None and record.local_rank is None:
+            rank = detector.named_rank
+        found.rank = rank
+        found.local_rank = record.local_rank
+        found.details.update(error_file=record.path, told_by="error_file")
+        found.line = found.end_line = detector.line_no
+        found.excerpt = list(record.traceback)
+        out.append(found)
+        real.append(found)
+    if out:  # what the exit status alone said is explained now
+        for event in [e for e in events if e.category == "exit_status"]:
+            events.remove(event)
+    return out
+
+
+def _same_failure(event: CrashEvent, other: CrashEvent) -> bool:
+    if event.category != other.category:
+        return False
+    return (event.exception, (event.message or "")[:80]) == (
+        other.exception,
+        (other.message or "")[:80],
+    )

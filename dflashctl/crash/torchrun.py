@@ -129,7 +129,8 @@ class TorchrunWatch:
 
     def feed(self, line: str) -> None:
         self.line_no += 1
-        if "] Received " in line and (told := _TOLD_TO_STOP.search(line)):
+        told = _TOLD_TO_STOP.search(line) if "] Received " in line else None
+        if told:
             self.told_to_stop = int(told[1])
         elif "] Sending process " in line and self.told_to_stop is None and _CLOSING.search(line):
             self.rank_failed = True
@@ -140,7 +141,8 @@ class TorchrunWatch:
                 self._section = "failures"
             elif line.startswith(ROOT_CAUSE_HEADER):
                 self._section = "root"
-            elif "] failed (exitcode: " in line and (failed := _FAILED_LINE.search(line)):
+            elif "] failed (exitcode: " in line and _FAILED_LINE.search(line):
+                failed = _FAILED_LINE.search(line)
                 first = self.failure or TorchrunFailure(line=self.line_no)
                 first.exitcode = int(failed[1])
                 first.local_rank, first.pid = int(failed[2]), int(failed[3])
@@ -176,9 +178,10 @@ class TorchrunWatch:
         if found and not (self._in_traceback and line.startswith("    ")):
             self._in_traceback = False
             key, value = found.groups()
-            if key == "rank" and (rank := _RANK.match(value)):
+            rank, code = _RANK.match(value), _EXIT.match(value)
+            if key == "rank" and rank:
                 entry.rank, entry.local_rank = int(rank[1]), int(rank[2])
-            elif key == "exitcode" and (code := _EXIT.match(value)):
+            elif key == "exitcode" and code:
                 entry.exitcode, entry.pid = int(code[1]), int(code[2])
             elif key == "time":
                 entry.time = value

@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dflashctl.crash.events import CrashEvent
 from dflashctl.crash.rules import Rule
 
 TAIL_REACH = 6  # lines after an exception line in which a chained traceback may continue
 MAX_EXCERPT = 60
+_GPU_IN_MESSAGE = re.compile(r"\bGPU (\d+)\b|\bcuda:(\d+)\b")
 _SITE_PACKAGES = re.compile(r"^.*[/\\](?:site|dist)-packages[/\\]")
 _EXCEPTION_SUFFIXES = (
     "Error",
@@ -119,3 +121,56 @@ def trim_excerpt(lines: list[str]) -> list[str]:
     head = MAX_EXCERPT // 3
     tail = MAX_EXCERPT - head - 1
     return lines[:head] + [f"... {len(lines) - head - tail} lines left out ..."] + lines[-tail:]
+
+
+def classify_trace(trace: Trace, rules: list[Rule]) -> CrashEvent | None:
+    """The event a complete traceback makes: the first rule that matches it names it."""
+    lines = trace.lines
+    for rule in rules:
+        if rule.unless and any(u.search(text) for u in rule.unless for text in lines):
+            continue
+        hit_index = None
+        if rule.patterns:
+            hit_index = next(
+                (i for i, text in enumerate(lines) if any(p.search(text) for p in rule.patterns)),
+                None,
+            )
+            if hit_index is None:
+                continue
+        segment = segment_for(trace, rule, hit_index)
+        if segment is None:
+            continue
+        return trace_event(trace, rule, segment)
+    return None
+
+
+def trace_event(trace: Trace, rule: Rule, segment: Segment) -> CrashEvent:
+    last_frame = None
+    message = segment.exc_message
+    if segment.frames:
+        code = segment.frames[-1][3]
+        last_frame = frame_text(segment.frames[-1])
+        if message is None and segment.exc_type == "AssertionError" and code:
+            message = code  # a bare assert: the asserted line says what failed
+    device, stage = trace.device, trace.stage
+    if device is None and message:
+        gpu = _GPU_IN_MESSAGE.search(message)
+        if gpu:
+            device = f"cuda:{gpu[1] or gpu[2]}"
+    return CrashEvent(
+        rule=rule.name,
+        category=rule.category,
+        severity=rule.severity,
+        retryable=rule.retryable,
+        hint=rule.hint,
+        line=trace.start_line,
+        end_line=trace.end_line or trace.start_line,
+        thread=trace.thread,
+        device=device,
+        stage=stage,
+        exception=segment.exc_type,
+        message=message,
+        last_frame=last_frame,
+        excerpt=list(trace.lines),
+        rank=trace.rank,
+    )

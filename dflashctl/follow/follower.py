@@ -199,6 +199,8 @@ class _Follower:
             self.sink.stopped_from_outside(state.signal == 9 or state.exit_code in (137, -9))
             self.sink.finish(None)
         elif state.status != "running":
+            if state.exit_code not in (0, None) or state.status in ("killed", "lost"):
+                self.sink.detector.add_error_files(self._error_files())
             self.sink.finish(state.exit_code)
         else:
             self.sink.quiet()  # the log as it stands: a traceback at its end is complete
@@ -416,6 +418,21 @@ class _Follower:
             return ""
         lines = [line for line in text.splitlines() if line.strip()]
         return lines[-1].strip() if lines else ""
+
+    def _error_files(self) -> list:
+        """torchelastic's error files in the run's folder (one round trip; none when the
+        connection is gone: the log alone then names the failure)."""
+        from dflashctl.crash.error_files import READER_PROGRAM, records_from_reader
+
+        try:
+            answer = self.target.run(
+                [self.python, "-c", READER_PROGRAM, self.rundir], check=False, timeout=30
+            )
+        except Exception:  # noqa: BLE001 - best effort: the log has been read already
+            return []
+        if answer.exit_status != 0:
+            return []
+        return records_from_reader(answer.stdout.decode("utf-8", "replace"))
 
     # -- the answer ----------------------------------------------------------------------
 

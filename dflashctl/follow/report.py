@@ -89,15 +89,18 @@ def classify_log(
     name: str | None = None,
     console: Console | None = None,
     show_lines: bool = True,
+    error_files: list | None = None,
 ) -> FollowResult:
     """Classify a log copied off a machine, the way follow_run would have: print its last
-    `lines` lines (all when None) and its crashes; weigh `exit_code` when known."""
+    `lines` lines (all when None) and its crashes; weigh `exit_code` when known, and
+    torchelastic's `error_files` (crash/error_files.py records) of the run folder."""
     sink = LineSink(
         rules,
         console if console is not None else terminal.out,
         keep_last=lines,
         show_lines=show_lines,
     )
+    sink.detector.add_error_files(error_files or [])
     splitter = LineSplitter()
     for chunk in source:
         for text in splitter.feed(chunk):

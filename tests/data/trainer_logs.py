@@ -147,12 +147,16 @@ SCENARIOS = [
     TrainerScenario(
         "torchrun-gloo-timeout",
         [{"exit_code": 1, "root_cause": {"category": "gloo_timeout", "rank": 0}}],
-        # The heartbeat would name the silent rank first: give the collective's own
-        # timeout the word.
-        sets=(*LONG, "runtime.dist_timeout_s=8", "runtime.peer_timeout_s=600"),
+        # Rank 1 hangs in its step loop (its heartbeat goes on, so the trainer cannot
+        # name it): rank 0's next all-reduce times out in gloo.
+        sets=(
+            *LONG,
+            "runtime.dist_timeout_s=10",
+            "runtime.peer_timeout_s=5",
+            "debug.hold_at_step=10",
+            "debug.on_ranks=[1]",
+        ),
         ranks=2,
-        action="sigstop-rank1",
-        timeout_s=400,
     ),
     TrainerScenario(
         "nodes-sigkill-rank1",
