@@ -162,7 +162,7 @@ class CrashDetector:
     def stop(self):
         """How a stop went (stops.StopInfo), when the run was asked to stop."""
         info = self.stops.info
-        return info if info.requested or info.clean else None
+        return info if info.requested or info.clean or info.killed_after_grace else None
 
     # --- public API ---------------------------------------------------------------------
 
