@@ -139,7 +139,9 @@ def test_a_rank_killed_by_the_oom_killer_is_the_root_cause_not_the_rank_that_not
         "Traceback (most recent call last):",
         *frames(),
         "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:1234",
-        *summary(1, 1, "-9 (pid: 99)  (SIGKILL)", ["  traceback : Signal 9 (SIGKILL) received by PID 99"]),
+        *summary(
+            1, 1, "-9 (pid: 99)  (SIGKILL)", ["  traceback : Signal 9 (SIGKILL) received by PID 99"]
+        ),
     ]
     root, then = classify_text(lines, 1, RULES)
     assert (root.category, root.rank, root.message) == ("killed", 1, "rank 1 killed (SIGKILL)")
@@ -201,7 +203,9 @@ def test_a_sigterm_that_torchrun_sends_after_a_failure_is_no_stop():
         "W1201 10:00:00.0 7 torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
         "process 8 closing signal SIGTERM",
         "received SIGTERM: finishing the current step, then writing a checkpoint",
-        *summary(1, 1, "-9 (pid: 9)  (SIGKILL)", ["  traceback : Signal 9 (SIGKILL) received by PID 9"]),
+        *summary(
+            1, 1, "-9 (pid: 9)  (SIGKILL)", ["  traceback : Signal 9 (SIGKILL) received by PID 9"]
+        ),
     ]
     [event] = classify_text(lines, 1, RULES)
     assert (event.category, event.rank) == ("killed", 1)

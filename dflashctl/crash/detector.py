@@ -13,7 +13,10 @@ compiled keyword gate built from the rules' keywords (text every line a rule mat
 contains, stated in the rule); only a hit runs the regexes of the rules that keyword
 belongs to. Rules without keywords are tried on every line.
 
-The first failure is the root cause; the rest are consequences.
+Each line's rank comes from its `[rankN]:` prefix or the trainer's `distributed:` lines
+(ranks.py); torchrun's summary (torchrun.py) names the rank that failed first and how.
+The root cause is chosen in ordering.py: not simply the first failure in the log, since
+the rank that notices another's death often speaks first.
 """
 
 from __future__ import annotations
