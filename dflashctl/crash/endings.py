@@ -90,6 +90,8 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
                 event.pid = event.pid or item.pid
     rank = failure.rank
     own = [e for e in detector.in_log_order if e.rank == rank and rank is not None]
+    for event in own:  # what torchrun says of the rank: exit code, time, error file
+        event.details.setdefault("torchrun", failure.to_json())
     if any(not is_consequence(e) for e in own):
         return []
     signal = watch.signal_of_root()
@@ -131,6 +133,7 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
     event.rank, event.local_rank = rank, failure.local_rank
     event.host, event.pid = failure.host, failure.pid
     event.details["told_by"] = "torchrun"  # its summary, not the rank's own lines
+    event.details["torchrun"] = failure.to_json()
     event.line = event.end_line = failure.line or detector.line_no
     return [event]
 

@@ -105,6 +105,11 @@ class RankBook:
         """The node's name (dflash.yaml's, as the trainer was told it), else its node
         rank as text, else the node this whole log is from."""
         info = self.info(rank)
+        if info is None:
+            # torchrun's own word (its exit status): one agent per node, so every rank
+            # in this log is on the node this log is from.
+            nodes = {(i.node_rank, i.node_name) for i in self.ranks.values()}
+            info = next(iter(self.ranks.values())) if len(nodes) == 1 else None
         if info is not None and info.node_name:
             return info.node_name
         if self.node:
