@@ -249,3 +249,23 @@ def test_a_bare_memory_error_is_host_memory():
     lines = ["Traceback (most recent call last):", *frames(), "MemoryError"]
     [event] = classify_text(lines, 1, RULES)
     assert event.category == "host_memory"
+
+
+def test_older_torchrun_wording_and_a_traceback_without_any_prefix():
+    """torch 2.0/2.1 log through `logging` (`ERROR:torch.distributed...:failed ...`), and
+    a rank's plain traceback has no prefix: torchrun's summary names its rank."""
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 40, in <module>',
+        "    main()",
+        "ValueError: /data/train.jsonl:9: not valid JSON (Expecting value)",
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 41 closing "
+        "signal SIGTERM",
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 1 "
+        "(pid: 42) of binary: /usr/bin/python3",
+        *summary(
+            1, 1, "1 (pid: 42)", ["  traceback : To enable traceback see: https://pytorch.org/docs"]
+        ),
+    ]
+    [event] = classify_text(lines, 1, RULES)
+    assert (event.category, event.rank, event.local_rank, event.pid) == ("data_error", 1, 1, 42)

@@ -90,6 +90,15 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
                 event.pid = event.pid or item.pid
     rank = failure.rank
     own = [e for e in detector.in_log_order if e.rank == rank and rank is not None]
+    unplaced = [e for e in detector.in_log_order if e.rank is None and not is_consequence(e)]
+    if not own and unplaced and rank is not None:
+        # Lines without a rank prefix (a plain traceback on the rank's stderr): the
+        # first failure of its own in the log is the rank torchrun names.
+        first = unplaced[0]
+        first.rank, first.local_rank = rank, failure.local_rank
+        first.host, first.pid = first.host or failure.host, first.pid or failure.pid
+        first.node = first.node or detector.ranks.node_of(rank)
+        own = [first]
     for event in own:  # what torchrun says of the rank: exit code, time, error file
         event.details.setdefault("torchrun", failure.to_json())
     if any(not is_consequence(e) for e in own):

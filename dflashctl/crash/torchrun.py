@@ -42,10 +42,12 @@ _FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(
 _RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _EXIT = re.compile(r"^(-?\d+) \(pid: (\d+)\)")
 _ENTRY = re.compile(r"^\[\d+\]:\s*$")
-# The line torchrun logs first, before its ChildFailedError and summary.
-_FAILED_LINE = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_CLOSING = re.compile(r"\] Sending process \d+ closing signal SIG\w+")
-_TOLD_TO_STOP = re.compile(r"\] Received (\d+) death signal, shutting down workers")
+# The line torchrun logs first, before its ChildFailedError and summary: glog style
+# (`E1130 20:50:42.344000 27594 torch/.../api.py:1002] failed ...`, torch >= 2.2) or
+# logging's (`ERROR:torch.distributed.elastic.multiprocessing.api:failed ...`).
+_FAILED_LINE = re.compile(r"\bfailed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_CLOSING = re.compile(r"[\]:] ?Sending process \d+ closing signal SIG\w+")
+_TOLD_TO_STOP = re.compile(r"[\]:] ?Received (\d+) death signal, shutting down workers")
 _SIGNAL_TEXT = re.compile(r"^Signal (\d+) \((SIG\w+)\) received by PID \d+")
 _NO_TRACEBACK = ("<N/A>", "To enable traceback")
 
@@ -129,10 +131,10 @@ class TorchrunWatch:
 
     def feed(self, line: str) -> None:
         self.line_no += 1
-        told = _TOLD_TO_STOP.search(line) if "] Received " in line else None
+        told = _TOLD_TO_STOP.search(line) if "Received " in line else None
         if told:
             self.told_to_stop = int(told[1])
-        elif "] Sending process " in line and self.told_to_stop is None and _CLOSING.search(line):
+        elif "Sending process " in line and self.told_to_stop is None and _CLOSING.search(line):
             self.rank_failed = True
         if self.done:
             return
@@ -141,7 +143,7 @@ class TorchrunWatch:
                 self._section = "failures"
             elif line.startswith(ROOT_CAUSE_HEADER):
                 self._section = "root"
-            elif "] failed (exitcode: " in line and _FAILED_LINE.search(line):
+            elif "failed (exitcode: " in line and _FAILED_LINE.search(line):
                 failed = _FAILED_LINE.search(line)
                 first = self.failure or TorchrunFailure(line=self.line_no)
                 first.exitcode = int(failed[1])
