@@ -73,7 +73,13 @@ _CONTINUATION = re.compile(
     r"CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Device-side assertion tracking|"
     r"Search for `cuda\w+' in https://docs\.nvidia\.com)"
 )
-_STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:", _IGNORED)
+_STRUCTURAL_KEYWORDS = (
+    TRACEBACK_HEADER,
+    "Exception in thread ",
+    " failed:",
+    " failed (after an earlier failure):",
+    _IGNORED,
+)
 
 _STARTED = re.compile(r"^started (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$")  # the trainer's header
 ANNOUNCE_REACH = 8  # "X failed:" names a traceback starting within this many other lines
@@ -198,8 +204,10 @@ class CrashDetector:
         self._ordinary_lines += 1
         if self._pending:
             self._feed_pending(line, out)
-        if self._gate(line) or self._unkeyed_line_rules:
-            self._feed_candidate(line, out)
+        gated = self._gate(line)
+        after_header = bool(self._announced) and self._announced[-1][2] == self.line_no - 1
+        if gated or self._unkeyed_line_rules or after_header:
+            self._feed_candidate(line, out, gated=bool(gated))
         if " on " in line:  # after the rules: a crash line is not the stage it failed in
             stage = _STAGE.match(line)
             if stage:
@@ -382,7 +390,9 @@ class CrashDetector:
 
     # --- ordinary lines -----------------------------------------------------------------
 
-    def _feed_candidate(self, line: str, out: list[CrashEvent]) -> None:
+    def _feed_candidate(self, line: str, out: list[CrashEvent], *, gated: bool = True) -> None:
+        """`gated`: the line holds one of the keywords (else only rules without any can
+        match it)."""
         n = self.line_no
         if line.startswith(TRACEBACK_HEADER):
             self._start_trace(line)
@@ -396,7 +406,7 @@ class CrashDetector:
             return
         if self._announced and self._bare_exception(line):
             return
-        for rule in self._keyed_line_rules:
+        for rule in self._keyed_line_rules if gated else ():
             if any(k in line for k in rule.keywords or ()) and rule.matches_line(line):
                 self._one_line_match(rule, line, out)
                 return
