@@ -269,3 +269,22 @@ def test_older_torchrun_wording_and_a_traceback_without_any_prefix():
     ]
     [event] = classify_text(lines, 1, RULES)
     assert (event.category, event.rank, event.local_rank, event.pid) == ("data_error", 1, 1, 42)
+
+
+def test_torchrun_told_to_stop_in_every_wording_is_no_failure():
+    from dflashctl.crash.torchrun import TorchrunWatch
+
+    for said in ("15", "Signals.SIGTERM", "SIGINT"):
+        watch = TorchrunWatch()
+        watch.feed(
+            "W1201 10:00:00.0 7 torch/distributed/elastic/agent/server/api.py:753] Received "
+            f"{said} death signal, shutting down workers"
+        )
+        watch.feed(
+            "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 8 closing "
+            "signal Signals.SIGTERM"
+        )
+        assert watch.told_to_stop and not watch.rank_failed, said
+    failing = TorchrunWatch()
+    failing.feed("W1201 x api.py:1028] Sending process 8 closing signal Signals.SIGTERM")
+    assert failing.rank_failed

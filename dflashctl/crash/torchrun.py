@@ -46,8 +46,12 @@ _ENTRY = re.compile(r"^\[\d+\]:\s*$")
 # (`E1130 20:50:42.344000 27594 torch/.../api.py:1002] failed ...`, torch >= 2.2) or
 # logging's (`ERROR:torch.distributed.elastic.multiprocessing.api:failed ...`).
 _FAILED_LINE = re.compile(r"\bfailed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_CLOSING = re.compile(r"[\]:] ?Sending process \d+ closing signal SIG\w+")
-_TOLD_TO_STOP = re.compile(r"[\]:] ?Received (\d+) death signal, shutting down workers")
+# The signal as a number or as an enum member, by torch version: `SIGTERM`, `15`,
+# `Signals.SIGTERM`.
+_CLOSING = re.compile(r"[\]:] ?Sending process \d+ closing signal (?:Signals\.)?SIG\w+")
+_TOLD_TO_STOP = re.compile(
+    r"[\]:] ?Received (?:Signals\.)?(\w+) death signal, shutting down workers"
+)
 _SIGNAL_TEXT = re.compile(r"^Signal (\d+) \((SIG\w+)\) received by PID \d+")
 _NO_TRACEBACK = ("<N/A>", "To enable traceback")
 
@@ -100,6 +104,17 @@ class TorchrunFailure:
         }
 
 
+def _signal_number(text: str) -> int:
+    import signal
+
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(signal.Signals[text])
+    except KeyError:
+        return 0
+
+
 def signal_name(number: int) -> str:
     import signal
 
@@ -133,7 +148,7 @@ class TorchrunWatch:
         self.line_no += 1
         told = _TOLD_TO_STOP.search(line) if "Received " in line else None
         if told:
-            self.told_to_stop = int(told[1])
+            self.told_to_stop = _signal_number(told[1])
         elif "Sending process " in line and self.told_to_stop is None and _CLOSING.search(line):
             self.rank_failed = True
         if self.done:
