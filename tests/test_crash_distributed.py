@@ -147,9 +147,10 @@ def test_a_rank_killed_by_the_oom_killer_is_the_root_cause_not_the_rank_that_not
     assert (root.category, root.rank, root.message) == ("killed", 1, "rank 1 killed (SIGKILL)")
     assert root.is_root_cause and (then.rank, then.category, then.is_root_cause) == (
         None,
-        "thread_exception",
+        "peer_lost",
         False,
     )
+    assert then.thread == "drafter-0" and "not the cause" in then.hint
 
 
 def test_a_stop_past_its_grace_period_is_said_as_such():
