@@ -192,7 +192,7 @@ def _say_outcome(result: FollowResult) -> None:
             f"{what} is still running; follow it with {hints.command(f'logs -f {result.run_id}')}"
         )
         return
-    causes = [result.crashes[0].summary] if result.crashes else []
+    causes = [_root_words(result.crashes[0])] if result.crashes else []
     if result.state == "lost":
         causes.append("the process is gone and left no exit code")
     elif result.state == "running":
@@ -221,3 +221,13 @@ def _recovery_note(result: FollowResult) -> str:
         return ""
     after = ", ".join(dict.fromkeys(event.category for event in result.recovered))
     return f" in attempt {result.attempt}" + (f", after recovering from {after}" if after else "")
+
+
+def _root_words(event: CrashEvent) -> str:
+    """`rank 1 (local rank 1), thread drafter-0: InjectedFailure: ...`: where, then what."""
+    where = event.where
+    if event.thread:
+        where = f"{where}, thread {event.thread}" if where else ""
+    if not where or event.summary.startswith(("rank ", "local rank ")):
+        return event.summary
+    return f"{where}: {event.summary}"
