@@ -289,3 +289,17 @@ def test_torchrun_told_to_stop_in_every_wording_is_no_failure():
     failing = TorchrunWatch()
     failing.feed("W1201 x api.py:1028] Sending process 8 closing signal Signals.SIGTERM")
     assert failing.rank_failed
+
+
+def test_local_rank_prefixes_without_the_trainers_line_still_name_the_rank():
+    """torchrun --tee: a rank failing before it said which rank it is (an import error):
+    its local rank from the prefix, its rank from torchrun's summary."""
+    lines = [
+        "[default0]:step 1/10 | loss 2.0",
+        "[default1]:Traceback (most recent call last):",
+        '[default1]:  File "train_dflash_pipeline.py", line 33, in <module>',
+        "[default1]:ModuleNotFoundError: No module named 'safetensors'",
+        *summary(3, 1, "1 (pid: 55)", ["  traceback : To enable traceback see: https://x"]),
+    ]
+    [event] = classify_text(lines, 1, RULES)
+    assert (event.category, event.rank, event.local_rank) == ("setup_error", 3, 1)

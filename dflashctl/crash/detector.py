@@ -129,6 +129,7 @@ class CrashDetector:
         self._pending: list[_Pending] = []
         self._recent: deque[str] = deque(maxlen=12)
         self._rank: int | None = None  # rank of the line being read
+        self._local: int | None = None  # its local rank, when its prefix says
         self._finished = False
         self._outside_stop = False  # see stopped_from_outside
         self._error_files: list = []
@@ -186,6 +187,7 @@ class CrashDetector:
         line, prefixed, local = split_prefix(line)
         self.ranks.feed(line, prefixed)
         self._rank = self.ranks.rank_of(prefixed, local)
+        self._local = local  # torchrun --tee's [defaultN]: the local rank, rank or not
         self._recent.append(line)
         out: list[CrashEvent] = []
         self.stops.feed(line, self.line_no, torchrun_failing=self.torchrun.rank_failed)
@@ -196,6 +198,7 @@ class CrashDetector:
         self.torchrun.feed(line)
         if self.torchrun.in_summary or self.torchrun.done != was_done:
             if self.torchrun.done and not was_done:
+                out += self.flush()  # tracebacks before the summary are complete
                 for event in endings.torchrun_events(self):
                     self._emit(event, out)
             return out  # torchrun's summary: read above, its text matches no rule
@@ -362,6 +365,7 @@ class CrashDetector:
                 device=device,
                 stage=stage,
                 rank=self._rank,
+                local_rank=self._local,
             )
         )
 
@@ -442,6 +446,7 @@ class CrashDetector:
                 device=device,
                 stage=stage,
                 rank=self._rank,
+                local_rank=self._local,
             )
         )
         return True
@@ -495,6 +500,7 @@ class CrashDetector:
             message=text,
             excerpt=[line],
             rank=self._rank,
+            local_rank=self._local,
         )
         self._pending.append(_Pending(event=event, last_match=n, after_left=rule.excerpt_after))
 

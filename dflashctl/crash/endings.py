@@ -91,6 +91,8 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
     rank = failure.rank
     own = [e for e in detector.in_log_order if e.rank == rank and rank is not None]
     unplaced = [e for e in detector.in_log_order if e.rank is None and not is_consequence(e)]
+    same_local = [e for e in unplaced if e.local_rank == failure.local_rank]
+    unplaced = same_local or [e for e in unplaced if e.local_rank is None]
     if not own and unplaced and rank is not None:
         # Lines without a rank prefix (a plain traceback on the rank's stderr): the
         # first failure of its own in the log is the rank torchrun names.

@@ -55,6 +55,7 @@ class Trace:
     device: str | None = None  # the thread's, when its traceback started
     stage: str | None = None
     rank: int | None = None  # the rank that printed it
+    local_rank: int | None = None  # its local rank, from a [defaultN]: prefix
 
 
 def segment_for(trace: Trace, rule: Rule, hit_index: int | None) -> Segment | None:
@@ -173,4 +174,5 @@ def trace_event(trace: Trace, rule: Rule, segment: Segment) -> CrashEvent:
         last_frame=last_frame,
         excerpt=list(trace.lines),
         rank=trace.rank,
+        local_rank=trace.local_rank,
     )
