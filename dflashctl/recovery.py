@@ -28,6 +28,14 @@ ENGINE = (
     ("dflashctl.crash", "dflashctl.crash", "__init__.py"),
     ("dflashctl.crash.events", "dflashctl.crash", "events.py"),
     ("dflashctl.crash.rules", "dflashctl.crash", "rules.py"),
+    ("dflashctl.crash.gate", "dflashctl.crash", "gate.py"),
+    ("dflashctl.crash.ordering", "dflashctl.crash", "ordering.py"),
+    ("dflashctl.crash.ranks", "dflashctl.crash", "ranks.py"),
+    ("dflashctl.crash.stops", "dflashctl.crash", "stops.py"),
+    ("dflashctl.crash.torchrun", "dflashctl.crash", "torchrun.py"),
+    ("dflashctl.crash.facts", "dflashctl.crash", "facts.py"),
+    ("dflashctl.crash.trace_parts", "dflashctl.crash", "trace_parts.py"),
+    ("dflashctl.crash.endings", "dflashctl.crash", "endings.py"),
     ("dflashctl.crash.detector", "dflashctl.crash", "detector.py"),
 )
 

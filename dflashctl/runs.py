@@ -129,8 +129,20 @@ class RunInfo:
         category = items[-1].get("category") if items else None
         return str(category) if category else None
 
+    @property
+    def clean_stop(self) -> str | None:
+        """`stopped (checkpoint at step 11)`: the run's supervisor found that the trainer
+        stopped as it was asked (SIGTERM, Ctrl-C), whatever its exit status."""
+        items = (self.attempts or {}).get("attempts") or []
+        last = items[-1] if items else {}
+        if self.state.status in ("exited", "killed") and last.get("reason") == "stopped":
+            return last.get("stop") or None
+        return None
+
     def describe_state(self) -> str:
         """`running, attempt 2/4, resumed at step 18400 after nccl_timeout`."""
+        if self.clean_stop:
+            return self.clean_stop
         note = self.recovery
         return self.state.describe(self.crash_category) + (f", {note}" if note else "")
 
@@ -140,8 +152,10 @@ class RunInfo:
             "release": self.release,
             "started": self.started,
             "pid": self.pid,
-            "state": self.state.describe(self.crash_category),
-            "category": self.crash_category if self.state.outcome == "crashed" else None,
+            "state": self.clean_stop or self.state.describe(self.crash_category),
+            "category": self.crash_category
+            if self.state.outcome == "crashed" and not self.clean_stop
+            else None,
             **self.state.to_json(),
             "command": self.command,
             "meta": self.meta,

@@ -218,6 +218,7 @@ def test_torchrun_rank_prefixes_are_understood(rules):
     lines += ["[rank3]:RuntimeError: CUDA error: an illegal memory access was encountered"]
     [event] = classify_text(lines, 1, rules)
     assert event.category == "illegal_memory_access"
+    assert event.rank == 3
 
 
 def test_threads_of_different_ranks_keep_their_own_device(rules):
@@ -234,8 +235,9 @@ def test_threads_of_different_ranks_keep_their_own_device(rules):
         "drafter-0 on cuda:0: training",
     ]
     [event] = classify_text(lines, 1, rules)
-    assert (event.thread, event.device) == ("drafter-0 (rank 1)", "cuda:1")
+    assert (event.thread, event.device, event.rank) == ("drafter-0", "cuda:1", 1)
     assert event.stage == "warming compiled graphs"
+    assert event.to_json()["rank"] == 1
 
 
 def test_a_rank_stopped_by_another_ranks_failure_names_that_rank(rules):

@@ -139,7 +139,12 @@ def test_torchrun_summary_names_the_killed_rank():
     assert (said.rank, said.local_rank, said.exitcode, said.pid) == (1, 0, -9, 27599)
     assert said.time == "2026-11-30_20:50:42"
     node = NodeFailure("gpu-b", 1, event=crash(TORCHRUN_SIGKILL), torchrun=said)
-    assert node.event.exception.endswith("ChildFailedError")
+    # The detector reads the same summary: rank 1 killed is the log's root cause.
+    assert (node.event.category, node.event.rank, node.event.message) == (
+        "killed",
+        1,
+        "rank 1 killed (SIGKILL)",
+    )
     assert node.describe() == "node gpu-b, rank 1: killed by SIGKILL, pid 27599"
     data = node.to_json()
     assert (data["node"], data["rank"], data["consequence"]) == ("gpu-b", 1, False)

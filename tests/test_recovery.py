@@ -518,3 +518,25 @@ def test_logs_of_a_run_waiting_to_restart_say_it_is_running(flaky):
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "is still running" in shown.stderr
     assert cli("stop", "-c", str(path)).returncode == 0
+
+
+def test_a_trainer_that_stopped_as_asked_is_recorded_as_stopped_not_crashed(tmp_path):
+    """A SIGTERM or Ctrl-C from outside dflashctl: the trainer checkpoints and says so,
+    then exits 130 (a second Ctrl-C): not retried, `runs` says stopped at its step."""
+    settings = recovery.recovery_settings(_config_with(tmp_path))
+    script = (
+        "import sys\n"
+        "print('step 3/100 | loss 1.0', flush=True)\n"
+        "print('received SIGINT: finishing the current step, then writing a checkpoint', flush=True)\n"
+        "print('stopped by SIGINT after step 4/100; a redeploy continues from it (checkpoint /o/step-4)', flush=True)\n"
+        "sys.exit(130)\n"
+    )
+    run_dir, done, text = run_program(tmp_path, settings, script)
+    record = json.loads((run_dir / "attempts.json").read_text())
+    [attempt] = record["attempts"]
+    assert (attempt["reason"], attempt["stop"], attempt["retried"]) == (
+        "stopped",
+        "stopped (checkpoint at step 4)",
+        False,
+    )
+    assert "category" not in attempt and "not retried" not in text

@@ -148,3 +148,15 @@ def test_cli_runs_table_and_json(quick):
     [run] = json.loads(as_json.stdout)["runs"]
     assert (run["id"], run["state"], run["exit_code"]) == (summary["run_id"], "crashed (exit 3)", 3)
     assert run["release"] == summary["release"]
+
+
+def test_a_run_that_stopped_as_asked_reads_stopped_whatever_its_exit_status():
+    from dflashctl.runs import RunInfo, RunState
+
+    attempts = {"attempts": [{"reason": "stopped", "stop": "stopped (checkpoint at step 4)"}]}
+    for state in (RunState("exited", 130), RunState("exited", 1), RunState("exited", 0)):
+        info = RunInfo(id="r", state=state, attempts=attempts)
+        assert info.describe_state() == "stopped (checkpoint at step 4)"
+        assert info.to_json()["category"] is None
+    crashed = RunInfo(id="r", state=RunState("exited", 1), attempts={"attempts": [{"reason": "x"}]})
+    assert crashed.describe_state().startswith("crashed")

@@ -88,6 +88,7 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     # before it builds the target.
     import torch
     from dflash.pipeline import distributed
+    from dflash.pipeline.error_file import record_exception
     from dflash.pipeline.run import Interrupts, train
 
     info = distributed.DistInfo.from_env()
@@ -164,6 +165,7 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         return EXIT_CONFIG
     except Exception as exc:  # set-up or the end of the run failed: same report format
         log.block("main failed:\n" + traceback.format_exc())
+        record_exception(exc)
         if coordinator is not None:
             coordinator.post_failure(f"main failed: {type(exc).__name__}: {exc}")
             distributed.abort_collectives()
@@ -172,6 +174,8 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         interrupts.restore()
     if coordinator is not None and (result.exit_code != EXIT_OK or result.stuck_threads):
         distributed.abort_collectives()
+    if result.failure is not None:
+        record_exception(result.failure)
     if result.exit_code != EXIT_OK or result.stuck_threads:
         # The run has logged why it failed and joined its threads (up to run.STOP_GRACE_S).
         exit_without_teardown(result.exit_code or EXIT_FAILED)
@@ -196,5 +200,15 @@ def exit_without_teardown(code: int) -> NoReturn:
     os._exit(code)
 
 
+def recorded(entry: Callable[[], int]) -> Callable[[], int | None]:
+    """`entry` under torchelastic's `record`: an exception leaving it is written to the
+    error file torchrun names in its root cause (see dflash/pipeline/error_file.py)."""
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import record
+    except ImportError:  # a torch without torch.distributed
+        return entry
+    return record(entry)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(recorded(main)())

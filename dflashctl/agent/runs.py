@@ -150,6 +150,24 @@ def bytecode_env(env, run_dir):
     return {"PYTHONPYCACHEPREFIX": os.path.join(run_dir, "pycache")}
 
 
+ERROR_FILE = "error.json"  # torchelastic's error file of the process the run starts
+ELASTIC_LOG_DIR = "torchelastic"  # torchrun's --log-dir: each rank's error.json under it
+
+
+def error_file_env(env, run_dir):
+    """torchelastic's error files in the run's folder, where dflashctl reads them: the
+    trainer records the exception that ended it in TORCHELASTIC_ERROR_FILE; torchrun
+    gives each rank a file of its own under its log dir (PET_LOG_DIR is --log-dir) and
+    copies the first failed rank's to its own TORCHELASTIC_ERROR_FILE. A trainer.env
+    (or an environment) that says otherwise wins."""
+    out = {}
+    if not env.get("TORCHELASTIC_ERROR_FILE"):
+        out["TORCHELASTIC_ERROR_FILE"] = os.path.join(run_dir, ERROR_FILE)
+    if not env.get("PET_LOG_DIR"):
+        out["PET_LOG_DIR"] = os.path.join(run_dir, ELASTIC_LOG_DIR)
+    return out
+
+
 def start_run(workdir, run_id, release, p):
     # Imported here: the log reader, which starts often and must answer fast, never
     # needs it.
@@ -170,6 +188,7 @@ def start_run(workdir, run_id, release, p):
     env.update(p.get("env") or {})
     env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
     env.update(bytecode_env(env, run_dir))
+    env.update(error_file_env(env, run_dir))
     log = open(os.path.join(run_dir, "train.log"), "ab")
     try:
         # New session (pid = pgid = sid), no terminal, stdin from /dev/null and our

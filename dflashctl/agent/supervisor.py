@@ -114,11 +114,25 @@ def classify(lines, exit_code, rules):
     """The root cause of this attempt's end as {"category", "retryable", "rule",
     "summary"}, by dflashctl's crash detector; None when nothing was recognised.
     (None too when the detector cannot be loaded: then nothing is retried.)"""
-    from dflashctl.crash.detector import classify_text
+    from dflashctl.crash.detector import CrashDetector
     from dflashctl.crash.rules import parse_rule_list
 
-    events = classify_text(lines, exit_code, parse_rule_list(rules, where=SETTINGS_FILE))
+    detector = CrashDetector(parse_rule_list(rules, where=SETTINGS_FILE))
+    for line in lines:
+        detector.feed(line)
+    detector.finish(exit_code)
+    events = detector.crashes
     if not events:
+        stop = detector.stop
+        if stop is not None and (stop.clean or stop.killed_after_grace):
+            # Asked to stop (SIGTERM, Ctrl-C) and stopped: not a crash, whatever the
+            # exit status (torchrun's 1, a second Ctrl-C's 130).
+            return {
+                "category": "stopped",
+                "retryable": False,
+                "rule": "clean_stop",
+                "summary": stop.describe(),
+            }
         return None
     root = events[0]
     if root.category == "exit_status":  # the detector's "non-zero, nothing recognised"
@@ -129,6 +143,15 @@ def classify(lines, exit_code, rules):
         "rule": root.rule,
         "summary": root.summary,
     }
+
+
+def _clean_stop(lines, exit_code, rules):
+    """`stopped (checkpoint at step N)` when the trainer says it stopped as asked."""
+    try:
+        said = classify(lines, exit_code, rules)
+    except Exception:  # noqa: BLE001 - an engine that cannot run decides nothing
+        return None
+    return said["summary"] if said and said["category"] == "stopped" else None
 
 
 def last_step(lines):
@@ -222,6 +245,10 @@ class Supervisor:
             }
             if code == 0 or self.stop_signal is not None:
                 record["reason"] = "finished" if code == 0 else "stopped"
+                if code == 0:  # a SIGTERM from elsewhere: the trainer stops with exit 0
+                    stopped = _clean_stop(lines, code, self.rules)
+                    if stopped:
+                        record.update(reason="stopped", stop=stopped)
                 self.record(record)
                 return self.end(code)
             try:
@@ -229,6 +256,10 @@ class Supervisor:
             except Exception as exc:  # an engine that cannot run decides nothing
                 crash = None
                 self.say(f"cannot classify the crash ({exc}); not retrying")
+            if crash is not None and crash["category"] == "stopped":
+                record.update(reason="stopped", stop=crash["summary"])
+                self.record(record)
+                return self.end(code)
             if crash is not None:
                 record.update(
                     category=crash["category"], rule=crash["rule"], summary=crash["summary"]

@@ -159,6 +159,12 @@ def _classify_file(path, exit_code, lines, config_path, *, show_lines):
             source = Path(path).expanduser().open("rb")
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    records = []
+    if path != "-":
+        from dflashctl.crash.error_files import read_error_files
+
+        # A run folder copied whole: torchelastic's error files lie next to train.log.
+        records = read_error_files(Path(path).expanduser().resolve().parent)
     with source as handle:
         return classify_log(
             _chunks(handle),
@@ -167,6 +173,7 @@ def _classify_file(path, exit_code, lines, config_path, *, show_lines):
             lines=lines,
             name=path,
             show_lines=show_lines,
+            error_files=records,
         )
 
 

@@ -106,6 +106,8 @@ def runs(
             style = _STYLES.get(state.status, "red")
             if state.status == "exited" and not state.ok:
                 style = "red"
+            if run.clean_stop:  # stopped as asked, whatever the exit status
+                style = _STYLES["stopped"]
             table.add_row(
                 run_id,
                 release,

@@ -6,7 +6,14 @@ for line in lines:
     for event in detector.feed(line):
         render_crash(console, event)
 detector.finish(exit_code)
-detector.crashes  # root cause first
+detector.crashes  # root cause first (crash/ordering.py), each with its rank and node
+detector.stop     # a stop the trainer was asked for: "stopped (checkpoint at step N)"
+
+Modules: detector.py (the streaming detector), trace_parts.py (tracebacks), rules.py,
+ranks.py (who wrote a line: [rankN]: prefixes, the trainer's distributed: lines),
+torchrun.py (torchrun's failure summary), endings.py (exit status, torchrun's root
+cause, error files), error_files.py (torchelastic's error files), ordering.py (root
+cause and consequences), stops.py (clean stops), facts.py (a category's particulars).
 """
 
 from dflashctl.crash.detector import CrashDetector, classify_text

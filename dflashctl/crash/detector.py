@@ -13,7 +13,10 @@ compiled keyword gate built from the rules' keywords (text every line a rule mat
 contains, stated in the rule); only a hit runs the regexes of the rules that keyword
 belongs to. Rules without keywords are tried on every line.
 
-The first failure is the root cause; the rest are consequences.
+Each line's rank comes from its `[rankN]:` prefix or the trainer's `distributed:` lines
+(ranks.py); torchrun's summary (torchrun.py) names the rank that failed first and how.
+The root cause is chosen in ordering.py: not simply the first failure in the log, since
+the rank that notices another's death often speaks first.
 """
 
 from __future__ import annotations
@@ -21,10 +24,30 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from dflashctl.crash import endings
 from dflashctl.crash.events import CrashEvent
+from dflashctl.crash.facts import add_facts
+from dflashctl.crash.gate import keyword_gate
+from dflashctl.crash.ordering import rank_crashes
+from dflashctl.crash.ranks import RankBook, split_prefix
 from dflashctl.crash.rules import Rule
+from dflashctl.crash.stops import StopWatch
+from dflashctl.crash.torchrun import TorchrunWatch
+from dflashctl.crash.trace_parts import (
+    MAX_EXCERPT,
+    TAIL_REACH,
+    Segment,
+    Trace,
+    classify_trace,
+    is_class_name,
+    is_code_line,
+    last_redraw,
+    looks_like_exception,
+    short_path,
+    trim_excerpt,
+)
 
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 _CHAIN_MARKERS = (
@@ -35,77 +58,36 @@ _CHAIN_MARKERS = (
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<lineno>\d+)(?:, in (?P<func>.+?))?\s*$')
 _EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?::(?: (?P<msg>.*))?)?$")
 _EXCEPTION_PREFIX = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*): (?P<msg>.*)$")
-_EXCEPTION_SUFFIXES = (
-    "Error",
-    "Exception",
-    "Exit",
-    "Interrupt",
-    "Failed",
-    "Failure",
-    "Unsupported",
-    "Timeout",
-    "Iteration",
-    "Warning",
-    "Abort",
-    "Aborted",
-    "Crash",
-    "Crashed",
-)
 _STAGE = re.compile(
     r"^\s*(?P<thread>[A-Za-z][\w.-]*) on (?P<device>(?:cuda|cpu|mps|xpu|hpu|npu)(?::\d+)?): (?P<stage>.*\S)"
 )
-_ANNOUNCE_FAILED = re.compile(r"^(?P<thread>[A-Za-z][\w.-]*) failed:\s*$")
+_ANNOUNCE_FAILED = re.compile(
+    r"^(?P<thread>[A-Za-z][\w.-]*) failed(?: \(after an earlier failure\))?:\s*$"
+)
 _ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?):\s*$")
 # CPython reports exceptions it swallowed (in __del__, at exit) this way; the run goes on.
 _IGNORED = "Exception ignored"
-_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:\s?")
-_GPU_IN_MESSAGE = re.compile(r"\bGPU (\d+)\b|\bcuda:(\d+)\b")
-_SITE_PACKAGES = re.compile(r"^.*[/\\](?:site|dist)-packages[/\\]")
 # The fixed lines PyTorch appends to a CUDA error's message.
 _CONTINUATION = re.compile(
     r"^(CUDA kernel errors might be asynchronously reported|For debugging consider passing "
     r"CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Device-side assertion tracking|"
     r"Search for `cuda\w+' in https://docs\.nvidia\.com)"
 )
-_STRUCTURAL_KEYWORDS = (TRACEBACK_HEADER, "Exception in thread ", " failed:", _IGNORED)
-
-ANNOUNCE_REACH = 8  # "X failed:" names a traceback starting within this many other lines
-TAIL_REACH = 6  # lines after an exception line in which a chained traceback may continue
-STALE_REACH = 200  # lines without a frame after which an unfinished traceback is given up
-MERGE_WINDOW = 40  # one-line matches this close together with the same rule are one event
-MAX_EXCERPT = 60
-MAX_CONTINUATION = 4  # lines right after an exception line taken as its message's rest
-
-NONZERO_EXIT_HINT = (
-    "The run exited with a non-zero status but printed no failure dflashctl recognises. "
-    "Read the last lines of the log; add a rule to crash_patterns in dflash.yaml for this "
-    "message so that it is named next time."
+_STRUCTURAL_KEYWORDS = (
+    TRACEBACK_HEADER,
+    "Exception in thread ",
+    " failed:",
+    " failed (after an earlier failure):",
+    _IGNORED,
 )
 
+_STARTED = re.compile(r"^started (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$")  # the trainer's header
+ANNOUNCE_REACH = 8  # "X failed:" names a traceback starting within this many other lines
+STALE_REACH = 200  # lines without a frame after which an unfinished traceback is given up
+MERGE_WINDOW = 40  # one-line matches this close together with the same rule are one event
+MAX_CONTINUATION = 4  # lines right after an exception line taken as its message's rest
 
-@dataclass
-class _Segment:
-    """One traceback of a chain: its frames and the exception that ended it."""
-
-    frames: list[list] = field(default_factory=list)  # [path, lineno, func or None, code]
-    exc_type: str | None = None
-    exc_message: str | None = None
-    exc_index: int = -1  # index in _Trace.lines of the exception line
-
-
-@dataclass
-class _Trace:
-    thread: str | None
-    start_line: int
-    lines: list[str]
-    segments: list[_Segment]
-    state: str = "frames"  # frames -> tail (exception seen) -> chain (marker seen) -> frames
-    tail_left: int = TAIL_REACH
-    continuation_left: int = 0
-    end_line: int = 0
-    ignored: bool = False  # announced by "Exception ignored in ...": not a crash
-    device: str | None = None  # the thread's, when its traceback started
-    stage: str | None = None
+NONZERO_EXIT_HINT = endings.NONZERO_EXIT_HINT
 
 
 @dataclass
@@ -120,7 +102,8 @@ class _Pending:
 class CrashDetector:
     """Feed lines with feed(); call finish() at the end of the run. See module doc."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[Rule], *, node: str | None = None) -> None:
+        """`node`: the node this log is from (its name in dflash.yaml), when known."""
         self.rules = list(rules)
         self._trace_rules = [r for r in self.rules if r.scope != "line"]
         line_rules = [r for r in self.rules if r.scope != "traceback" and r.patterns]
@@ -130,19 +113,66 @@ class CrashDetector:
         for rule in self._keyed_line_rules:
             keywords.update(rule.keywords or ())
         self._gate = keyword_gate(keywords)
-        self.crashes: list[CrashEvent] = []
+        self._events: list[CrashEvent] = []  # in log order
         self.line_no = 0
-        self._threads: dict[str, tuple[str, str]] = {}  # thread -> (device, stage)
+        # (rank, thread) -> (device, stage): threads of different ranks share names.
+        self._threads: dict[tuple[int | None, str], tuple[str, str]] = {}
         # Headers ("drafter-2 failed:") waiting for their traceback, oldest first: two
         # threads failing at once print both headers before either traceback.
-        # Each is (thread, header line, line number, self._ordinary_lines then).
-        self._announced: deque[tuple[str | None, str, int, int]] = deque()
+        # Each is (thread, header line, line number, self._ordinary_lines then, rank).
+        self._announced: deque[tuple[str | None, str, int, int, int | None]] = deque()
+        self.ranks = RankBook(node)
+        self.torchrun = TorchrunWatch()
+        self.stops = StopWatch()
         self._ordinary_lines = 0  # lines that were not part of a traceback
-        self._traces: list[_Trace] = []
+        self._traces: list[Trace] = []
         self._pending: list[_Pending] = []
         self._recent: deque[str] = deque(maxlen=12)
-        self._rank: str | None = None  # rank of the line being read (its [rankN]: prefix)
+        self._rank: int | None = None  # rank of the line being read
+        self._local: int | None = None  # its local rank, when its prefix says
         self._finished = False
+        self._outside_stop = False  # see stopped_from_outside
+        self._error_files: list = []
+        self.started_at: float | None = None  # the trainer's last "started ..." header line
+
+    @property
+    def crashes(self) -> list[CrashEvent]:
+        """Every crash so far, the root cause first (see ordering.py)."""
+        return rank_crashes(self._events, self.named_rank)
+
+    @property
+    def named_rank(self) -> int | None:
+        """The rank torchrun's summary names as the first observed failure."""
+        failure = self.torchrun.failure if self.torchrun.done else None
+        return failure.rank if failure is not None else None
+
+    @property
+    def in_log_order(self) -> list[CrashEvent]:
+        """The crashes so far in the order of the log (endings.py adds to them)."""
+        return self._events
+
+    def stopped_from_outside(self, killed: bool) -> None:
+        """The run was stopped (dflashctl stop's record; call before finish): a SIGKILL
+        at its end (`killed`, or bash's "Killed" line) is the stop's own after the grace
+        period, not a crash, nor the OOM killer's doing."""
+        self._outside_stop = True
+        kills = [e for e in self._events if e.rule == "killed"]
+        for event in kills:
+            self._events.remove(event)
+        if kills or killed:
+            self._stop_killed()
+
+    def _stop_killed(self) -> None:
+        info = self.stops.info
+        if not info.clean:
+            info.killed_after_grace = True
+            info.signal = info.signal or "SIGTERM"
+
+    @property
+    def stop(self):
+        """How a stop went (stops.StopInfo), when the run was asked to stop."""
+        info = self.stops.info
+        return info if info.requested or info.clean or info.killed_after_grace else None
 
     # --- public API ---------------------------------------------------------------------
 
@@ -151,33 +181,41 @@ class CrashDetector:
         self.line_no += 1
         line = line.rstrip("\n")
         if "\r" in line:  # progress bars redraw with \r: what is left visible counts
-            line = _last_redraw(line)
+            line = last_redraw(line)
         # torchrun's ranks share one log; the trainer prefixes ranks other than 0 the way
         # torch does. Threads of different ranks have the same names: keep them apart.
-        self._rank = None
-        if line.startswith("[rank"):
-            prefix = _RANK_PREFIX.match(line)
-            if prefix:
-                self._rank = prefix.group(1) if prefix.group(1) != "0" else None
-                line = line[prefix.end() :]
+        line, prefixed, local = split_prefix(line)
+        self.ranks.feed(line, prefixed)
+        self._rank = self.ranks.rank_of(prefixed, local)
+        self._local = local  # torchrun --tee's [defaultN]: the local rank, rank or not
         self._recent.append(line)
         out: list[CrashEvent] = []
+        self.stops.feed(line, self.line_no, torchrun_failing=self.torchrun.rank_failed)
+        started = _STARTED.match(line) if line.startswith("started ") else None
+        if started:
+            self.started_at = _utc_seconds(started[1])
+        was_done = self.torchrun.done
+        self.torchrun.feed(line)
+        if self.torchrun.in_summary or self.torchrun.done != was_done:
+            if self.torchrun.done and not was_done:
+                out += self.flush()  # tracebacks before the summary are complete
+                for event in endings.torchrun_events(self):
+                    self._emit(event, out)
+            return out  # torchrun's summary: read above, its text matches no rule
         if self._traces and self._feed_traceback(line, out):
             return out
         self._ordinary_lines += 1
         if self._pending:
             self._feed_pending(line, out)
-        if self._gate(line) or self._unkeyed_line_rules:
-            self._feed_candidate(line, out)
+        gated = self._gate(line)
+        after_header = bool(self._announced) and self._announced[-1][2] == self.line_no - 1
+        if gated or self._unkeyed_line_rules or after_header:
+            self._feed_candidate(line, out, gated=bool(gated))
         if " on " in line:  # after the rules: a crash line is not the stage it failed in
             stage = _STAGE.match(line)
             if stage:
-                self._threads[self._qualify(stage["thread"])] = (stage["device"], stage["stage"])
+                self._threads[(self._rank, stage["thread"])] = (stage["device"], stage["stage"])
         return out
-
-    def _qualify(self, thread: str) -> str:
-        """``drafter-0 (rank 1)`` for a line of rank 1; unprefixed lines are rank 0's."""
-        return f"{thread} (rank {self._rank})" if self._rank else thread
 
     def flush(self) -> list[CrashEvent]:
         """Emit what is only waiting for more lines (call when the log has gone quiet)."""
@@ -196,9 +234,15 @@ class CrashDetector:
         for trace in sorted(self._traces, key=lambda t: t.start_line):
             self._close_trace(trace, out)
         self._flush_pending(out, before=None)
-        for event in self._events_from_exit_code(exit_code):
+        for event in endings.error_file_events(self, self._error_files):
+            self._emit(event, out)
+        for event in endings.exit_code_events(self, exit_code):
             self._emit(event, out)
         return out
+
+    def add_error_files(self, records: list) -> None:
+        """torchelastic's error files of the run (crash/error_files.py), weighed at finish."""
+        self._error_files.extend(records)
 
     # --- tracebacks ---------------------------------------------------------------------
 
@@ -208,7 +252,7 @@ class CrashDetector:
         if line.startswith(TRACEBACK_HEADER):
             chained = self._latest("chain")
             if chained is not None:
-                chained.segments.append(_Segment())
+                chained.segments.append(Segment())
                 chained.lines.append(line)
                 chained.state = "frames"
                 chained.end_line = n
@@ -233,9 +277,9 @@ class CrashDetector:
                 frame = _FRAME.match(line)
                 if frame:
                     segment.frames.append(
-                        [_short_path(frame["path"]), frame["lineno"], frame["func"], ""]
+                        [short_path(frame["path"]), frame["lineno"], frame["func"], ""]
                     )
-                elif segment.frames and not segment.frames[-1][3] and _is_code_line(line):
+                elif segment.frames and not segment.frames[-1][3] and is_code_line(line):
                     segment.frames[-1][3] = line.strip()
                 target.lines.append(line)
                 target.end_line = n
@@ -246,7 +290,7 @@ class CrashDetector:
                 # line only one that looks like an exception (not "Epoch: 3").
                 adjacent = target.end_line == n - 1
                 if exc and (
-                    _looks_like_exception(exc["type"]) or (adjacent and _is_class_name(exc["type"]))
+                    looks_like_exception(exc["type"]) or (adjacent and is_class_name(exc["type"]))
                 ):
                     segment.exc_type = exc["type"]
                     segment.exc_message = (exc["msg"] or "").strip() or None
@@ -286,7 +330,7 @@ class CrashDetector:
                 self._close_trace(trace, out)
         return False
 
-    def _latest(self, state: str) -> _Trace | None:
+    def _latest(self, state: str) -> Trace | None:
         for trace in reversed(self._traces):
             if trace.state == state:
                 return trace
@@ -301,31 +345,36 @@ class CrashDetector:
         announced = self._announced
         while announced and self._ordinary_lines - announced[0][3] > ANNOUNCE_REACH:
             announced.popleft()
-        if announced:
-            thread, header, start, _ = announced.popleft()
+        # The header of this rank's (a traceback of rank 1 is not rank 0's thread's).
+        header_of = next((a for a in announced if a[4] == self._rank), None)
+        if header_of is not None:
+            announced.remove(header_of)
+            thread, header, start, _, _ = header_of
             lines = [header, line]
             ignored = header.startswith(_IGNORED)
         # What the thread was doing when it failed, before it prints anything else.
-        device, stage = self._threads.get(thread or "", (None, None))
+        device, stage = self._threads.get((self._rank, thread or ""), (None, None))
         self._traces.append(
-            _Trace(
+            Trace(
                 thread=thread,
                 start_line=start,
                 lines=lines,
-                segments=[_Segment()],
+                segments=[Segment()],
                 end_line=n,
                 ignored=ignored,
                 device=device,
                 stage=stage,
+                rank=self._rank,
+                local_rank=self._local,
             )
         )
 
-    def _close_trace(self, trace: _Trace, out: list[CrashEvent]) -> None:
+    def _close_trace(self, trace: Trace, out: list[CrashEvent]) -> None:
         if trace in self._traces:
             self._traces.remove(trace)
-        if trace.ignored:
-            return
-        event = self._classify_trace(trace)
+        if trace.ignored or endings.is_torchrun_summary(trace.segments[-1].exc_type):
+            return  # torchrun's ChildFailedError: its summary is read line by line
+        event = classify_trace(trace, self._trace_rules)
         if event is None:
             return
         # One-line matches of the same kind just before (kernel assertion lines before
@@ -340,79 +389,28 @@ class CrashDetector:
                     event.thread = event.thread or pending.event.thread
                     event.device = event.device or pending.event.device
         self._flush_pending(out, before=event.line)
-        event.excerpt = _trim_excerpt(event.excerpt)
+        event.excerpt = trim_excerpt(event.excerpt)
         self._emit(event, out)
-
-    def _classify_trace(self, trace: _Trace) -> CrashEvent | None:
-        lines = trace.lines
-        for rule in self._trace_rules:
-            if rule.unless and any(u.search(text) for u in rule.unless for text in lines):
-                continue
-            hit_index = None
-            if rule.patterns:
-                hit_index = next(
-                    (
-                        i
-                        for i, text in enumerate(lines)
-                        if any(p.search(text) for p in rule.patterns)
-                    ),
-                    None,
-                )
-                if hit_index is None:
-                    continue
-            segment = _segment_for(trace, rule, hit_index)
-            if segment is None:
-                continue
-            return self._trace_event(trace, rule, segment)
-        return None
-
-    def _trace_event(self, trace: _Trace, rule: Rule, segment: _Segment) -> CrashEvent:
-        last_frame = None
-        message = segment.exc_message
-        if segment.frames:
-            code = segment.frames[-1][3]
-            last_frame = _frame_text(segment.frames[-1])
-            if message is None and segment.exc_type == "AssertionError" and code:
-                message = code  # a bare assert: the asserted line says what failed
-        device, stage = trace.device, trace.stage
-        if device is None and message:
-            gpu = _GPU_IN_MESSAGE.search(message)
-            if gpu:
-                device = f"cuda:{gpu[1] or gpu[2]}"
-        return CrashEvent(
-            rule=rule.name,
-            category=rule.category,
-            severity=rule.severity,
-            retryable=rule.retryable,
-            hint=rule.hint,
-            line=trace.start_line,
-            end_line=trace.end_line or trace.start_line,
-            thread=trace.thread,
-            device=device,
-            stage=stage,
-            exception=segment.exc_type,
-            message=message,
-            last_frame=last_frame,
-            excerpt=list(trace.lines),
-        )
 
     # --- ordinary lines -----------------------------------------------------------------
 
-    def _feed_candidate(self, line: str, out: list[CrashEvent]) -> None:
+    def _feed_candidate(self, line: str, out: list[CrashEvent], *, gated: bool = True) -> None:
+        """`gated`: the line holds one of the keywords (else only rules without any can
+        match it)."""
         n = self.line_no
         if line.startswith(TRACEBACK_HEADER):
             self._start_trace(line)
             return
         announce = _ANNOUNCE_FAILED.match(line) or _ANNOUNCE_THREAD.match(line)
         if announce:
-            self._announced.append(
-                (self._qualify(announce["thread"]), line, n, self._ordinary_lines)
-            )
+            self._announced.append((announce["thread"], line, n, self._ordinary_lines, self._rank))
             return
         if line.startswith(_IGNORED):
-            self._announced.append((None, line, n, self._ordinary_lines))
+            self._announced.append((None, line, n, self._ordinary_lines, self._rank))
             return
-        for rule in self._keyed_line_rules:
+        if self._announced and self._bare_exception(line):
+            return
+        for rule in self._keyed_line_rules if gated else ():
             if any(k in line for k in rule.keywords or ()) and rule.matches_line(line):
                 self._one_line_match(rule, line, out)
                 return
@@ -421,8 +419,42 @@ class CrashDetector:
                 self._one_line_match(rule, line, out)
                 return
 
+    def _bare_exception(self, line: str) -> bool:
+        """A header right before an exception line without a traceback ("peers
+        failed:" + the PeerFailure the trainer made itself): one failure, complete.
+        Else the header would wait for the next traceback, perhaps torchrun's."""
+        header_of = self._announced[-1]
+        if header_of[2] != self.line_no - 1 or header_of[4] != self._rank:
+            return False
+        exc = _EXCEPTION_PREFIX.match(line) or _EXCEPTION.match(line)
+        if exc is None or not looks_like_exception(exc["type"]):
+            return False
+        self._announced.pop()
+        thread, header, start, _, _ = header_of
+        device, stage = self._threads.get((self._rank, thread or ""), (None, None))
+        message = (exc.groupdict().get("msg") or "").strip() or None
+        segment = Segment(exc_type=exc["type"], exc_message=message, exc_index=1)
+        self._traces.append(
+            Trace(
+                thread=thread,
+                start_line=start,
+                lines=[header, line],
+                segments=[segment],
+                state="tail",
+                end_line=self.line_no,
+                ignored=header.startswith(_IGNORED),
+                device=device,
+                stage=stage,
+                rank=self._rank,
+                local_rank=self._local,
+            )
+        )
+        return True
+
     def _one_line_match(self, rule: Rule, line: str, out: list[CrashEvent]) -> None:
         n = self.line_no
+        if rule.name == "killed" and self.stops.takes_kill():
+            return  # the stop's own SIGKILL after its grace period (see stops.py)
         for pending in self._pending:
             if pending.event.category == rule.category:  # repeats, other ranks, echoes
                 pending.last_match = n
@@ -430,8 +462,12 @@ class CrashDetector:
                 if len(pending.event.excerpt) < MAX_EXCERPT:
                     pending.event.excerpt.append(line)
                 return
-        for crash in reversed(self.crashes):
-            if crash.category == rule.category and crash.end_line >= n - MERGE_WINDOW:
+        for crash in reversed(self._events):
+            if (
+                crash.category == rule.category
+                and crash.end_line >= n - MERGE_WINDOW
+                and crash.rank == self._rank
+            ):
                 # The same failure told again (C++ `what():` after the Python traceback).
                 crash.end_line = n
                 if len(crash.excerpt) < MAX_EXCERPT:
@@ -440,14 +476,14 @@ class CrashDetector:
         thread = device = stage = None
         staged = _STAGE.match(line)
         if staged:
-            thread, device = self._qualify(staged["thread"]), staged["device"]
+            thread, device = staged["thread"], staged["device"]
             text = staged["stage"]
-            stage = self._threads.get(thread, (None, None))[1]
+            stage = self._threads.get((self._rank, thread), (None, None))[1]
         else:
             text = line.strip()
         exc_type = None
         exc = _EXCEPTION_PREFIX.match(text)
-        if exc and _looks_like_exception(exc["type"]):
+        if exc and looks_like_exception(exc["type"]):
             exc_type, text = exc["type"], exc["msg"]
         event = CrashEvent(
             rule=rule.name,
@@ -463,6 +499,8 @@ class CrashDetector:
             exception=exc_type,
             message=text,
             excerpt=[line],
+            rank=self._rank,
+            local_rank=self._local,
         )
         self._pending.append(_Pending(event=event, last_match=n, after_left=rule.excerpt_after))
 
@@ -492,51 +530,10 @@ class CrashDetector:
 
     # --- the end of the run -------------------------------------------------------------
 
-    def _events_from_exit_code(self, exit_code: int | None) -> list[CrashEvent]:
-        if exit_code is None or exit_code == 0:
-            return []
-        signal = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 160 else None
-        if signal in (2, 15):  # SIGINT / SIGTERM: stopped on purpose (dflashctl stop), not a crash
-            return []
-        seen = {event.category for event in self.crashes}
-        by_signal = {
-            9: ("killed", "SIGKILL"),
-            11: ("segfault", "SIGSEGV"),
-            6: ("aborted", "SIGABRT"),
-        }
-        if signal in by_signal:
-            category, name = by_signal[signal]
-            if category in seen or (category == "aborted" and self.crashes):
-                return []
-            same = [r for r in self.rules if r.category == category]
-            rule = next((r for r in same if r.name == category), same[0] if same else None)
-            if rule is not None:
-                return [
-                    self._exit_event(
-                        rule.name,
-                        category,
-                        rule.hint,
-                        rule.severity,
-                        rule.retryable,
-                        f"exit status {exit_code} ({name})",
-                    )
-                ]
-        if self.crashes:
-            return []
-        return [
-            self._exit_event(
-                "nonzero_exit",
-                "exit_status",
-                NONZERO_EXIT_HINT,
-                "fatal",
-                False,
-                f"exit status {exit_code}",
-            )
-        ]
-
-    def _exit_event(
+    def exit_event(
         self, rule: str, category: str, hint: str, severity: str, retryable: bool, message: str
     ) -> CrashEvent:
+        """An event the log's end or its exit status tells of (no traceback of its own)."""
         return CrashEvent(
             rule=rule,
             category=category,
@@ -550,13 +547,28 @@ class CrashDetector:
         )
 
     def _emit(self, event: CrashEvent, out: list[CrashEvent]) -> None:
-        index = len(self.crashes)
-        while index > 0 and self.crashes[index - 1].line > event.line:
+        if self.stops.is_echo(event):
+            return  # the end of a job that stopped cleanly (stops.py)
+        if self._outside_stop and event.rule == "killed":
+            self._stop_killed()
+            return
+        self._place(event)
+        add_facts(event, self.ranks.others(event.rank))
+        index = len(self._events)
+        while index > 0 and self._events[index - 1].line > event.line:
             index -= 1
-        self.crashes.insert(index, event)
-        for i, crash in enumerate(self.crashes):
-            crash.is_root_cause = i == 0
+        self._events.insert(index, event)
+        self.crashes  # noqa: B018 - sets is_root_cause on every event, as ranked now
         out.append(event)
+
+    def _place(self, event: CrashEvent) -> None:
+        """The event's rank, local rank, node and host, from what the log said."""
+        info = self.ranks.info(event.rank)
+        if info is not None:
+            event.local_rank = info.local_rank if event.local_rank is None else event.local_rank
+            event.host = event.host or info.host
+            event.pid = event.pid or info.pid
+        event.node = event.node or self.ranks.node_of(event.rank)
 
 
 def classify_text(
@@ -567,121 +579,14 @@ def classify_text(
     for line in lines:
         detector.feed(line)
     detector.finish(exit_code)
-    return list(detector.crashes)
+    return detector.crashes
 
 
-# --- helpers ------------------------------------------------------------------------------
+def _utc_seconds(text: str) -> float | None:
+    import calendar
+    import time
 
-
-def keyword_gate(keywords: Iterable[str]):
-    """A function telling whether a line contains any of `keywords`, as one regex.
-
-    The keywords are merged into a trie-shaped regex: the engine then tests each
-    position of a line against one character class instead of every keyword in turn.
-    Each keyword is first cut to start at its rarest character (a capital letter
-    rather than a space), because the engine only tries positions holding one of the
-    first characters: a gate of capital letters skips a step line at C speed.
-    """
-    trie: dict = {}
-    for word in {_rare_anchor(k.strip()) for k in keywords if k.strip()}:
-        node = trie
-        for char in word:
-            node = node.setdefault(char, {})
-        node[""] = {}
-
-    def to_regex(node: dict) -> str:
-        if "" in node:
-            return ""  # a shorter keyword already suffices
-        branches = [re.escape(char) + to_regex(child) for char, child in sorted(node.items())]
-        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
-
-    if not trie:
-        return lambda line: False
-    return re.compile(to_regex(trie)).search
-
-
-_LETTERS_BY_FREQUENCY = "etaoinshrdlcumwfgypbvkjxqz"  # English text, most frequent first
-
-
-def _rare_anchor(keyword: str, min_length: int = 5) -> str:
-    """The suffix of `keyword` that starts at its rarest character (any suffix will do:
-    a line holding the keyword holds each of its suffixes)."""
-
-    def rarity(char: str) -> int:
-        if char.isupper() or char in "`_()[]{}<>=!@#$%^&*;'\"\\":
-            return 100
-        if char in _LETTERS_BY_FREQUENCY:
-            return _LETTERS_BY_FREQUENCY.index(char)
-        return -1  # spaces, digits, . : / | - are everywhere in a log
-
-    best, best_rarity = 0, -2
-    for index in range(max(1, len(keyword) - min_length + 1)):
-        if rarity(keyword[index]) > best_rarity:
-            best, best_rarity = index, rarity(keyword[index])
-    return keyword[best:]
-
-
-def _segment_for(trace: _Trace, rule: Rule, hit_index: int | None) -> _Segment | None:
-    if rule.exception is not None or rule.last_frame is not None:
-        for segment in reversed(trace.segments):
-            if rule.exception is not None and not (
-                segment.exc_type and rule.exception.search(segment.exc_type)
-            ):
-                continue
-            if rule.last_frame is not None:
-                if not segment.frames:
-                    continue
-                if not rule.last_frame.search(_frame_text(segment.frames[-1])):
-                    continue
-            return segment
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
+    except ValueError:
         return None
-    if hit_index is not None:
-        # A rule that matched an exception line names that exception; any other hit
-        # (a frame, a header) is described by the exception that ended the chain.
-        for segment in trace.segments:
-            if segment.exc_index == hit_index:
-                return segment
-    # The exception that ended the run is the last one of the chain.
-    for segment in reversed(trace.segments):
-        if segment.exc_type:
-            return segment
-    return trace.segments[-1]
-
-
-def _looks_like_exception(type_name: str) -> bool:
-    last = type_name.rsplit(".", 1)[-1]
-    if last.isupper() or not last[:1].isupper():  # WARNING:, INFO:, logger.names
-        return False
-    return last.endswith(_EXCEPTION_SUFFIXES) or "." in type_name
-
-
-def _frame_text(frame: list) -> str:
-    path, lineno, func, _ = frame
-    return f"{path}:{lineno} in {func}" if func else f"{path}:{lineno}"
-
-
-def _is_class_name(type_name: str) -> bool:
-    last = type_name.rsplit(".", 1)[-1]
-    return last[:1].isupper() and not last.isupper()
-
-
-def _is_code_line(line: str) -> bool:
-    text = line.strip()
-    return bool(text) and not set(text) <= set("^~ ") and not text.startswith("...")
-
-
-def _short_path(path: str) -> str:
-    return _SITE_PACKAGES.sub("", path)
-
-
-def _last_redraw(line: str) -> str:
-    parts = [part for part in line.split("\r") if part.strip()]
-    return parts[-1] if parts else ""
-
-
-def _trim_excerpt(lines: list[str]) -> list[str]:
-    if len(lines) <= MAX_EXCERPT:
-        return lines
-    head = MAX_EXCERPT // 3
-    tail = MAX_EXCERPT - head - 1
-    return lines[:head] + [f"... {len(lines) - head - tail} lines left out ..."] + lines[-tail:]

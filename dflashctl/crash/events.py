@@ -23,6 +23,29 @@ class CrashEvent:
     last_frame: str | None = None  # innermost frame, "path:line in function"
     excerpt: list[str] = field(default_factory=list)
     is_root_cause: bool = False
+    # Where in a distributed run: the global rank, torchrun's local rank, the node (its
+    # name in dflash.yaml, else its node rank) and host, as far as the log tells.
+    rank: int | None = None
+    local_rank: int | None = None
+    node: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # the category's particulars
+
+    @property
+    def where(self) -> str:
+        """`rank 1 (local rank 1) on node gpu-b, host gpu-b`; empty for one process."""
+        parts = []
+        if self.rank is not None:
+            local = f" (local rank {self.local_rank})" if self.local_rank is not None else ""
+            parts.append(f"rank {self.rank}{local}")
+        elif self.local_rank is not None:
+            parts.append(f"local rank {self.local_rank}")
+        if self.node:
+            parts.append(f"node {self.node}")
+        if self.host and self.host != self.node:
+            parts.append(f"host {self.host}")
+        return ", ".join(parts)
 
     @property
     def summary(self) -> str:
@@ -38,6 +61,11 @@ class CrashEvent:
             "category": self.category,
             "thread": self.thread,
             "device": self.device,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "node": self.node,
+            "host": self.host,
+            "pid": self.pid,
             "stage": self.stage,
             "exception": self.exception,
             "message": self.message,
@@ -48,4 +76,5 @@ class CrashEvent:
             "severity": self.severity,
             "retryable": self.retryable,
             "root_cause": self.is_root_cause,
+            "details": dict(self.details),
         }

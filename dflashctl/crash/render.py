@@ -26,6 +26,14 @@ def crash_panel(event: CrashEvent) -> Panel:
     facts.add_column(style="bold", no_wrap=True)
     facts.add_column()
     facts.add_row("category", escape(event.category))
+    if event.rank is not None or event.local_rank is not None:
+        rank = "-" if event.rank is None else str(event.rank)
+        local = "" if event.local_rank is None else f" (local rank {event.local_rank})"
+        facts.add_row("rank", escape(rank + local))
+    if event.node:
+        facts.add_row("node", escape(event.node))
+    if event.host:
+        facts.add_row("host", escape(event.host))
     facts.add_row("thread", escape(event.thread or "-"))
     facts.add_row("device", escape(event.device or "-"))
     if event.stage:

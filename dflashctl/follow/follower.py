@@ -15,7 +15,7 @@ from dflashctl import agent_client, hints, terminal
 from dflashctl.errors import HostError, UsageError
 from dflashctl.follow.lines import LineSink, LineSplitter
 from dflashctl.follow.reader import FrameParser, ReaderBroken
-from dflashctl.follow.report import FollowResult
+from dflashctl.follow.report import FollowResult, stopped_cleanly
 from dflashctl.follow.waiting import FirstLineWait
 
 if TYPE_CHECKING:
@@ -121,6 +121,7 @@ def follow_run(
             show_lines=show_lines,
             on_crash=on_crash,
             on_line=on_line,
+            node=node,
         ),
         backlog_max=BACKLOG_MAX_BYTES if lines is not None else -1,
         reconnect_timeout_s=reconnect_timeout_s,
@@ -195,8 +196,11 @@ class _Follower:
         if state.status == "stopped":
             # The exit status a stop leaves (SIGKILL after the grace period, say) is
             # the stop's doing, not the trainer's: not weighed as a crash.
+            self.sink.stopped_from_outside(state.signal == 9 or state.exit_code in (137, -9))
             self.sink.finish(None)
         elif state.status != "running":
+            if state.exit_code not in (0, None) or state.status in ("killed", "lost"):
+                self.sink.detector.add_error_files(self._error_files())
             self.sink.finish(state.exit_code)
         else:
             self.sink.quiet()  # the log as it stands: a traceback at its end is complete
@@ -415,6 +419,21 @@ class _Follower:
         lines = [line for line in text.splitlines() if line.strip()]
         return lines[-1].strip() if lines else ""
 
+    def _error_files(self) -> list:
+        """torchelastic's error files in the run's folder (one round trip; none when the
+        connection is gone: the log alone then names the failure)."""
+        from dflashctl.crash.error_files import READER_PROGRAM, records_from_reader
+
+        try:
+            answer = self.target.run(
+                [self.python, "-c", READER_PROGRAM, self.rundir], check=False, timeout=30
+            )
+        except Exception:  # noqa: BLE001 - best effort: the log has been read already
+            return []
+        if answer.exit_status != 0:
+            return []
+        return records_from_reader(answer.stdout.decode("utf-8", "replace"))
+
     # -- the answer ----------------------------------------------------------------------
 
     def _result(self, state, *, interrupted: bool = False) -> FollowResult:
@@ -431,6 +450,8 @@ class _Follower:
             exit_code, signal, run_status = state.exit_code, state.signal, state.status
             failed = state.status in ("killed", "lost") or exit_code not in (0, None)
             status = "crashed" if crashes or failed else "finished"
+            if not crashes and stopped_cleanly(self.sink.stop):
+                status = "stopped"  # asked to stop (SIGTERM, Ctrl-C), whatever the exit status
         return FollowResult(
             run_id=self.run_id,
             status=status,
@@ -444,6 +465,7 @@ class _Follower:
             recovered=self.sink.recovered,
             attempt=self.sink.attempt,
             not_retried=self.sink.not_retried,
+            stop=self.sink.stop,
             rundir=self.rundir,
             where=self.target.describe() if self.target is not None else None,
         )

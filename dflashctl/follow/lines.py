@@ -44,11 +44,13 @@ class LineSink:
         show_lines: bool = True,
         on_crash: Callable[[CrashEvent], None] | None = None,
         on_line: Callable[[str, bool], None] | None = None,
+        node: str | None = None,
     ) -> None:
         from dflashctl.crash import CrashDetector
 
         self.rules = rules
-        self.detector = CrashDetector(rules)
+        self.node = node  # the node this log is from: every crash in it names it
+        self.detector = CrashDetector(rules, node=node)
         # Crashes of earlier attempts the run's supervisor recovered from (run.retry).
         self.recovered: list[CrashEvent] = []
         self.attempt = 1
@@ -111,6 +113,10 @@ class LineSink:
         self._render(self._held_events)
         self._held_events = []
 
+    def stopped_from_outside(self, killed: bool) -> None:
+        """A dflashctl command stopped the run (see CrashDetector.stopped_from_outside)."""
+        self.detector.stopped_from_outside(killed)
+
     def finish(self, exit_code: int | None) -> None:
         """The run ended: weigh the exit code (a crash may only now be certain)."""
         self.go_live()
@@ -131,7 +137,7 @@ class LineSink:
         else:
             self._render(events)
         self.recovered.extend(self.detector.crashes)
-        self.detector = CrashDetector(self.rules)
+        self.detector = CrashDetector(self.rules, node=self.node)
         self.attempt = number
         self.restarting = False
 
@@ -139,6 +145,12 @@ class LineSink:
     def crashes(self) -> list[CrashEvent]:
         """The crashes of the run's last attempt (the one that decides how it ended)."""
         return list(self.detector.crashes)
+
+    @property
+    def stop(self) -> dict[str, Any] | None:
+        """How a stop the trainer was asked for went (crash/stops.py), if it was."""
+        stop = self.detector.stop
+        return stop.to_json() if stop is not None else None
 
     def _tell(self, events: list[CrashEvent]) -> None:
         if self.on_crash is not None:

@@ -111,7 +111,11 @@ def report_nodes_result(result: NodesFollowResult, *, json_mode: bool = False) -
         stopped = next(n.result for n in result.nodes if n.result and n.result.status == "stopped")
         from dflashctl.runs import describe_stop
 
-        terminal.info(f"run {run} was {describe_stop(stopped.stopped or {})}")  # type: ignore[union-attr]
+        if stopped.stopped is None and stopped.stop:  # type: ignore[union-attr]
+            # Asked to stop by a signal from elsewhere; the trainer says how it went.
+            terminal.info(f"run {run} {escape(stopped.stop['said'])}")  # type: ignore[union-attr]
+        else:
+            terminal.info(f"run {run} was {describe_stop(stopped.stopped or {})}")  # type: ignore[union-attr]
     elif status == "running":
         terminal.info(
             f"run {run} is still running; follow it with {hints.command(f'logs -f {run}')}"
@@ -143,6 +147,8 @@ def _node_words(node: NodeFollow) -> str:
         words = f"crashed: {node.failure.what()}"
     elif result.status == "finished":
         words = f"finished (exit code {result.exit_code})"
+    elif result.status == "stopped" and result.stop:
+        words = result.stop["said"]
     else:
         words = result.status
     return f"{words}  run dir {result.rundir}" if result.rundir else words

@@ -38,6 +38,9 @@ class FollowResult:
     recovered: list[CrashEvent] = field(default_factory=list)
     attempt: int = 1
     not_retried: str | None = None
+    # The trainer was asked to stop (crash/stops.py StopInfo.to_json): its checkpoint's
+    # step, or the SIGKILL that ended a stop past its grace period.
+    stop: dict[str, Any] | None = None
     rundir: str | None = None  # workdir/runs/<id> on the target
     where: str | None = None  # "CT 200 on root@pve:22", "this machine"
 
@@ -56,6 +59,8 @@ class FollowResult:
         }
         if self.stopped is not None:
             data["stopped"] = self.stopped
+        if self.stop is not None:
+            data["stop"] = self.stop
         if self.source is not None:
             data["file"] = self.source
         if self.interrupted:
@@ -84,15 +89,18 @@ def classify_log(
     name: str | None = None,
     console: Console | None = None,
     show_lines: bool = True,
+    error_files: list | None = None,
 ) -> FollowResult:
     """Classify a log copied off a machine, the way follow_run would have: print its last
-    `lines` lines (all when None) and its crashes; weigh `exit_code` when known."""
+    `lines` lines (all when None) and its crashes; weigh `exit_code` when known, and
+    torchelastic's `error_files` (crash/error_files.py records) of the run folder."""
     sink = LineSink(
         rules,
         console if console is not None else terminal.out,
         keep_last=lines,
         show_lines=show_lines,
     )
+    sink.detector.add_error_files(error_files or [])
     splitter = LineSplitter()
     for chunk in source:
         for text in splitter.feed(chunk):
@@ -103,14 +111,24 @@ def classify_log(
     sink.finish(exit_code)
     crashes = sink.crashes
     failed = exit_code not in (0, None)
+    status = "crashed" if crashes or failed else "finished"
+    if not crashes and stopped_cleanly(sink.stop):
+        status = "stopped"
     return FollowResult(
         run_id=None,
-        status="crashed" if crashes or failed else "finished",
+        status=status,
         exit_code=exit_code,
         crashes=crashes,
         source=name,
         summary=sink.summary,
+        stop=sink.stop,
     )
+
+
+def stopped_cleanly(stop: dict[str, Any] | None) -> bool:
+    """The trainer stopped as asked: its checkpoint written (or nothing to write), or
+    killed by the stop itself when its grace period ran out."""
+    return bool(stop) and bool(stop.get("clean") or stop.get("killed_after_grace"))
 
 
 # --------------------------------------------------------------------------- the report
@@ -160,7 +178,13 @@ def _say_outcome(result: FollowResult) -> None:
     if result.status == "stopped":
         from dflashctl.runs import describe_stop
 
-        terminal.info(f"{what} was {describe_stop(result.stopped or {})}")
+        if result.stopped is not None:
+            said = f" ({result.stop['outcome']})" if stopped_cleanly(result.stop) else ""
+            terminal.info(f"{what} was {describe_stop(result.stopped)}{escape(said)}")
+        else:
+            said = result.stop["said"] if result.stop else "stopped"
+            code = "" if result.exit_code is None else f"; exit code {result.exit_code}"
+            terminal.info(f"{what} {escape(said)}{code}")
         _say_where_and_what(result)
         return
     if result.status == "running":
@@ -168,7 +192,7 @@ def _say_outcome(result: FollowResult) -> None:
             f"{what} is still running; follow it with {hints.command(f'logs -f {result.run_id}')}"
         )
         return
-    causes = [result.crashes[0].summary] if result.crashes else []
+    causes = [_root_words(result.crashes[0])] if result.crashes else []
     if result.state == "lost":
         causes.append("the process is gone and left no exit code")
     elif result.state == "running":
@@ -197,3 +221,13 @@ def _recovery_note(result: FollowResult) -> str:
         return ""
     after = ", ".join(dict.fromkeys(event.category for event in result.recovered))
     return f" in attempt {result.attempt}" + (f", after recovering from {after}" if after else "")
+
+
+def _root_words(event: CrashEvent) -> str:
+    """`rank 1 (local rank 1), thread drafter-0: InjectedFailure: ...`: where, then what."""
+    where = event.where
+    if event.thread:
+        where = f"{where}, thread {event.thread}" if where else ""
+    if not where or event.summary.startswith(("rank ", "local rank ")):
+        return event.summary
+    return f"{where}: {event.summary}"

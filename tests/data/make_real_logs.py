@@ -7,6 +7,8 @@ sends both to train.log, so the interleaving between threads is real.
 
     python tests/data/make_real_logs.py            # (re)write tests/data/logs/real-*.log
     python tests/data/make_real_logs.py thread-exception
+    python tests/data/make_real_logs.py --trainer [NAME ...]   # the bundled trainer's own
+        # failures, plain, under torchrun (2 ranks) and as 2 nodes: tests/data/trainer_logs.py
 
 Each log gets a sidecar real-<name>.expected.json with what the detector must find.
 The tests also run the scenarios without torch live (see tests/test_crash_real.py).
@@ -294,6 +296,12 @@ def write_log(scenario: Scenario) -> Path:
 
 
 def main(names: list[str]) -> None:
+    if names[:1] == ["--trainer"]:  # the bundled trainer itself: tests/data/trainer_logs.py
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import trainer_logs
+
+        trainer_logs.main(names[1:])
+        return
     chosen = [s for s in SCENARIOS if not names or s.name in names]
     for scenario in chosen:
         print(f"{scenario.name}: {write_log(scenario)}")

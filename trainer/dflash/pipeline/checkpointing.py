@@ -359,7 +359,11 @@ class CheckpointWriter:
             path = save_checkpoint(self.output_dir, state, exporter)
         except BaseException as exc:  # kept for wait(); training goes on meanwhile
             self._error = exc
-            self.log(f"checkpoint at step {state.step} failed: {type(exc).__name__}: {exc}")
+            where = checkpoint_dir(self.output_dir, state.step)
+            self.log(
+                f"checkpoint at step {state.step} failed: {type(exc).__name__}: {exc} "
+                f"(writing {where}; {free_space_text(self.output_dir)})"
+            )
             return
         stats.path = path
         stats.bytes_written = folder_bytes(path)
@@ -368,6 +372,28 @@ class CheckpointWriter:
         self._last = path
         self.log(f"checkpoint: {path} ({stats.durable_s:.1f} s)")
         self.log(stats.line())
+
+
+def free_space_text(folder: Path) -> str:
+    """`12.3 MiB free of 2.0 GiB on /data`: a failed write is often a full disk, which
+    torch.save reports only as "unexpected pos N vs M" (its zip writer)."""
+    probe = Path(folder)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe)
+    except OSError as exc:
+        return f"free space unknown: {exc.strerror}"
+    return f"{_size_text(usage.free)} free of {_size_text(usage.total)} at {probe}"
+
+
+def _size_text(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}" if unit != "B" else f"{count} B"
+        size /= 1024
+    return f"{size:.1f} TiB"
 
 
 def _tensor_fields(state: TrainingState) -> dict:

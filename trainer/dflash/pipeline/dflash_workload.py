@@ -153,6 +153,7 @@ class DFlashWorkload(Workload):
         self.target_config = target_shape(cfg.target)
         self.heldout: list[Sample] = []  # data-file samples kept out of training for eval
         self.tokenizer = self._tokenizer()
+        self._check_vocabulary()
         self.drafter_cfg = self._drafter_config()
         self.samples = self._samples()  # only synthetic data builds the target here
 
@@ -165,6 +166,25 @@ class DFlashWorkload(Workload):
         if self.cfg.target.preset == "tiny":
             return build_tiny_tokenizer()
         return None  # random-weight large presets train on token ids only
+
+    def _check_vocabulary(self) -> None:
+        """A tokenizer with more ids than the target's embedding has rows makes token ids
+        the target cannot look up: an index error (a device-side assert on GPUs) at the
+        first batch holding one, or silently wrong training where none does. Refused
+        here, before the target's weights are read."""
+        if self.tokenizer is None:
+            return
+        ids = len(self.tokenizer)
+        vocab = int(self.target_config.vocab_size)
+        if ids > vocab:
+            source = self.cfg.data.tokenizer or self.cfg.target.path
+            raise TrainConfigError(
+                f"data.tokenizer: the tokenizer ({source}) has {ids} tokens but the target's "
+                f"vocabulary has {vocab} (vocab_size): token ids {vocab} to {ids - 1} have no "
+                "embedding. Use the target's own tokenizer (leave data.tokenizer empty to "
+                "take it from target.path) or a target whose vocab_size is at least "
+                f"{ids}"
+            )
 
     def _drafter_config(self) -> DrafterConfig:
         d = self.cfg.drafter

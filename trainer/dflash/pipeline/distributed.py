@@ -47,6 +47,11 @@ class DistInfo:
     local_world_size: int = 1
     host: str = ""
     under_torchrun: bool = False  # torchrun with one rank still runs the distributed path
+    node_rank: int = 0  # torchrun's GROUP_RANK: which of the job's nodes this is
+    num_nodes: int = 1
+    node_name: str = (
+        ""  # the node's name in dflash.yaml (DFLASH_NODE_NAME), when dflashctl launched it
+    )
 
     @property
     def enabled(self) -> bool:
@@ -69,7 +74,15 @@ class DistInfo:
             local_world_size=local_world,
             host=socket.gethostname(),
             under_torchrun="TORCHELASTIC_RUN_ID" in env,
+            node_rank=int(env.get("GROUP_RANK") or env.get("DFLASH_NODE_RANK") or "0"),
+            num_nodes=int(env.get("GROUP_WORLD_SIZE") or env.get("DFLASH_NUM_NODES") or "1"),
+            node_name=env.get("DFLASH_NODE_NAME", ""),
         )
+
+    def node_text(self) -> str:
+        """`node 1/2 (gpu-b)`: which node, for the crash detector's rank-to-node map."""
+        name = f" ({self.node_name})" if self.node_name else ""
+        return f"node {self.node_rank}/{self.num_nodes}{name}"
 
     def label(self) -> str:
         return f"rank {self.rank}/{self.world_size} on host {self.host} (pid {os.getpid()})"

@@ -52,6 +52,7 @@ class TrainResult:
     replicas: list[DrafterReplica] = field(default_factory=list)
     eval_line: str | None = None
     graphs_recorded: list[int] = field(default_factory=list)
+    failure: BaseException | None = None  # what ended a failed run (the first thread's)
 
 
 def compile_loss(module: torch.nn.Module, mode: str) -> torch.nn.Module:
@@ -179,7 +180,7 @@ def _train(
     if coordinator is not None:
         log.line(
             f"distributed: {info.label()}, local rank {info.local_rank}/{info.local_world_size}, "
-            f"{coordinator.backend}, target on {', '.join(runtime.target_devices)}, drafter on "
+            f"{info.node_text()}, {coordinator.backend}, target on {', '.join(runtime.target_devices)}, drafter on "
             f"{runtime.drafter_devices[0]}"
         )
 
@@ -375,6 +376,7 @@ def _train(
         on = f" on {device}" if device else ""
         log.line(f"training failed{where}: {name}{on} failed: {type(exc).__name__}: {exc}")
         result.exit_code = 1
+        result.failure = exc
         return result
     if stuck:
         result.exit_code = 1
@@ -383,7 +385,7 @@ def _train(
     _log_device_summary(cfg, replicas, log)
     lead = replicas[0]
     if lead.completed_steps < total_steps:
-        why = "SIGTERM" if term.is_set() else "a stop request"
+        why = (interrupts.signal_name or "SIGTERM") if term.is_set() else "a stop request"
         if coordinator is not None and not term.is_set():
             why = "a SIGTERM to another rank"
         if lead.completed_steps == start_step:
@@ -491,6 +493,7 @@ class Interrupts:
         self.abandon: Callable[[], None] | None = None
         self._previous: dict = {}
         self._first_at = 0.0
+        self.signal_name: str | None = None  # the first stop signal: SIGTERM or SIGINT
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -508,6 +511,7 @@ class Interrupts:
         if not self.term.is_set():
             self.term.set()
             self._first_at = time.monotonic()
+            self.signal_name = name
             self.log.line(f"received {name}: finishing the current step, then writing a checkpoint")
         elif signum == signal.SIGTERM and time.monotonic() - self._first_at < REPEAT_WINDOW_S:
             # One stop told twice: `dflashctl stop` signals the process group, and torchrun,

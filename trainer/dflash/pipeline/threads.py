@@ -104,7 +104,8 @@ class RunContext:
         return self.dist.rank == 0
 
     def debug_applies(self) -> bool:
-        """debug.fail_in and tls_fix=false act only on debug.on_ranks (all when empty)."""
+        """debug.fail_in, hold_at_step and tls_fix=false act only on debug.on_ranks (all
+        when empty)."""
         ranks = self.cfg.debug.on_ranks
         return not ranks or self.dist.rank in ranks
 
@@ -330,7 +331,8 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
             profile.after(step + 1)
         if stop:
             break
-        if step + 1 == ctx.cfg.debug.hold_at_step and step + 1 < ctx.total_steps:
+        held = step + 1 == ctx.cfg.debug.hold_at_step and step + 1 < ctx.total_steps
+        if held and ctx.debug_applies():  # on_ranks: one rank hangs, the others go on
             _hold_until_stopped(ctx, replica, step + 1)
             break
     if ctx.cfg.runtime.compile == "reduce-overhead" and replica.device.type == "cuda":

@@ -273,7 +273,8 @@ class DebugSection(Section):
     stop_at_step: Amount = 0  # act as if SIGTERM arrived after this step (tests, demos)
     # After this step, train no further until SIGTERM (tests: redeploy at a known step).
     hold_at_step: Amount = 0
-    on_ranks: IntList = Field(default_factory=list)  # torchrun: fail_in/tls_fix=false only here
+    # torchrun: fail_in, hold_at_step and tls_fix=false only on these ranks
+    on_ranks: IntList = Field(default_factory=list)
     nonfinite_at_steps: IntList = Field(default_factory=list)  # poison the loss at these steps
     profile_steps: IntList = Field(default_factory=list)  # [first, last]: count CUDA graph launches
 

@@ -1,0 +1,223 @@
+"""Failures told by how a run ended rather than by a traceback: its exit status, and
+torchrun's summary of the rank that failed first (a rank killed by a signal prints
+nothing of its own). Standard library only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dflashctl.crash.events import CrashEvent
+from dflashctl.crash.ordering import is_consequence
+from dflashctl.crash.stops import STOP_SIGNALS
+from dflashctl.crash.torchrun import signal_name
+
+if TYPE_CHECKING:
+    from dflashctl.crash.detector import CrashDetector
+
+NONZERO_EXIT_HINT = (
+    "The run exited with a non-zero status but printed no failure dflashctl recognises. "
+    "Read the last lines of the log; add a rule to crash_patterns in dflash.yaml for this "
+    "message so that it is named next time."
+)
+# A process ended by one of these signals: the category that names it.
+BY_SIGNAL = {9: "killed", 11: "segfault", 7: "segfault", 6: "aborted"}
+
+
+def is_torchrun_summary(exception: str | None) -> bool:
+    """torchrun's ChildFailedError: the summary after it says which rank failed, how."""
+    return bool(exception) and exception.endswith("ChildFailedError")
+
+
+def exit_code_events(detector: CrashDetector, exit_code: int | None) -> list[CrashEvent]:
+    """What the exit status adds to what the log said."""
+    if exit_code is None or exit_code == 0:
+        return []
+    stops = detector.stops
+    if stops.info.clean:
+        return []  # torchrun's 1, a second Ctrl-C's 130: the end of a clean stop
+    signal = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 160 else None
+    if signal in STOP_SIGNALS:  # stopped on purpose (dflashctl stop), not a crash
+        return []
+    if signal == 9 and stops.takes_kill():
+        return []  # the stop's SIGKILL when its grace period ran out
+    seen = {event.category for event in detector.in_log_order}
+    category = BY_SIGNAL.get(signal) if signal is not None else None
+    if category is not None:
+        if category in seen or (category == "aborted" and seen):
+            return []
+        rule = _rule_for(detector, category)
+        if rule is not None:
+            name = signal_name(signal)
+            return [
+                detector.exit_event(
+                    rule.name,
+                    category,
+                    rule.hint,
+                    rule.severity,
+                    rule.retryable,
+                    f"exit status {exit_code} ({name})",
+                )
+            ]
+    if seen:
+        return []
+    return [
+        detector.exit_event(
+            "nonzero_exit",
+            "exit_status",
+            NONZERO_EXIT_HINT,
+            "fatal",
+            False,
+            f"exit status {exit_code}",
+        )
+    ]
+
+
+def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
+    """torchrun's summary just ended: fill in what it says of each failed rank's events,
+    and tell the root cause's failure when its rank printed none of its own (killed by
+    a signal; or its traceback only in the error file)."""
+    watch = detector.torchrun
+    failure = watch.failure
+    if failure is None:
+        return []
+    for item in [failure, *watch.failures]:
+        if item.rank is None:
+            continue
+        for event in detector.in_log_order:
+            if event.rank == item.rank:
+                event.local_rank = item.local_rank if event.local_rank is None else event.local_rank
+                event.host = event.host or item.host
+                event.pid = event.pid or item.pid
+    rank = failure.rank
+    own = [e for e in detector.in_log_order if e.rank == rank and rank is not None]
+    unplaced = [e for e in detector.in_log_order if e.rank is None and not is_consequence(e)]
+    same_local = [e for e in unplaced if e.local_rank == failure.local_rank]
+    unplaced = same_local or [e for e in unplaced if e.local_rank is None]
+    if not own and unplaced and rank is not None:
+        # Lines without a rank prefix (a plain traceback on the rank's stderr): the
+        # first failure of its own in the log is the rank torchrun names.
+        first = unplaced[0]
+        first.rank, first.local_rank = rank, failure.local_rank
+        first.host, first.pid = first.host or failure.host, first.pid or failure.pid
+        first.node = first.node or detector.ranks.node_of(rank)
+        own = [first]
+    for event in own:  # what torchrun says of the rank: exit code, time, error file
+        event.details.setdefault("torchrun", failure.to_json())
+    if any(not is_consequence(e) for e in own):
+        return []
+    signal = watch.signal_of_root()
+    if signal is not None:
+        if signal in STOP_SIGNALS or (signal == 9 and detector.stops.takes_kill()):
+            return []  # stopped from outside (and killed when it did not stop in time)
+        category = BY_SIGNAL.get(signal, "killed")
+        rule = _rule_for(detector, category)
+        if rule is None:
+            return []
+        who = f"rank {rank}" if rank is not None else f"local rank {failure.local_rank}"
+        event = _at_summary(
+            detector,
+            rule.name,
+            category,
+            rule.hint,
+            rule.severity,
+            rule.retryable,
+            f"{who} killed ({signal_name(signal)})"
+            if signal == 9
+            else f"{who} ended by {signal_name(signal)}",
+        )
+    elif failure.has_traceback:
+        event = classify_recorded_traceback(detector, failure.traceback_lines)
+        if event is None or own:
+            return []  # its own line (the PeerFailure it recorded) is in the log already
+    elif own:
+        return []
+    else:
+        event = _at_summary(
+            detector,
+            "nonzero_exit",
+            "exit_status",
+            NONZERO_EXIT_HINT,
+            "fatal",
+            False,
+            f"rank {rank} exited with exit code {failure.exitcode}",
+        )
+    event.rank, event.local_rank = rank, failure.local_rank
+    event.host, event.pid = failure.host, failure.pid
+    event.details["told_by"] = "torchrun"  # its summary, not the rank's own lines
+    event.details["torchrun"] = failure.to_json()
+    event.line = event.end_line = failure.line or detector.line_no
+    return [event]
+
+
+def classify_recorded_traceback(detector: CrashDetector, lines: list[str]) -> CrashEvent | None:
+    """The rank's traceback as torchelastic's error file kept it, classified alone."""
+    inner = type(detector)(detector.rules)
+    text = list(lines)
+    if text and not text[0].startswith("Traceback"):
+        text = text[:1]  # one line: an exception without a traceback
+    for line in text:
+        inner.feed(line)
+    inner.finish(None)
+    found = inner.crashes
+    return found[0] if found else None
+
+
+def _at_summary(detector, rule, category, hint, severity, retryable, message) -> CrashEvent:
+    event = detector.exit_event(rule, category, hint, severity, retryable, message)
+    failure = detector.torchrun.failure
+    start = failure.line if failure is not None and failure.line else detector.line_no
+    event.excerpt = event.excerpt[-10:]
+    event.line = event.end_line = start
+    return event
+
+
+def _rule_for(detector: CrashDetector, category: str):
+    same = [r for r in detector.rules if r.category == category]
+    return next((r for r in same if r.name == category), same[0] if same else None)
+
+
+def error_file_events(detector: CrashDetector, records: list) -> list[CrashEvent]:
+    """Failures torchelastic's error files tell (crash/error_files.py) that the log does
+    not: added when the log names no failure of its own; else the event they match
+    gets its file's path. Files older than the run's last start are an earlier
+    attempt's and are left alone."""
+    started = detector.started_at
+    fresh = [
+        r for r in records if r.timestamp is None or started is None or r.timestamp >= started - 1
+    ]
+    events = detector.in_log_order
+    real = [e for e in events if not is_consequence(e) and e.category != "exit_status"]
+    out: list[CrashEvent] = []
+    for record in fresh:
+        found = classify_recorded_traceback(detector, record.traceback)
+        if found is None:
+            continue
+        same = next((e for e in events if _same_failure(e, found)), None)
+        if same is not None:
+            same.details.setdefault("error_file", record.path)
+            continue
+        if real:
+            continue  # the log names the failure itself
+        rank = detector.ranks.rank_of(None, record.local_rank)
+        if rank is None and record.local_rank is None:
+            rank = detector.named_rank
+        found.rank = rank
+        found.local_rank = record.local_rank
+        found.details.update(error_file=record.path, told_by="error_file")
+        found.line = found.end_line = detector.line_no
+        found.excerpt = list(record.traceback)
+        out.append(found)
+        real.append(found)
+    if out:  # what the exit status alone said is explained now
+        for event in [e for e in events if e.category == "exit_status"]:
+            events.remove(event)
+    return out
+
+
+def _same_failure(event: CrashEvent, other: CrashEvent) -> bool:
+    if event.category != other.category:
+        return False
+    return (event.exception, (event.message or "")[:80]) == (
+        other.exception,
+        (other.message or "")[:80],
+    )
