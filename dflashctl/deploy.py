@@ -275,6 +275,8 @@ def deploy(
         with session(config) as target:
             summary = None
             last = None if options.dry_run else releases.load_last_deploy(config)
+            if last is None and not options.dry_run:
+                target.transport.prepare_bulk()  # while the container is inspected
             if last is not None:
                 try:
                     plan = plan_from(config, options, manifest, last.release, last.manifest)

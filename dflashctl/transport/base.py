@@ -160,6 +160,9 @@ class Transport:
     ) -> CommandResult:
         raise NotImplementedError
 
+    def prepare_bulk(self) -> None:
+        """A large stdin will follow soon (a deploy): get its way ready meanwhile."""
+
     def run_bulk(
         self, argv: Sequence[str], *, stdin: Stdin, timeout: float | None
     ) -> CommandResult:

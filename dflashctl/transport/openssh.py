@@ -182,9 +182,22 @@ class OpenSSH:
         stdout, stderr = bytes(outputs[0]), bytes(outputs[1])
         if feeder.error is not None:  # the input's own failure comes first
             raise feeder.error
-        if status == 255 and _SSH_FAILURE.search(stderr.decode(errors="replace")):
+        if status < 0 or (status == 255 and self._connection_failed(stderr)):
+            # (< 0: ssh itself was killed, by a signal: the same for the command.)
             raise ConnectionLost(self.description, f"running `{shlex.join(argv)[:80]}`")
         return CommandResult(argv, status, stdout, stderr)
+
+
+    def _connection_failed(self, stderr: bytes) -> bool:
+        """Was exit status 255 ssh's own (the connection failed), not the command's?
+        A mux client whose master lost its connection says nothing: the master is
+        then gone."""
+        if _SSH_FAILURE.search(stderr.decode(errors="replace")):
+            return True
+        try:
+            return not self.master_running()
+        except (OSError, subprocess.SubprocessError):
+            return True
 
 
 class _Feeder(threading.Thread):

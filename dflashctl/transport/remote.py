@@ -43,6 +43,8 @@ class RemoteTransport(Transport):
         self._paramiko: SSHTransport | None = None
         self._openssh: OpenSSH | bool | None = None  # False: tried, not usable here
         self._lock = threading.Lock()
+        self._openssh_lock = threading.Lock()  # (a master starting holds up no command)
+        self._preparing: threading.Thread | None = None
 
     @property
     def paramiko(self) -> SSHTransport:
@@ -56,12 +58,21 @@ class RemoteTransport(Transport):
 
     def openssh(self) -> OpenSSH | None:
         """The OpenSSH runner with its master up, or None (then paramiko does it all)."""
-        with self._lock:
+        with self._openssh_lock:
             if self._openssh is None:
                 from dflashctl.transport import openssh
 
                 self._openssh = openssh.connect(self.host, self.destination) or False
             return self._openssh or None
+
+    def prepare_bulk(self) -> None:
+        """Start the OpenSSH master in the background (a handshake, a few tenths of a
+        second) while the deploy inspects the container and plans."""
+        if self._openssh is None and self._preparing is None:
+            self._preparing = threading.Thread(
+                target=self.openssh, name="openssh-master", daemon=True
+            )
+            self._preparing.start()
 
     # What doctor asks of the connection itself.
     def connect(self) -> None:
