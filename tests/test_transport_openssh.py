@@ -170,3 +170,15 @@ def test_killing_ssh_mid_transfer_leaves_no_partial_release_and_the_old_run_runn
         time.sleep(0.05)
     assert not list(releases.glob("*.partial"))
     assert [p.name for p in releases.iterdir() if p.is_dir()] == [first["release"]]
+
+
+def test_a_known_hosts_path_with_spaces_and_percent_signs_is_used_as_is(pve_host, tmp_path):
+    folder = tmp_path / "my keys 100%"
+    folder.mkdir()
+    known = folder / "known hosts"
+    known.write_text(Path(pve_host.known_hosts).read_text())
+    host = host_config(pve_host, known_hosts=str(known))
+    runner = openssh.connect(host, RemoteTransport(host).destination)
+    assert runner is not None and runner.master_running()
+    result = runner.run(["sh", "-c", "wc -c"], stdin=b"x" * 100_000, timeout=30)
+    assert result.exit_status == 0 and result.stdout.split() == [b"100000"]

@@ -73,6 +73,14 @@ def control_folder() -> Path | None:
     return folder
 
 
+def _option_path(path: str) -> str:
+    """A path as the value of `-o Key=value`: ssh splits a bare value at whitespace
+    (a list of files) and expands `%` tokens, so such a path goes in double quotes
+    with its `%` doubled."""
+    path = path.replace("%", "%%")
+    return f'"{path}"' if any(c.isspace() for c in path) else path
+
+
 class OpenSSH:
     """`ssh` to one destination over a control master (see the module's docstring)."""
 
@@ -81,7 +89,7 @@ class OpenSSH:
         self.dest = dest
         self.description = str(dest)
         options = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
-        options += ["-o", f"UserKnownHostsFile={host.known_hosts}"]
+        options += ["-o", f"UserKnownHostsFile={_option_path(str(host.known_hosts))}"]
         options += ["-o", "GlobalKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
         options += ["-o", f"ConnectTimeout={max(1, math.ceil(host.connect_timeout_s))}"]
         if host.keepalive_s:
@@ -98,7 +106,7 @@ class OpenSSH:
         identity = "\0".join([ssh, host.address, str(dest), *options])
         name = hashlib.sha256(identity.encode()).hexdigest()[:20]
         self.control_path = str(folder / name)
-        self._base = [ssh, *options, "-o", f"ControlPath={self.control_path}"]
+        self._base = [ssh, *options, "-o", f"ControlPath={_option_path(self.control_path)}"]
 
     def _argv(self, *extra: str) -> list[str]:
         return [*self._base, *extra, self.host.address]
@@ -186,7 +194,6 @@ class OpenSSH:
             # (< 0: ssh itself was killed, by a signal: the same for the command.)
             raise ConnectionLost(self.description, f"running `{shlex.join(argv)[:80]}`")
         return CommandResult(argv, status, stdout, stderr)
-
 
     def _connection_failed(self, stderr: bytes) -> bool:
         """Was exit status 255 ssh's own (the connection failed), not the command's?
