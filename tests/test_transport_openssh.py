@@ -182,3 +182,20 @@ def test_a_known_hosts_path_with_spaces_and_percent_signs_is_used_as_is(pve_host
     assert runner is not None and runner.master_running()
     result = runner.run(["sh", "-c", "wc -c"], stdin=b"x" * 100_000, timeout=30)
     assert result.exit_status == 0 and result.stdout.split() == [b"100000"]
+
+
+def test_an_alias_of_the_ssh_config_is_resolved_by_ssh_itself(pve_host, tmp_path, monkeypatch):
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        "Host testnode\n"
+        f"    HostName {pve_host.address}\n"
+        f"    Port {pve_host.port}\n"
+        f"    User {pve_host.user}\n"
+        f"    IdentityFile {pve_host.identity_file}\n"
+    )
+    monkeypatch.setenv("DFLASHCTL_SSH_CONFIG", str(config))
+    host = host_config(pve_host, address="testnode", port=None, user=None, identity_file=None)
+    runner = openssh.connect(host, RemoteTransport(host).destination)
+    assert runner is not None, "ssh could not connect through the alias"
+    result = runner.run(["sh", "-c", "echo $USER"], stdin=b"", timeout=30)
+    assert result.exit_status == 0 and result.stdout.strip() == pve_host.user.encode()

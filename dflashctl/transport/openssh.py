@@ -91,6 +91,8 @@ class OpenSSH:
         options = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
         options += ["-o", f"UserKnownHostsFile={_option_path(str(host.known_hosts))}"]
         options += ["-o", "GlobalKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+        # What a ~/.ssh/config may add that has no place in a command's connection.
+        options += ["-o", "RemoteCommand=none", "-o", "ClearAllForwardings=yes"]
         options += ["-o", f"ConnectTimeout={max(1, math.ceil(host.connect_timeout_s))}"]
         if host.keepalive_s:
             options += ["-o", f"ServerAliveInterval={max(1, math.ceil(host.keepalive_s))}"]
