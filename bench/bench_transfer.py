@@ -2,20 +2,23 @@
 
 Starts the test host the tests use (real sshd on 127.0.0.1, `pct` driving a
 container), and times the whole CLI process `dflashctl deploy --detach --yes`
-(Python start-up included) with its peak RSS (from wait4):
+(Python start-up included) with its peak RSS (its own ru_maxrss):
 
-  big first deploy     the fake trainer plus one incompressible file of --big-mb MB
-                       (200 by default), nothing deployed yet
+  big first deploy     the fake trainer plus one incompressible file of each --big-mb
+                       size (200 and 1024 MB by default), nothing deployed yet, no
+                       OpenSSH master up; and the same through paramiko (the fallback)
   one-file redeploy    helpers.py changed next to the unchanged big file: nothing of
-                       the big file may travel
+                       the big file may travel; with the master the deploy left, and
+                       without one
   many small files     a first deploy of --small-files files (5,000 by default)
 
 Baselines, in the same run, by hand, each step its own `ssh`/`scp` process with strict
-host keys: the deploy loop of bench_deploy.py over the same files (`scp` to the host and
-`ssh ... pct push` per file, then relaunch), and, stricter, `scp` + `pct push` of the big
-file alone.
+host keys: the headline, `scp` of the big file to the host + `pct push` of it into the
+container (the same bytes dflashctl sends); and the deploy loop of bench_deploy.py over
+the same files (`scp` + `pct push` per file, then relaunch). The cases alternate within
+each run, so that a change in the machine's load reaches all of them.
 
-    python bench/bench_transfer.py [--runs N] [--big-mb MB] [--small-files N] [--only big|small]
+    python bench/bench_transfer.py [--runs N] [--big-mb MB ...] [--small-files N] [--only big|small]
 
 Each case also gives the CPU time (user + sys) of the dflashctl process and of the agent
 in the container (by the end of its build, start-up included): unlike wall time, that
@@ -90,9 +93,9 @@ class Deployed:
     summary: dict
 
 
-def deploy(config: Path, cache: Path) -> Deployed:
+def deploy(config: Path, cache: Path, extra_env: dict | None = None) -> Deployed:
     """One `deploy --detach --yes` as a whole CLI process, timed."""
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), **(extra_env or {}))
     argv = ["deploy", "-c", str(config), "--detach", "--yes", "--json"]
     start = time.perf_counter()
     result = subprocess.run(
@@ -130,7 +133,9 @@ def by_hand_big(by_hand: ByHand, big: Path) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per case (medians)")
-    parser.add_argument("--big-mb", type=int, default=200, help="size of the big file")
+    parser.add_argument(
+        "--big-mb", type=int, nargs="+", default=[200, 1024], help="sizes of the big file"
+    )
     parser.add_argument("--small-files", type=int, default=5000)
     parser.add_argument(
         "--wipe-by-delete",
@@ -174,7 +179,8 @@ def run(args, host) -> int:
     server = host.server
     print(
         f"host {server.address}:{server.port}, CT {VMID}; {args.runs} runs per case (medians); "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+        f"{os.cpu_count()} cores; free disk {shutil.disk_usage(host.base).free / 1e9:.0f} GB"
     )
     results: dict = {"bench": "transfer", "load_before": round(os.getloadavg()[0], 1)}
     met = True
@@ -183,6 +189,7 @@ def run(args, host) -> int:
     if args.only in (None, "small"):
         met &= small_case(args, host, results)
     results["load_after"] = round(os.getloadavg()[0], 1)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print("goals met" if met else "goals NOT met")
     print(json.dumps(results))
     return 0
@@ -198,72 +205,120 @@ def config_for(host, source: Path, name: str) -> tuple[Path, str]:
     return path, config["container"]["python"]
 
 
+def stop_masters() -> None:
+    """End the OpenSSH control masters dflashctl keeps (ControlPersist): the next
+    deploy connects afresh, as the first of the day does."""
+    from dflashctl.transport.openssh import control_folder
+
+    folder = control_folder()
+    for sock in folder.iterdir() if folder else []:
+        if sock.is_socket():
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True
+            )
+
+
+def tree_with_big(host, megabytes: int) -> tuple[Path, Path, str, list[str]]:
+    source = host.base / f"big-{megabytes}"
+    write_trainer(source)
+    shutil.rmtree(source / "__pycache__")  # by hand sends every file: no junk in the tree
+    write_big(source / BIG_NAME, megabytes)
+    config, python = config_for(host, source, f"big-{megabytes}")
+    files = sorted(str(f.relative_to(source)) for f in source.rglob("*") if f.is_file())
+    return source, config, python, files
+
+
 def big_cases(args, host, results: dict) -> bool:
-    """The first deploy with a big file, the one-file redeploy beside it, by hand."""
+    """Per size: the first deploy with a big file (through OpenSSH, and through
+    paramiko as the fallback), against scp + pct push of the same bytes and the
+    by-hand loop; then the one-file redeploy beside the big file."""
     server, container, cache = host.server, host.container, host.base / "cache"
-    big_src = host.base / "big"
-    write_trainer(big_src)
-    shutil.rmtree(big_src / "__pycache__")  # by hand sends every file: no junk in the tree
-    write_big(big_src / BIG_NAME, args.big_mb)
-    config, python = config_for(host, big_src, "big")
-    big, one_file = [], []
-    for i in range(args.runs):
+    met = True
+    headline = []
+    for megabytes in args.big_mb:
+        source, config, python, files = tree_with_big(host, megabytes)
+        by_hand = ByHand(server, python)
+        first, fallback, one_file, cold = [], [], [], []
+        hand_big, hand_tree = [], []
+        for i in range(args.runs):
+            # Alternating, so that a change in the machine's load hits every case.
+            wipe(container, cache)
+            stop_masters()
+            deployed = deploy(config, cache)
+            assert deployed.summary["files_sent"] == deployed.summary["files_total"]
+            first.append(deployed)
+            (source / "helpers.py").write_text(f"def greeting():\n    return 'edit {i}'\n")
+            again = deploy(config, cache)  # the master the first deploy left is up
+            # Nothing of the big file travels: the archive holds helpers.py and metadata.
+            assert again.summary["files_sent"] == 1 and again.summary["bytes_sent"] < 1024
+            one_file.append(again)
+            stop_masters()
+            (source / "helpers.py").write_text(f"def greeting():\n    return 'cold {i}'\n")
+            cold.append(deploy(config, cache))
+            hand_big.append(by_hand_big(by_hand, source / BIG_NAME))
+            wipe(container, cache)
+            fallback.append(deploy(config, cache, {"DFLASHCTL_SSH_CLIENT": "paramiko"}))
+            wipe(container, cache)
+            hand_tree.append(by_hand.deploy(source, files))
+        by_hand.ssh("sh", "-c", "rm -f /tmp/by-hand-*")
+        container.exec(["rm", "-f", "/root/by-hand-big.dat"])
         wipe(container, cache)
-        first = deploy(config, cache)
-        assert first.summary["files_sent"] == first.summary["files_total"], first.summary
-        big.append(first)
-        (big_src / "helpers.py").write_text(f"def greeting():\n    return 'edit {i}'\n")
-        again = deploy(config, cache)
-        # Nothing of the big file travels: the archive holds helpers.py and metadata.
-        assert again.summary["files_sent"] == 1 and again.summary["bytes_sent"] < 1024
-        one_file.append(again)
-    wipe(container, cache)
+        shutil.rmtree(source)
 
-    by_hand = ByHand(server, python)
-    files = sorted(str(f.relative_to(big_src)) for f in big_src.rglob("*") if f.is_file())
-    hand_tree, hand_big = [], []
-    for _ in range(args.runs):
-        wipe(container, cache)
-        hand_tree.append(by_hand.deploy(big_src, files))
-        hand_big.append(by_hand_big(by_hand, big_src / BIG_NAME))
-    by_hand.ssh("sh", "-c", "rm -f /tmp/by-hand-*")
-    wipe(container, cache)
-
-    first, again = median_of(big), median_of(one_file)
-    by_hand_tree_s = statistics.median(hand_tree)
-    by_hand_big_s = statistics.median(hand_big)
-    ratio = first["seconds"] / by_hand_tree_s
-    ratio_big = first["seconds"] / by_hand_big_s
-    archive_bytes = max(r.summary["archive_bytes"] for r in one_file)
-    print(
-        f"first deploy, {len(files)} files with {args.big_mb} MB   {first['seconds']:6.2f} s"
-        f"   peak RSS {first['peak_rss_mib']} MiB; {cpu_note(first)}"
-    )
-    print(f"by hand, the same {len(files)} files, relaunch     {by_hand_tree_s:6.2f} s")
-    print(f"by hand, scp + pct push of the big file  {by_hand_big_s:6.2f} s")
-    print(f"ratio dflashctl / by hand (same files): {ratio:.2f}   (goal <= {GOALS['big_ratio']})")
-    print(f"ratio dflashctl / scp + push of the big file alone: {ratio_big:.2f}")
-    print(
-        f"one-file redeploy next to the big file     {again['seconds']:6.2f} s"
-        f"   (goal < {GOALS['one_file_s']} s); archive {archive_bytes} bytes, "
-        f"peak RSS {again['peak_rss_mib']} MiB; {cpu_note(again)}"
-    )
-    results.update(
-        big_first=first,
-        one_file=again,
-        by_hand_tree_s=round(by_hand_tree_s, 3),
-        by_hand_big_s=round(by_hand_big_s, 3),
-        ratio_same_files=round(ratio, 2),
-        ratio_big_file_alone=round(ratio_big, 2),
-        one_file_archive_bytes=archive_bytes,
-        big_mb=args.big_mb,
-    )
-    return (
-        ratio <= GOALS["big_ratio"]
-        and again["seconds"] < GOALS["one_file_s"]
-        and archive_bytes < (1 << 20)
-        and max(first["peak_rss_mib"], again["peak_rss_mib"]) < GOALS["rss_mib"]
-    )
+        case, para = median_of(first), median_of(fallback)
+        again, again_cold = median_of(one_file), median_of(cold)
+        big_s, tree_s = statistics.median(hand_big), statistics.median(hand_tree)
+        ratio, ratio_tree = case["seconds"] / big_s, case["seconds"] / tree_s
+        ratio_para = para["seconds"] / big_s
+        each = ", ".join(f"{r.seconds:.2f}" for r in first)
+        hand_each = ", ".join(f"{s:.2f}" for s in hand_big)
+        print(
+            f"--- {megabytes} MB ({len(files)} files; each run: dflashctl {each} s, "
+            f"scp + pct push {hand_each} s)"
+        )
+        print(
+            f"dflashctl deploy (OpenSSH)          {case['seconds']:6.2f} s   peak RSS "
+            f"{case['peak_rss_mib']} MiB; {cpu_note(case)}"
+        )
+        print(f"scp + pct push of the same bytes    {big_s:6.2f} s")
+        print(f"RATIO dflashctl / scp + pct push: {ratio:.2f}   (goal <= {GOALS['big_ratio']})")
+        print(
+            f"by-hand loop, the same {len(files)} files, relaunch {tree_s:6.2f} s   "
+            f"ratio dflashctl / loop: {ratio_tree:.2f}"
+        )
+        print(
+            f"dflashctl through paramiko (DFLASHCTL_SSH_CLIENT=paramiko) {para['seconds']:6.2f} s"
+            f"   ratio / scp + push: {ratio_para:.2f}; {cpu_note(para)}"
+        )
+        print(
+            f"one-file redeploy next to it        {again['seconds']:6.2f} s   (goal < "
+            f"{GOALS['one_file_s']} s; OpenSSH master up); without a master "
+            f"{again_cold['seconds']:.2f} s; CPU dflashctl {again['client_cpu_s']:.2f} s"
+        )
+        results[f"big_{megabytes}"] = dict(
+            first=case,
+            paramiko=para,
+            one_file=again,
+            one_file_cold=again_cold,
+            scp_push_s=round(big_s, 3),
+            by_hand_loop_s=round(tree_s, 3),
+            ratio_scp_push=round(ratio, 2),
+            ratio_loop=round(ratio_tree, 2),
+            ratio_paramiko_scp_push=round(ratio_para, 2),
+            runs=[round(r.seconds, 3) for r in first],
+            scp_push_runs=[round(x, 3) for x in hand_big],
+        )
+        headline.append((megabytes, case["seconds"], big_s, ratio))
+        met &= (
+            ratio <= GOALS["big_ratio"]
+            and again["seconds"] < GOALS["one_file_s"]
+            and max(case["peak_rss_mib"], again["peak_rss_mib"], para["peak_rss_mib"])
+            < GOALS["rss_mib"]
+        )
+    print("HEADLINE  size | dflashctl | scp + pct push | ratio")
+    for megabytes, mine, theirs, ratio in headline:
+        print(f"HEADLINE  {megabytes} MB | {mine:.2f} s | {theirs:.2f} s | {ratio:.2f}")
+    return met
 
 
 def wipe_aside(container, cache: Path, trash: str) -> None:

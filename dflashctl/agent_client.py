@@ -168,6 +168,14 @@ def agent_argv(python: str, op: str) -> list[str]:
     return [python, "-S", "-", op]
 
 
+def streamed_agent_argv(python: str, op: str, program_bytes: int) -> list[str]:
+    """The agent reading its program (agent_input, `program_bytes` long) off stdin and
+    leaving the rest of stdin, the deploy's archive, for the verb to read as it comes
+    (`python -` would read stdin to its end before running anything)."""
+    loader = f"import sys;exec(sys.stdin.buffer.read({int(program_bytes)}))"
+    return [python, "-S", "-c", loader, op]
+
+
 def log_reader_argv(
     python: str, workdir: str, run_id: str, offset: int, backlog: int, *, once: bool
 ) -> list[str]:

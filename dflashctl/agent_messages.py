@@ -66,9 +66,11 @@ class LaunchParams(_LaunchParams, total=False):
     holder: dict[str, Any]  # {"command", "machine", "pid"}: named to a deploy refused meanwhile
     wait: bool  # queue behind a deploy in flight instead of being refused
     # deploy only
-    archive: str
+    archive: str  # "-": the archive follows the agent's program on its stdin
+    archive_size: int  # its bytes, all of which must arrive
+    manifest_sha256: str  # of the archive's first member (the release's manifest)
     base: str | None
-    upload_prefix: str
+    upload_prefix: str  # uploads of earlier versions left in /tmp, removed once stale
 
 
 class Resume(TypedDict):

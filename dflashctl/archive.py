@@ -1,11 +1,11 @@
 """The archive of changed files, streamed from disk: never whole in memory.
 
 An uncompressed POSIX (pax) tar whose exact size is known before the first byte is
-read, so the host can take exactly that many bytes off the SSH command's stdin and
-leave the rest for the agent. Members are the metadata (`METADATA_MEMBERS`, bytes
+read: the agent reads exactly that many bytes off its stdin (see
+agent/incoming.py) and knows a stream cut short. Members are the metadata (`METADATA_MEMBERS`, bytes
 built here) and then the changed files, each read once, in chunks, and checked
 against the manifest as it goes: a file edited while it is being sent ends the
-stream early (the host then sees a short upload and deploys nothing) instead of
+stream early (the agent then sees a short archive and deploys nothing) instead of
 deploying it half-old, half-new.
 
 No compression: weights and data do not shrink, code is small, and on a LAN the link
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -23,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from dflashctl.errors import UsageError
+from dflashctl.source_cache import SourceCache
 from dflashctl.sync import METADATA_MEMBER, Manifest, unreadable
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # 20 blocks: tar pads the whole archive to a record
-CHUNK = 256 * 1024  # what one write to the wire carries
+CHUNK = 1 << 20  # what one write to the wire carries (a pipe to ssh, or paramiko)
 
 
 def _padding(size: int, unit: int = BLOCK) -> int:
@@ -88,9 +90,15 @@ class Archive:
     """`size` bytes of tar; `chunks()` produces them, reading files as it goes."""
 
     def __init__(
-        self, source: Path, manifest: Manifest, paths: Iterable[str], extra: dict[str, bytes]
+        self,
+        source: Path,
+        manifest: Manifest,
+        paths: Iterable[str],
+        extra: dict[str, bytes],
+        known: SourceCache | None = None,
     ) -> None:
         self.source = Path(source)
+        self.known = known
         members = [
             _Member(name, _header(name, len(data), 0o644), len(data), data, None)
             for name, data in extra.items()
@@ -99,6 +107,8 @@ class Archive:
             size, sha, mode = manifest[rel]
             members.append(_Member(rel, _header(rel, size, int(mode, 8)), size, None, sha))
         self._members = members
+        # The first member's bytes (a deploy's manifest): the agent checks its sha256.
+        self.metadata = members[0].data or b"" if members else b""
         self._members_bytes = sum(len(m.header) + m.size + _padding(m.size) for m in members)
         # Two zero blocks end a tar; the whole is padded to a record, as tarfile does.
         end = self._members_bytes + 2 * BLOCK
@@ -106,39 +116,51 @@ class Archive:
         self.files = len(members) - len(extra)
 
     @classmethod
-    def of_release(cls, source: Path, manifest: Manifest, paths: Iterable[str]) -> Archive:
+    def of_release(
+        cls,
+        source: Path,
+        manifest: Manifest,
+        paths: Iterable[str],
+        known: SourceCache | None = None,
+    ) -> Archive:
         """What a deploy sends: the manifest of the whole new release first (the agent
-        takes the first member as such, whatever its name), then the files in `paths`."""
+        takes the first member as such, whatever its name), then the files in `paths`.
+        `known`: the source cache the scan saved (files it knows are not hashed again)."""
         metadata = json.dumps(manifest, sort_keys=True).encode()
-        return cls(source, manifest, paths, {METADATA_MEMBER: metadata})
+        return cls(source, manifest, paths, {METADATA_MEMBER: metadata}, known)
 
     def chunks(
         self, progress: Callable[[int], None] | None = None, digest: Any = None
     ) -> Iterator[bytes]:
-        """The archive in pieces of about CHUNK bytes (small files share one);
+        """The archive in pieces: small members share pieces of about CHUNK bytes, a
+        big file's pieces go out as read (not copied into a buffer first);
         `progress(n)` once the consumer has taken (sent) a piece of n bytes. `digest`
-        (a hashlib object), if given, sees every piece: the whole archive's hash is
-        known once the last piece has gone, to be sent after it (nothing is read twice)."""
+        (a hashlib object), if given, sees every piece."""
         buffer = bytearray()
 
-        def flush() -> Iterator[bytes]:
-            data = bytes(buffer)
-            buffer.clear()
+        def out(data: bytes) -> Iterator[bytes]:
             if digest is not None:
                 digest.update(data)
             yield data
             if progress is not None:
                 progress(len(data))
 
+        def flush() -> Iterator[bytes]:
+            data = bytes(buffer)
+            buffer.clear()
+            yield from out(data)
+
         for member in self._members:
             buffer += member.header
             if member.data is not None:
                 buffer += member.data
+            elif member.size >= CHUNK:
+                yield from flush()
+                for piece in self._file_pieces(member):
+                    yield from out(piece)
             else:
                 for piece in self._file_pieces(member):
                     buffer += piece
-                    if len(buffer) >= CHUNK:
-                        yield from flush()
             buffer += bytes(_padding(member.size))
             if len(buffer) >= CHUNK:
                 yield from flush()
@@ -146,22 +168,37 @@ class Archive:
         yield from flush()
 
     def _file_pieces(self, member: _Member) -> Iterator[bytes]:
+        """The file's bytes, checked against the manifest as they go: hashed again,
+        unless the source cache knows its content by its stat (the scan has just
+        hashed it, or an earlier one did; it is not "racy") and the stat is the same
+        after the read. (The agent checks every file's sha256 in the container too:
+        this check is here to say clearly what happened.)"""
         path = self.source / member.name
         digest = hashlib.sha256()
         left = member.size
         try:
             with open(path, "rb") as f:
+                before = os.fstat(f.fileno())
+                known = self.known is not None and (
+                    self.known.sha256(member.name, before) == member.sha256
+                )
                 while left:
                     piece = f.read(min(CHUNK, left))
                     if not piece:
                         break
-                    digest.update(piece)
+                    if not known:
+                        digest.update(piece)
                     left -= len(piece)
                     yield piece
                 grew = bool(f.read(1))
+                after = os.fstat(f.fileno())
         except OSError as exc:
             raise unreadable(path, exc) from None
-        if left or grew or digest.hexdigest() != member.sha256:
+        if known:
+            same = SourceCache.same_file(before, after)
+        else:
+            same = digest.hexdigest() == member.sha256
+        if left or grew or not same:
             raise UsageError(
                 f"{path} changed while it was being sent",
                 hint="run the deploy again once your editor has saved",

@@ -5,10 +5,10 @@ A deploy is at most two commands over one SSH connection, each answered by the a
 (the package dflashctl/agent/, see agent_client.py) where the trainer runs:
 
   1. inspect   the current release's real manifest, the runs to stop   (read only)
-  2. deploy    one `sh -c` on the host: the archive of changed files arrives on its
-               stdin, is `pct push`ed into the container as one file, and the agent
-               unpacks it into releases/<id>.partial (unchanged files hard-linked from
-               the current release), validates it, renames it to releases/<id>, stops
+  2. deploy    one `pct exec` of the agent: the archive of changed files follows the
+               agent's program on its stdin and is unpacked as it arrives into
+               releases/<id>.partial (unchanged files hard-linked from the current
+               release), validated, renamed to releases/<id>; then the agent stops
                stale runs, swaps `current`, launches the run detached and records it
 
 Step 1 is skipped when this machine remembers what it deployed there last (see
@@ -28,7 +28,7 @@ import itertools
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,65 +195,36 @@ def upload_and_deploy(
     progress: Callable[[int], None] | None = None,
     verb: str = "deploy",
 ) -> LaunchAnswer:
-    """Round trip 2, one command on the host: the archive arrives on its stdin (no
-    extra round trips for a file transfer), streamed from disk as it is sent, written
-    to a file on the host as it arrives, `pct push`ed into the container as one file,
-    and the agent, reading the rest of stdin, builds the release, stops stale runs and
-    launches (verb `build`: builds only). `progress(n)` as pieces of the archive go
-    out. Returns the agent's answer."""
+    """Round trip 2, one command: the agent (in the container, through `pct exec`)
+    reads its program and then the archive off the command's stdin, unpacking the
+    archive into the new release as it arrives (read from disk here as it is sent:
+    no copy of it on the host or in the container), checks every file against the
+    manifest's sha256, then stops stale runs and launches (verb `build`: builds only).
+    The command goes through the system's OpenSSH when it can (transport.run_bulk).
+    `progress(n)` as pieces of the archive go out. Returns the agent's answer."""
     workdir, python = config.container.workdir, config.container.python
     release = plan.new_release
     assert release is not None
-    prefix = releases.upload_prefix(workdir, target.vmid)
-    dest = releases.upload_path(prefix, release)
-    staged = dest if target.vmid is None else releases.upload_path(prefix, release, "/tmp")
     params: LaunchParams = {
         **launch,
         "release": release,
-        "archive": dest,
+        "archive": "-",
+        "archive_size": archive.size,
+        "manifest_sha256": hashlib.sha256(archive.metadata).hexdigest(),
         "base": plan.base_release,
-        "upload_prefix": prefix,
+        # Uploads that interrupted deploys of earlier versions left in /tmp.
+        "upload_prefix": releases.upload_prefix(workdir, target.vmid),
     }
-    agent = agent_client.agent_argv(python, verb)
-    if target.vmid is None:
-        run_agent = shlex.join(agent)
-        push = ""
-    else:
-        # pct push exits 0 when its copy fails: the agent starts only once the archive
-        # in the container has its size and sha256 (checked in the same pct exec; the
-        # sha256, known once the archive is sent, comes on stdin right after it).
-        checked = pct.checked_argv(dest, archive.size, None, agent)
-        run_agent = shlex.join(pct.exec_argv(target.vmid, checked))
-        push = pct.push_script(target.vmid, shlex.quote(staged), dest, 0o600)
-    script = (
-        # Leftovers of interrupted uploads to this target, once nobody writes to them.
-        f"find /tmp -maxdepth 1 -type f -name '{prefix}*' -mmin +{ABANDONED_UPLOAD_MIN} "
-        "-delete 2>/dev/null\n"
-        # GNU head reads no more than it is asked for: the rest of stdin is the agent's.
-        # (umask in a subshell: the agent's files keep the usual modes.)
-        f"(umask 077; head -c {archive.size} > {shlex.quote(staged)})\n"
-        f'if [ "$(wc -c < {shlex.quote(staged)})" -ne {archive.size} ]; then\n'
-        f"  rm -f -- {shlex.quote(staged)}; echo '{_UPLOAD_CUT}' >&2; exit 198\n"
-        "fi\n"
-        f"{push}"
-        f"exec {run_agent}\n"
-    )
-    digest = hashlib.sha256()
-
-    def after_archive() -> Iterator[bytes]:
-        if target.vmid is not None:
-            yield f"{digest.hexdigest()}\n".encode()  # for the check of what arrived
-        yield agent_client.agent_input(verb, params)
-
-    stdin = itertools.chain(archive.chunks(progress, digest=digest), after_archive())
+    program = agent_client.agent_input(verb, params)
+    agent = agent_client.streamed_agent_argv(python, verb, len(program))
+    argv = agent if target.vmid is None else pct.exec_argv(target.vmid, agent)
+    stdin = itertools.chain([program], archive.chunks(progress))
     # Room for a slow link: 1 MB/s on top of the agent's own work.
     timeout = 600 + float(params["grace_s"]) + archive.size / 1e6
     if params.get("wait"):
         timeout += QUEUED_WAIT_S
     try:
-        result = target.transport.run(
-            ["sh", "-c", script], stdin=stdin, timeout=timeout, check=False
-        )
+        result = target.transport.run_bulk(argv, stdin=stdin, timeout=timeout)
     except HostError as exc:
         from dflashctl.transport import ConnectionLost
 
@@ -264,20 +235,10 @@ def upload_and_deploy(
                 f"{hints.command('runs')} shows whether a new run started; otherwise deploy again"
             )
         raise
-    if result.exit_status == 198 and _UPLOAD_CUT in result.stderr_text:
-        raise HostError(
-            f"the upload to {target.describe()} arrived incomplete",
-            hint="check the connection and the host's free space in /tmp, then deploy again",
-        )
-    if target.vmid is not None and pct.push_went_wrong(result):
-        pct.raise_for_push(result, target.vmid, dest, archive.size, 0o600)
     if target.vmid is not None:
         pct.raise_for_pct(result, target.vmid, "exec")
     answer = agent_client.parse_agent_answer(result, python, verb, target.describe())
     return cast(LaunchAnswer, answer)
-
-
-_UPLOAD_CUT = "dflashctl: upload cut short"
 
 
 # --------------------------------------------------------------------------- deploy
@@ -314,6 +275,8 @@ def deploy(
         with session(config) as target:
             summary = None
             last = None if options.dry_run else releases.load_last_deploy(config)
+            if last is None and not options.dry_run:
+                target.transport.prepare_bulk()  # while the container is inspected
             if last is not None:
                 try:
                     plan = plan_from(config, options, manifest, last.release, last.manifest)
@@ -406,7 +369,8 @@ def _send_and_launch(config, target, plan, params, run_id, started):
     built: dict[str, Any] = {}
     t0 = time.monotonic()
     if plan.new_release:
-        archive = Archive.of_release(Path(config.trainer.source), manifest, diff.changed)
+        source = Path(config.trainer.source)
+        archive = Archive.of_release(source, manifest, diff.changed, SourceCache(source))
         archive_bytes = archive.size
         size = terminal.human_bytes(plan.bytes_to_send)
         with terminal.transfer(

@@ -43,6 +43,11 @@ class SourceCache:
     def _key(stat: os.stat_result) -> list:
         return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
 
+    @classmethod
+    def same_file(cls, before: os.stat_result, after: os.stat_result) -> bool:
+        """Nothing wrote to the file between the two stats (as this cache judges)."""
+        return cls._key(before) == cls._key(after) and before.st_ctime_ns == after.st_ctime_ns
+
     def sha256(self, rel: str, stat: os.stat_result) -> str | None:
         """The file's sha256 if it is known for exactly this stat, else None."""
         entry = self._files.get(rel)

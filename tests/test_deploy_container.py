@@ -235,54 +235,56 @@ def test_stopped_container_is_an_error_unless_asked_to_start_it(
     assert again["files_sent"] == 0 and again["release"] == first["release"]
 
 
+def drop_once_partial(container, dropping, size: int = 4 << 20) -> list[Path]:
+    """Start a thread that calls dropping() once the release being built
+    (releases/<id>.partial: the archive is unpacked as it arrives) holds `size` bytes
+    of weights.bin; returns the list that then names that file."""
+    releases = container.host_path(WORKDIR) / "releases"
+    seen: list[Path] = []
+
+    def watch():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for partial in releases.glob("*.partial"):
+                try:
+                    if (partial / "weights.bin").stat().st_size > size:
+                        dropping()
+                        seen.append(partial / "weights.bin")
+                        return
+                except FileNotFoundError:
+                    continue
+            time.sleep(0.002)
+
+    threading.Thread(target=watch, name="dropper", daemon=True).start()
+    return seen
+
+
 def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(setup, pve_host):
     path, source, container = setup
     first = detached(path)
     # A file big enough that the upload is still going when the connection drops.
     (source / "weights.bin").write_bytes(os.urandom(48 << 20))
-    dropped: list[Path] = []  # the upload that was under way when the connection dropped
-    earlier = set(Path("/tmp").glob("dflashctl-upload-200-*"))
-
-    def drop_when_uploading():
-        # Once this deploy's upload (a file in the host's /tmp) is a few MiB along.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for upload in set(Path("/tmp").glob("dflashctl-upload-200-*")) - earlier:
-                try:
-                    size = upload.stat().st_size
-                except FileNotFoundError:
-                    continue
-                if size > 4 << 20:
-                    pve_host.drop_connections()
-                    dropped.append(upload)
-                    return
-            time.sleep(0.002)
-
-    dropper = threading.Thread(target=drop_when_uploading, name="dropper")
-    dropper.start()
+    dropped = drop_once_partial(container, pve_host.drop_connections)
     with pytest.raises(HostError) as info:
         detached(path)
-    dropper.join()
     assert "dropped" in info.value.message and "dflashctl runs" in info.value.hint
     assert dropped
     workdir = container.host_path(WORKDIR)
     assert os.readlink(workdir / "current") == f"releases/{first['release']}"
     assert ct_pid_alive(container, first["pid"])
     assert state(path, first["run_id"]).status == "running"
-
-    # The host shell removes a short upload itself once its input ends; one it could
-    # not remove (killed along with the connection) goes with the next deploy, once
-    # nobody has written to it for a while (here: made to look a while old).
-    [upload] = dropped
-    deadline = time.monotonic() + 1
-    while upload.exists() and time.monotonic() < deadline:
+    # The agent saw its archive end early and removed what it had unpacked.
+    deadline = time.monotonic() + 10
+    while list((workdir / "releases").glob("*.partial")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if upload.exists():
-        os.utime(upload, (time.time() - 120, time.time() - 120))
+    assert not list((workdir / "releases").glob("*.partial"))
+    assert sorted(p.name for p in (workdir / "releases").iterdir() if p.is_dir()) == [
+        first["release"]
+    ]
+
     (source / "weights.bin").unlink()
     (source / "helpers.py").write_text("def greeting():\n    return 'after the drop'\n")
     second = detached(path)
-    assert not upload.exists()
     assert not list((workdir / "releases").glob("*.partial"))
     assert not ct_pid_alive(container, first["pid"])
     assert os.readlink(workdir / "current") == f"releases/{second['release']}"

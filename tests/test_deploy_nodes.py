@@ -154,12 +154,13 @@ def test_a_redeploy_replaces_the_run_on_every_node_and_sends_only_changes(nodes)
 
 def test_a_node_that_fails_to_build_stops_nothing_anywhere(nodes, tmp_path):
     first = deployed(nodes)
-    # Node b's interpreter refuses the build step only: the failure comes after node a
+    # Node b's interpreter refuses the build step only (`python -S -c <loader> build`:
+    # the verb is its 4th argument): the failure comes after node a
     # has built its release, and before anything is launched.
     wrapper = tmp_path / "python-b"
     wrapper.write_text(
         "#!/bin/sh\n"
-        'if [ "$3" = build ]; then echo "No space left on device" >&2; exit 1; fi\n'
+        'if [ "$4" = build ]; then echo "No space left on device" >&2; exit 1; fi\n'
         f'exec {sys.executable} "$@"\n'
     )
     wrapper.chmod(0o755)

@@ -22,7 +22,7 @@ from tests.ssh_support import host_config
 @pytest.fixture
 def ssh(pve_host):
     transport = open_transport(host_config(pve_host))
-    assert isinstance(transport, SSHTransport)
+    assert isinstance(transport.paramiko, SSHTransport)
     yield transport
     transport.close()
 

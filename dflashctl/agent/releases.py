@@ -11,6 +11,7 @@ import time
 
 from .errors import AgentError, StaleBase
 from .files import oldest_first, sha256_file, spread_subfolders
+from .incoming import IncomingArchive, members
 from .manifest import (
     METADATA_SUFFIX,
     file_mode,
@@ -73,7 +74,8 @@ def remove_leftovers(workdir, keep_archive, upload_prefix):
                 removed.append(os.path.join("releases", name))
     if not upload_prefix:
         return removed
-    tmpdir = os.path.dirname(keep_archive)
+    # (Streamed archives leave no file; uploads of earlier versions went to /tmp.)
+    tmpdir = os.path.dirname(keep_archive) if keep_archive else "/tmp"
     try:
         names = os.listdir(tmpdir)
     except OSError:
@@ -124,10 +126,13 @@ def remove_release(workdir, name):
 
 
 def build_release(p):
-    """Unpack the uploaded archive into releases/<id>.partial, link the unchanged
-    files from the base release, validate, rename to releases/<id>. The caller holds
-    the workdir lock; the archive is removed whatever happens."""
-    workdir, release, archive = p["workdir"], p["release"], p["archive"]
+    """Unpack the archive into releases/<id>.partial, link the unchanged files from
+    the base release, validate, rename to releases/<id>. The caller holds the workdir
+    lock. The archive is the rest of stdin when p["archive_size"] is given (see
+    incoming.py), else the uploaded file p["archive"], removed whatever happens."""
+    workdir, release = p["workdir"], p["release"]
+    streamed = p.get("archive_size") is not None
+    archive = None if streamed else p["archive"]
     base = p.get("base")
     try:
         leftovers = remove_leftovers(workdir, archive, p.get("upload_prefix"))
@@ -142,17 +147,21 @@ def build_release(p):
         os.mkdir(partial)
         try:
             base_dir = base and os.path.join(releases_dir(workdir), base)
-            counts, manifest, stats = fill_release(partial, archive, base_dir)
+            source = IncomingArchive(p["archive_size"]) if streamed else archive
+            counts, manifest, stats = fill_release(
+                partial, source, base_dir, p.get("manifest_sha256")
+            )
             write_metadata(final, manifest, stats)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
         os.rename(partial, final)
     finally:
-        try:
-            os.unlink(archive)
-        except OSError:
-            pass
+        if archive is not None:
+            try:
+                os.unlink(archive)
+            except OSError:
+                pass
     counts.update({"release": release, "leftovers_removed": leftovers})
     return counts
 
@@ -189,34 +198,56 @@ def write_member(src, size, dest, mode, umask):
         os.close(fd)
 
 
-def fill_release(partial, archive, base_dir):
-    """Unpack the archive into `partial`, link the rest from `base_dir`, check every
-    file; returns (counts, manifest, stats)."""
+class _TarMember:
+    """A member of an archive file, as incoming.Member is one of a stream."""
+
+    def __init__(self, tar, info):
+        self.name, self.size, self.mode = info.name, info.size, info.mode
+        self.read = tar.extractfile(info).read
+
+
+def archive_members(source):
+    """The regular files of the archive, in order: `source` is an uploaded file's
+    path (tarfile), or an IncomingArchive (read as it arrives, every byte of it)."""
+    if isinstance(source, IncomingArchive):
+        yield from members(source)
+        source.drain()
+        return
+    with tarfile.open(source, "r:") as tar:
+        for info in tar:
+            if not info.isfile():
+                raise AgentError(f"archive member {info.name!r} is not a regular file")
+            yield _TarMember(tar, info)
+
+
+def fill_release(partial, source, base_dir, manifest_sha256=None):
+    """Unpack the archive (a path, or an IncomingArchive) into `partial`, link the
+    rest from `base_dir`, check every file (and the manifest against
+    `manifest_sha256`, when given); returns (counts, manifest, stats)."""
     unpacked = {}
     stats = {}
     manifest = None
     folders = {partial}  # made already: thousands of small files share a few folders
     umask = current_umask()
-    with tarfile.open(archive, "r:") as tar:
-        for member in tar:
-            if manifest is None:  # the first member is dflashctl's, whatever its name
-                if not member.isfile():
-                    raise AgentError("the uploaded archive does not start with its manifest")
-                manifest = json.loads(tar.extractfile(member).read().decode("utf-8"))
-                continue
-            name = safe_member_path(member.name)
-            if not member.isfile():
-                raise AgentError(f"archive member {member.name!r} is not a regular file")
-            dest = os.path.join(partial, name)
-            folder = os.path.dirname(dest)
-            if folder not in folders:
-                os.makedirs(folder, exist_ok=True)
-                folders.add(folder)
-            digest, st = write_member(
-                tar.extractfile(member), member.size, dest, member.mode & 0o7777, umask
-            )
-            stats[name] = stat_identity(st)
-            unpacked[name] = [member.size, digest]
+    for member in archive_members(source):
+        if manifest is None:  # the first member is dflashctl's, whatever its name
+            raw = member.read(member.size)
+            if manifest_sha256 and hashlib.sha256(raw).hexdigest() != manifest_sha256:
+                raise AgentError(
+                    "the archive's manifest arrived damaged (its sha256 differs)",
+                    "deploy again; if it repeats, check the connection",
+                )
+            manifest = json.loads(raw.decode("utf-8"))
+            continue
+        name = safe_member_path(member.name)
+        dest = os.path.join(partial, name)
+        folder = os.path.dirname(dest)
+        if folder not in folders:
+            os.makedirs(folder, exist_ok=True)
+            folders.add(folder)
+        digest, st = write_member(member, member.size, dest, member.mode & 0o7777, umask)
+        stats[name] = stat_identity(st)
+        unpacked[name] = [member.size, digest]
     if manifest is None:
         raise AgentError("the uploaded archive is empty")
     base_manifest, base_stats = read_metadata(base_dir) if base_dir else ({}, {})

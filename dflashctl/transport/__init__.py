@@ -1,8 +1,9 @@
 """Transports: how dflashctl runs commands and moves files on the host.
 
-`open_transport(config.host)` gives a LocalTransport for `address: local`, else an
-SSHTransport. paramiko is imported only when an SSH transport is actually used, so the
-CLI starts fast.
+`open_transport(config.host)` gives a LocalTransport for `address: local`, else a
+RemoteTransport: commands over paramiko's SSHTransport, a deploy's archive through the
+system's OpenSSH when it can (remote.py). paramiko is imported only when a command
+needs it, so the CLI starts fast.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ def open_transport(host: HostConfig) -> Transport:
     """The transport for host.address; an SSH one connects lazily, on first use."""
     if host.is_local:
         return LocalTransport()
-    from dflashctl.transport.ssh import SSHTransport
+    from dflashctl.transport.remote import RemoteTransport
 
-    return SSHTransport(host)
+    return RemoteTransport(host)
 
 
 def __getattr__(name: str) -> Any:

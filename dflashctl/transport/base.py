@@ -160,6 +160,16 @@ class Transport:
     ) -> CommandResult:
         raise NotImplementedError
 
+    def prepare_bulk(self) -> None:
+        """A large stdin will follow soon (a deploy): get its way ready meanwhile."""
+
+    def run_bulk(
+        self, argv: Sequence[str], *, stdin: Stdin, timeout: float | None
+    ) -> CommandResult:
+        """run() (check=False) for a command whose stdin is large (a deploy's archive):
+        the SSH transport sends it through the system's OpenSSH when it can."""
+        return self.run(argv, stdin=stdin, timeout=timeout, check=False)
+
     def stream(self, argv: Sequence[str]) -> Stream:
         raise NotImplementedError
 
