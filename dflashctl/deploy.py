@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
-from dflashctl import agent_client, hints, pct, releases, runs, sync, terminal
+from dflashctl import agent_client, hints, pct, releases, runs, setup_env, sync, terminal
 from dflashctl.agent_messages import InspectAnswer, LaunchAnswer, LaunchParams, ProcessToStop
 from dflashctl.archive import Archive
 from dflashctl.config import Config
@@ -280,6 +280,33 @@ def upload_and_deploy(
 _UPLOAD_CUT = "dflashctl: upload cut short"
 
 
+def setup_then_launch(
+    config: Config, target: Target, params: LaunchParams, built: LaunchAnswer
+) -> LaunchAnswer:
+    """The release is built (nothing stopped yet): stream its setup, then launch it.
+    A failed setup removes the unused release and stops nothing."""
+    release = built["release"]
+    try:
+        setup_env.run_setup(config, target, release)
+    except BaseException:
+        try:
+            agent_client.call_agent(
+                target,
+                config.container.python,
+                "discard",
+                {"workdir": config.container.workdir, "release": release},
+            )
+        except HostError:
+            pass  # an unused release is only space; the next deploy's gc removes it
+        raise
+    # `expect` was checked by the build; the launch's own check would compare the
+    # new release with the old manifest.
+    launch = cast(LaunchParams, {k: v for k, v in params.items() if k != "expect"})
+    launched = stop_and_launch(config, target, dict(launch, release=release))  # type: ignore[arg-type]
+    launched["build"] = built["build"]
+    return launched
+
+
 # --------------------------------------------------------------------------- deploy
 
 
@@ -404,6 +431,7 @@ def _send_and_launch(config, target, plan, params, run_id, started):
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
     archive_bytes = 0
     built: dict[str, Any] = {}
+    streamed_setup = setup_env.needs_streaming(config)
     t0 = time.monotonic()
     if plan.new_release:
         archive = Archive.of_release(Path(config.trainer.source), manifest, diff.changed)
@@ -414,7 +442,10 @@ def _send_and_launch(config, target, plan, params, run_id, started):
             f"sending {len(diff.changed)} files",
             f"unpacking{stopping}, launching",
         ) as progress:
-            launched = upload_and_deploy(config, target, plan, archive, params, progress)
+            verb = "build" if streamed_setup else "deploy"
+            launched = upload_and_deploy(config, target, plan, archive, params, progress, verb=verb)
+        if streamed_setup:
+            launched = setup_then_launch(config, target, params, launched)
         built = launched["build"]
         # One call did it all: what the agent did not spend stopping and launching
         # went into sending and unpacking.
@@ -434,6 +465,8 @@ def _send_and_launch(config, target, plan, params, run_id, started):
         )
     else:
         synced_s = 0.0
+        if streamed_setup:
+            setup_env.run_setup(config, target, plan.base_release)
         with terminal.spinner(f"launching{stopping}"):
             launched = stop_and_launch(config, target, params)
         terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)

@@ -56,6 +56,7 @@ def deploy_nodes(config: Config, options: DeployOptions) -> tuple[int, dict[str,
         confirm_size(config, max(plans, key=lambda p: p.bytes_to_send), yes=options.yes)
         rendezvous = rendezvous_endpoint(config, nodes)
         built = _build_everywhere(config, nodes, plans)
+        _setup_everywhere(config, nodes, plans)
         meta = source_meta(config)
         run_id = runs.new_id()
         answers, endpoint, seconds = launch_everywhere(
@@ -182,6 +183,24 @@ def _build_everywhere(config: Config, nodes: list[Node], plans: list[Plan]) -> l
     )
     by_index = {n.index: cast(dict, a["build"]) for n, a in zip(todo, answers, strict=True)}
     return [by_index.get(n.index, {}) for n in nodes]
+
+
+def _setup_everywhere(config: Config, nodes: list[Node], plans: list[Plan]) -> None:
+    """Each node's venv for its new release, its output prefixed by the node (before
+    anything is stopped); a failure anywhere removes the new releases and stops nothing."""
+    from dflashctl import setup_env
+
+    if not any(setup_env.needs_streaming(node.config) for node in nodes):
+        return
+    outcomes = on_every_node(
+        nodes,
+        lambda node: setup_env.run_setup(
+            node.config, node.target, plans[node.index].release, label=node.name
+        ),
+    )
+    if any(not o.ok for o in outcomes):
+        _discard(config, [n for n in nodes if plans[n.index].new_release], plans)
+    values_or_raise(outcomes, "setting up the venv")
 
 
 def _discard(config: Config, built: list[Node], plans: list[Plan]) -> None:

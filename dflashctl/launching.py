@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from dflashctl import agent_client, hints, recovery, terminal
+from dflashctl import agent_client, hints, recovery, setup_env, terminal
 from dflashctl.agent_messages import (
     LaunchAnswer,
     LaunchParams,
@@ -110,6 +110,8 @@ def launch_params(
         "meta": meta,
         "supervisor": recovery.supervisor_program(),
         "recovery": recovery.recovery_settings(config),
+        # The venv the run starts from (agent/venvs.py): made by the launch if missing.
+        "setup": setup_env.setup_params(config),
     }
 
 
