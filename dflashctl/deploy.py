@@ -248,6 +248,8 @@ def upload_and_deploy(
     stdin = itertools.chain(archive.chunks(progress, digest=digest), after_archive())
     # Room for a slow link: 1 MB/s on top of the agent's own work.
     timeout = 600 + float(params["grace_s"]) + archive.size / 1e6
+    if params.get("setup"):  # the deploy verb makes the venv when it is missing
+        timeout += float(params["setup"]["timeout_s"])
     if params.get("wait"):
         timeout += QUEUED_WAIT_S
     try:

@@ -33,6 +33,7 @@ from dflashctl.deploy import (
     print_plan,
     upload_and_deploy,
 )
+from dflashctl.errors import DflashError
 from dflashctl.launch_nodes import (
     launch_everywhere,
     node_command,
@@ -186,21 +187,15 @@ def _build_everywhere(config: Config, nodes: list[Node], plans: list[Plan]) -> l
 
 
 def _setup_everywhere(config: Config, nodes: list[Node], plans: list[Plan]) -> None:
-    """Each node's venv for its new release, its output prefixed by the node (before
-    anything is stopped); a failure anywhere removes the new releases and stops nothing."""
+    """Each node's venv for its new release, before anything is stopped; a failure
+    anywhere removes the new releases and stops nothing."""
     from dflashctl import setup_env
 
-    if not any(setup_env.needs_streaming(node.config) for node in nodes):
-        return
-    outcomes = on_every_node(
-        nodes,
-        lambda node: setup_env.run_setup(
-            node.config, node.target, plans[node.index].release, label=node.name
-        ),
-    )
-    if any(not o.ok for o in outcomes):
+    try:
+        setup_env.setup_every_node(nodes, [plan.release for plan in plans])
+    except DflashError:
         _discard(config, [n for n in nodes if plans[n.index].new_release], plans)
-    values_or_raise(outcomes, "setting up the venv")
+        raise
 
 
 def _discard(config: Config, built: list[Node], plans: list[Plan]) -> None:

@@ -120,6 +120,8 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
     round trip: a deploy with nothing to send, and restart."""
     grace = float(params["grace_s"])
     timeout = grace + 120 + (24 * 3600 if params.get("wait") else 0)
+    if params.get("setup"):  # the launch makes the venv itself when it is missing
+        timeout += float(params["setup"]["timeout_s"])
     try:
         answer = agent_client.call_agent(
             target, config.container.python, "launch", params, timeout=timeout

@@ -160,6 +160,20 @@ def _stream(
     return result, bytes(seen)
 
 
+def setup_every_node(nodes: list[Any], releases: list[str | None]) -> None:
+    """The streamed setup on every node at once (each line prefixed by its node), when
+    any node has not seen this setup succeed; the first failure raised, naming its node."""
+    from dflashctl.nodes import on_every_node, values_or_raise
+
+    if not any(needs_streaming(node.config) for node in nodes):
+        return
+    outcomes = on_every_node(
+        nodes,
+        lambda node: run_setup(node.config, node.target, releases[node.index], label=node.name),
+    )
+    values_or_raise(outcomes, "setting up the venv")
+
+
 def forget_all() -> None:
     """For tests and `doctor`: the next deploys stream their setup again."""
     folder = user_cache_path("dflashctl", appauthor=False) / "setups"
