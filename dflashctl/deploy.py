@@ -521,6 +521,11 @@ def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
             out.print(f"    {describe_target_to_stop(item)}")
     else:
         out.print("  nothing to stop")
+    setup = setup_env.setup_params(config)
+    if setup:
+        what = [f"pip install -r {setup['requirements']}"] if setup["requirements"] else []
+        what += setup["commands"]
+        out.print(f"  setup (in a venv, once per content): {'; '.join(what)}")
     out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
     out.print(
         "  start at step 0 (--fresh)"

@@ -186,3 +186,16 @@ def test_setup_commands_run_in_the_venv_and_old_venvs_are_pruned(project):
     assert len(set(keys)) == 4
     left = sorted(p.name for p in container.host_path(f"{WORKDIR}/venvs").iterdir() if p.is_dir())
     assert len(left) <= 2 and Path(keys[-1]).name in left
+
+
+def test_a_requirements_file_left_out_of_the_release_is_an_error(project):
+    path, _, container = project
+    plan = cli(path, "deploy", "--dry-run")
+    assert plan.returncode == 0 and "setup (in a venv, once per content)" in plan.stdout
+    data = yaml.safe_load(path.read_text())
+    data["trainer"]["exclude"] = ["requirements.txt"]
+    path.write_text(yaml.safe_dump(data))
+    done = deploy(path)
+    assert done.returncode == 3
+    assert "setup.requirements requirements.txt is not in the deployed release" in done.stderr
+    assert not container.host_path(f"{WORKDIR}/active_run").exists()

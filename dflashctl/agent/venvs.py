@@ -112,6 +112,13 @@ def ensure_venv(workdir, release, setup, out):
     the setup installs nothing; raises SetupFailed."""
     release_dir = release_folder(workdir, release)
     key, spec = setup_spec(release_dir, setup)
+    wanted = (setup or {}).get("requirements")
+    if wanted and (spec is None or spec["requirements"] is None):
+        # The client saw the file in trainer.source; the release does not have it.
+        raise SetupFailed(
+            f"setup.requirements {wanted} is not in the deployed release; nothing was stopped",
+            "check that trainer.exclude does not leave it out",
+        )
     if key is None:
         return None
     venv = os.path.join(venvs_dir(workdir), key)
