@@ -444,10 +444,14 @@ def _send_and_launch(config, target, plan, params, run_id, started):
             f"sending {len(diff.changed)} files",
             f"unpacking{stopping}, launching",
         ) as progress:
-            verb = "build" if streamed_setup else "deploy"
-            launched = upload_and_deploy(config, target, plan, archive, params, progress, verb=verb)
+            if streamed_setup:  # build only: the setup streams before the launch
+                built_only = upload_and_deploy(
+                    config, target, plan, archive, params, progress, verb="build"
+                )
+            else:
+                launched = upload_and_deploy(config, target, plan, archive, params, progress)
         if streamed_setup:
-            launched = setup_then_launch(config, target, params, launched)
+            launched = setup_then_launch(config, target, params, built_only)
         built = launched["build"]
         # One call did it all: what the agent did not spend stopping and launching
         # went into sending and unpacking.
