@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -172,16 +171,6 @@ def setup_every_node(nodes: list[Any], releases: list[str | None]) -> None:
         lambda node: run_setup(node.config, node.target, releases[node.index], label=node.name),
     )
     values_or_raise(outcomes, "setting up the venv")
-
-
-def forget_all() -> None:
-    """For tests and `doctor`: the next deploys stream their setup again."""
-    folder = user_cache_path("dflashctl", appauthor=False) / "setups"
-    for path in folder.glob("*") if folder.is_dir() else []:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def doctor_probe(config: Config, target: Target):
