@@ -65,6 +65,7 @@ class LaunchParams(_LaunchParams, total=False):
     by: str  # the dflashctl command that stops the old run: "deploy" | "restart"
     holder: dict[str, Any]  # {"command", "machine", "pid"}: named to a deploy refused meanwhile
     wait: bool  # queue behind a deploy in flight instead of being refused
+    setup: dict[str, Any] | None  # config.setup for the run's venv (setup_env.py); None: none
     # deploy only
     archive: str  # "-": the archive follows the agent's program on its stdin
     archive_size: int  # its bytes, all of which must arrive

@@ -35,6 +35,7 @@ from pydantic import (
 from dflashctl import hints
 from dflashctl.config_errors import describe, invalid, translate
 from dflashctl.errors import ConfigError
+from dflashctl.setup_config import SetupConfig
 from dflashctl.yaml_source import YamlSource, load_yaml
 
 CONFIG_ENV = "DFLASHCTL_CONFIG"
@@ -398,6 +399,7 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     torchrun: TorchrunConfig = Field(default_factory=TorchrunConfig)
+    setup: SetupConfig = Field(default_factory=SetupConfig)
     # Checked by dflashctl.crash.rules, which knows the form of a rule.
     crash_patterns: list[dict[str, Any]] = Field(default_factory=list)
     # Not part of the file: where it came from and a digest of what it says.
@@ -442,7 +444,9 @@ class Config(Section):
         """A left-out or empty section is an empty mapping, validated like a written one."""
         if not isinstance(data, dict):
             return data
-        filled = {name: {} for name in ("proxmox", "container", "trainer", "run", "torchrun")}
+        filled = {
+            name: {} for name in ("proxmox", "container", "trainer", "run", "torchrun", "setup")
+        }
         filled.update({k: v for k, v in data.items() if not (v is None and k in filled)})
         if filled.get("host", "") is None:
             filled["host"] = {}

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
-from dflashctl import agent_client, hints, pct, releases, runs, sync, terminal
+from dflashctl import agent_client, hints, pct, releases, runs, setup_env, sync, terminal
 from dflashctl.agent_messages import InspectAnswer, LaunchAnswer, LaunchParams, ProcessToStop
 from dflashctl.archive import Archive
 from dflashctl.config import Config
@@ -221,6 +221,8 @@ def upload_and_deploy(
     stdin = itertools.chain([program], archive.chunks(progress))
     # Room for a slow link: 1 MB/s on top of the agent's own work.
     timeout = 600 + float(params["grace_s"]) + archive.size / 1e6
+    if params.get("setup"):  # the deploy verb makes the venv when it is missing
+        timeout += float(params["setup"]["timeout_s"])
     if params.get("wait"):
         timeout += QUEUED_WAIT_S
     try:
@@ -239,6 +241,35 @@ def upload_and_deploy(
         pct.raise_for_pct(result, target.vmid, "exec")
     answer = agent_client.parse_agent_answer(result, python, verb, target.describe())
     return cast(LaunchAnswer, answer)
+
+
+
+
+def setup_then_launch(
+    config: Config, target: Target, params: LaunchParams, built: LaunchAnswer
+) -> LaunchAnswer:
+    """The release is built (nothing stopped yet): stream its setup, then launch it.
+    A failed setup removes the unused release and stops nothing."""
+    release = built["release"]
+    try:
+        setup_env.run_setup(config, target, release)
+    except BaseException:
+        try:
+            agent_client.call_agent(
+                target,
+                config.container.python,
+                "discard",
+                {"workdir": config.container.workdir, "release": release},
+            )
+        except HostError:
+            pass  # an unused release is only space; the next deploy's gc removes it
+        raise
+    # `expect` was checked by the build; the launch's own check would compare the
+    # new release with the old manifest.
+    launch = cast(LaunchParams, {k: v for k, v in params.items() if k != "expect"})
+    launched = stop_and_launch(config, target, dict(launch, release=release))  # type: ignore[arg-type]
+    launched["build"] = built["build"]
+    return launched
 
 
 # --------------------------------------------------------------------------- deploy
@@ -367,6 +398,7 @@ def _send_and_launch(config, target, plan, params, run_id, started):
     stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
     archive_bytes = 0
     built: dict[str, Any] = {}
+    streamed_setup = setup_env.needs_streaming(config)
     t0 = time.monotonic()
     if plan.new_release:
         source = Path(config.trainer.source)
@@ -378,7 +410,14 @@ def _send_and_launch(config, target, plan, params, run_id, started):
             f"sending {len(diff.changed)} files",
             f"unpacking{stopping}, launching",
         ) as progress:
-            launched = upload_and_deploy(config, target, plan, archive, params, progress)
+            if streamed_setup:  # build only: the setup streams before the launch
+                built_only = upload_and_deploy(
+                    config, target, plan, archive, params, progress, verb="build"
+                )
+            else:
+                launched = upload_and_deploy(config, target, plan, archive, params, progress)
+        if streamed_setup:
+            launched = setup_then_launch(config, target, params, built_only)
         built = launched["build"]
         # One call did it all: what the agent did not spend stopping and launching
         # went into sending and unpacking.
@@ -398,6 +437,8 @@ def _send_and_launch(config, target, plan, params, run_id, started):
         )
     else:
         synced_s = 0.0
+        if streamed_setup:
+            setup_env.run_setup(config, target, plan.base_release)
         with terminal.spinner(f"launching{stopping}"):
             launched = stop_and_launch(config, target, params)
         terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
@@ -450,6 +491,11 @@ def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
             out.print(f"    {describe_target_to_stop(item)}")
     else:
         out.print("  nothing to stop")
+    setup = setup_env.setup_params(config)
+    if setup:
+        what = [f"pip install -r {setup['requirements']}"] if setup["requirements"] else []
+        what += setup["commands"]
+        out.print(f"  setup (in a venv, once per content): {'; '.join(what)}")
     out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
     out.print(
         "  start at step 0 (--fresh)"

@@ -33,6 +33,7 @@ from dflashctl.deploy import (
     print_plan,
     upload_and_deploy,
 )
+from dflashctl.errors import DflashError
 from dflashctl.launch_nodes import (
     launch_everywhere,
     node_command,
@@ -56,6 +57,7 @@ def deploy_nodes(config: Config, options: DeployOptions) -> tuple[int, dict[str,
         confirm_size(config, max(plans, key=lambda p: p.bytes_to_send), yes=options.yes)
         rendezvous = rendezvous_endpoint(config, nodes)
         built = _build_everywhere(config, nodes, plans)
+        _setup_everywhere(config, nodes, plans)
         meta = source_meta(config)
         run_id = runs.new_id()
         answers, endpoint, seconds = launch_everywhere(
@@ -182,6 +184,18 @@ def _build_everywhere(config: Config, nodes: list[Node], plans: list[Plan]) -> l
     )
     by_index = {n.index: cast(dict, a["build"]) for n, a in zip(todo, answers, strict=True)}
     return [by_index.get(n.index, {}) for n in nodes]
+
+
+def _setup_everywhere(config: Config, nodes: list[Node], plans: list[Plan]) -> None:
+    """Each node's venv for its new release, before anything is stopped; a failure
+    anywhere removes the new releases and stops nothing."""
+    from dflashctl import setup_env
+
+    try:
+        setup_env.setup_every_node(nodes, [plan.release for plan in plans])
+    except DflashError:
+        _discard(config, [n for n in nodes if plans[n.index].new_release], plans)
+        raise
 
 
 def _discard(config: Config, built: list[Node], plans: list[Plan]) -> None:

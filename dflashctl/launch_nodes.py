@@ -316,6 +316,9 @@ def restart_nodes(
         current = current_releases(nodes)
         rendezvous = rendezvous_endpoint(config, nodes)
         step["done"] = f"inspected {len(nodes)} nodes: release {current[0]} on each"
+    from dflashctl.setup_env import setup_every_node
+
+    setup_every_node(nodes, list(current))  # a failure stops nothing
     run_id = runs.new_id()
     answers, endpoint, seconds = launch_everywhere(
         config,

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from dflashctl import agent_client, hints, recovery, terminal
+from dflashctl import agent_client, hints, recovery, setup_env, terminal
 from dflashctl.agent_messages import (
     LaunchAnswer,
     LaunchParams,
@@ -110,6 +110,8 @@ def launch_params(
         "meta": meta,
         "supervisor": recovery.supervisor_program(),
         "recovery": recovery.recovery_settings(config),
+        # The venv the run starts from (agent/venvs.py): made by the launch if missing.
+        "setup": setup_env.setup_params(config),
     }
 
 
@@ -118,6 +120,8 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
     round trip: a deploy with nothing to send, and restart."""
     grace = float(params["grace_s"])
     timeout = grace + 120 + (24 * 3600 if params.get("wait") else 0)
+    if params.get("setup"):  # the launch makes the venv itself when it is missing
+        timeout += float(params["setup"]["timeout_s"])
     try:
         answer = agent_client.call_agent(
             target, config.container.python, "launch", params, timeout=timeout

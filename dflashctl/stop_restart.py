@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dflashctl import runs, terminal
+from dflashctl import runs, setup_env, terminal
 from dflashctl.config import Config
 from dflashctl.connect import session
 from dflashctl.crash import rules_for
@@ -46,6 +46,8 @@ def restart(
         params = launch_params(
             config, run_id, None, command, meta, fresh=fresh, by="restart", wait=wait
         )
+        if setup_env.needs_streaming(config):
+            setup_env.run_setup(config, target, None)
         t0 = time.monotonic()
         try:
             with terminal.spinner("stopping stale runs and launching"):

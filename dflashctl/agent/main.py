@@ -19,6 +19,14 @@ def main(op, params_json):
         p = json.loads(params_json)
         stream_log(p["workdir"], p["run_id"], int(p["offset"]), int(p["backlog"]), p["once"])
         return 0
+    if op == "setup":  # streams pip's output, then one result line
+        from .venvs import stream_setup
+
+        return stream_setup(json.loads(params_json))
+    if op == "exec":  # becomes the command: its output and exit status are the answer
+        from .exec_env import main_exec
+
+        return main_exec(params_json)
     from .verbs import OPERATIONS
 
     if op not in OPERATIONS:
@@ -30,6 +38,8 @@ def main(op, params_json):
         answer = {"ok": False, "error": exc.message, "hint": exc.hint}
         if isinstance(exc, StaleBase):
             answer["stale"] = True
+        if getattr(exc, "package", None):  # a failed setup: the package pip could not get
+            answer["package"] = exc.package
         _answer(answer)
         return 1
     except OSError as exc:

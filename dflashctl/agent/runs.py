@@ -187,6 +187,9 @@ def start_run(workdir, run_id, release, p):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
     env.update(p.get("env") or {})
     env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
+    if p.get("venv"):  # the run's venv (venvs.py): its bin/ first, as `activate` does
+        env["VIRTUAL_ENV"] = p["venv"]
+        env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
     env.update(bytecode_env(env, run_dir))
     env.update(error_file_env(env, run_dir))
     log = open(os.path.join(run_dir, "train.log"), "ab")

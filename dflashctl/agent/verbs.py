@@ -39,6 +39,7 @@ from .manifest import real_manifest
 from .metrics import op_metrics
 from .network import op_address, op_listen, op_probe
 from .processes import process_table
+from .pull import op_pull_plan
 from .releases import (
     build_release,
     current_release,
@@ -56,6 +57,7 @@ from .runs import (
 )
 from .stopping import find_targets, stop_targets
 from .transaction import detached, launch_run, prepare_run, relaunch_previous
+from .venvs import ensure_venv, gc_venvs, op_setup_check
 
 
 def op_inspect(p):
@@ -193,6 +195,7 @@ def launch(p):
         )
     if expect is not None and real_manifest(release_dir) != expect["manifest"]:
         raise StaleBase(f"release {release} was changed in place")
+    p = with_venv(p, release)  # before anything is stopped: a failed setup stops nothing
     # The run this one replaces: its training continues here unless `fresh`.
     previous = active_run_id(workdir)
     previous_release = current_release(workdir)
@@ -203,6 +206,18 @@ def launch(p):
         if os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, "pid")):
             shutil.rmtree(run_dir, ignore_errors=True)  # never a half-made run folder
         raise
+
+
+def with_venv(p, release):
+    """The launch from the release's venv (setup.requirements, setup.commands), made
+    here if the client's streamed setup did not make it already; p unchanged when the
+    setup installs nothing."""
+    made = ensure_venv(p["workdir"], release, p.get("setup"), lambda line: None)
+    if made is None:
+        return p
+    command = [made["python"], *p["command"][1:]]
+    meta = dict(p.get("meta") or {}, venv=made["venv"], venv_key=made["key"])
+    return dict(p, command=command, venv=made["venv"], meta=meta)
 
 
 def transaction(p, release, previous, previous_release):
@@ -241,6 +256,16 @@ def transaction(p, release, previous, previous_release):
         if r["status"] == "running"
     ]
     removed = gc_releases(workdir, int(p.get("keep_releases", 5)), protect)
+    running = [
+        r
+        for r in (run_record(workdir, rid) for rid in run_ids(workdir))
+        if r["status"] == "running"
+    ]
+    gc_venvs(
+        workdir,
+        int(p.get("keep_releases", 5)),
+        [p.get("venv")] + [(r.get("meta") or {}).get("venv") for r in running],
+    )
     launch_s = time.monotonic() - launch_started
     return {
         "stopped": stopped,
@@ -355,4 +380,6 @@ OPERATIONS = {
     "address": op_address,
     "listen": op_listen,
     "probe": op_probe,
+    "setup_check": op_setup_check,
+    "pull_plan": op_pull_plan,
 }

@@ -274,6 +274,7 @@ NODE_CHECKS = [
     "torch",
     "GPUs",
     "free disk",
+    "setup venv",
 ]
 
 
@@ -369,6 +370,12 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
         doctor.skip("torch", "needs python")
     doctor.run("GPUs", _gpu_probe(target))
     doctor.run("free disk", _disk_probe(target, config.container.workdir))
+    if python_runs:
+        from dflashctl.setup_env import doctor_probe
+
+        doctor.run("setup venv", doctor_probe(config, target))
+    else:
+        doctor.skip("setup venv", "needs python")
     return python_runs
 
 

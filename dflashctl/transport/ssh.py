@@ -512,6 +512,23 @@ class SSHTransport(Transport):
             raise ConnectionLost(self.description, f"starting `{command_text(argv)}`") from exc
         return chan
 
+    def interactive_channel(
+        self, argv: Sequence[str], *, pty_size: tuple[int, int] | None = None
+    ) -> paramiko.Channel:
+        """A session running argv that the caller pumps itself (dflashctl/attach.py):
+        with a pty of pty_size (columns, rows) when given, as `ssh -t` does."""
+        argv = [str(a) for a in argv]
+        transport = self._transport()
+        try:
+            chan = transport.open_session(timeout=self.host.connect_timeout_s)
+            if pty_size is not None:
+                term = os.environ.get("TERM") or "xterm"
+                chan.get_pty(term=term, width=pty_size[0], height=pty_size[1])
+            chan.exec_command(shlex.join(argv))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectionLost(self.description, f"starting `{command_text(argv)}`") from exc
+        return chan
+
     # ---------------------------------------------------------------- commands
 
     def run(

@@ -1,0 +1,87 @@
+"""dflashctl pull: copy a run's checkpoint, serving export and metrics here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dflashctl.commands.common import ConfigOption, JsonOption
+
+
+def pull(
+    run_id: Annotated[
+        str, typer.Argument(help="The run's id (`dflashctl runs` lists them).", metavar="RUN")
+    ],
+    step: Annotated[
+        int | None,
+        typer.Option(
+            "--step", help="The checkpoint of this step (default: the latest).", show_default=False
+        ),
+    ] = None,
+    to: Annotated[
+        Path | None,
+        typer.Option(
+            "--to", help="The local folder (default: ./runs/<run id>/).", show_default=False
+        ),
+    ] = None,
+    config: ConfigOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Copy a run's checkpoint, serving export and metrics to a local folder.
+
+    The checkpoint is the latest or --step N's, with its drafter/ serving export; the
+    metrics are metrics.jsonl, meta.json and TensorBoard files. Every file is checked
+    by sha256, and a cut pull continues where it stopped."""
+    from dflashctl import pulling, terminal
+    from dflashctl.config import load_config
+    from dflashctl.errors import UsageError
+    from dflashctl.nodes import node_sessions
+
+    if step is not None and step < 0:
+        raise UsageError(f"--step must be 0 or more, got {step}")
+    if "/" in run_id or run_id in (".", ".."):
+        raise UsageError(f"not a run id: {run_id!r}", hint="`dflashctl runs` lists the runs")
+    if json_output:
+        terminal.set_quiet_stdout(True)
+    cfg = load_config(config)
+    dest = (to if to is not None else Path("runs") / run_id).expanduser()
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"{dest} exists and is not a folder", hint="pass another --to")
+    with node_sessions(cfg) as nodes:
+        answers = pulling.plans(nodes, run_id, step)
+        files, checkpoint = pulling.choose(nodes, answers, run_id, step)
+        dest.mkdir(parents=True, exist_ok=True)
+        counts = pulling.pull_files(files, dest)
+    export = None
+    if checkpoint:
+        where = dest / "checkpoints" / checkpoint["name"]
+        export = where / "drafter" if checkpoint.get("export") else None
+        terminal.success(
+            f"checkpoint of run {checkpoint['run_id']} at step {checkpoint['step']} in {where}"
+        )
+        if export:
+            terminal.info(f"  serving export (Hugging Face format): {export}")
+    else:
+        terminal.warning(f"run {run_id} has no checkpoint yet: pulled its metrics only")
+    terminal.info(
+        f"  {len(files)} files verified by sha256 in {dest}: {counts['fetched']} fetched, "
+        f"{counts['resumed']} resumed, {counts['already']} already there "
+        f"({terminal.human_bytes(counts['bytes'])} moved)"
+    )
+    if json_output:
+        terminal.print_json(
+            {
+                "run_id": run_id,
+                "to": str(dest),
+                "checkpoint": checkpoint,
+                "export": str(export) if export else None,
+                "files": [{"path": f.rel, "size": f.size, "sha256": f.sha256} for f in files],
+                **counts,
+            }
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(pull)

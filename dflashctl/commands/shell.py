@@ -1,0 +1,30 @@
+"""dflashctl shell: an interactive shell in the container, in the run's environment."""
+
+from __future__ import annotations
+
+import typer
+
+from dflashctl.commands.common import ConfigOption
+from dflashctl.commands.exec import NodeOption
+
+
+def shell(config: ConfigOption = None, node: NodeOption = None) -> None:
+    """Open an interactive shell in the container, in the run's environment.
+
+    A pty through SSH and pct exec, in the same environment as `dflashctl exec`;
+    exits with the shell's status."""
+    from dflashctl.attach import SHELL, pick_node, run_attached
+    from dflashctl.config import load_config
+    from dflashctl.connect import as_host_error
+    from dflashctl.nodes import node_sessions
+
+    cfg = load_config(config)
+    with node_sessions(cfg) as nodes:
+        chosen = pick_node(nodes, node)
+        with as_host_error(chosen.target):
+            status = run_attached(chosen.config, chosen.target, list(SHELL), tty=True)
+    raise typer.Exit(status)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(shell)

@@ -1,0 +1,220 @@
+# ruff: noqa: F811  (fixtures are imported, and then asked for by name)
+"""pull against the test host: a run's checkpoint, its drafter/ export and its
+metrics copied here from a real container, checked by sha256, resumed after a cut,
+and from the node that wrote them when a run spans two nodes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.host.fixtures import build_config
+from tests.setup_support import CHECKPOINT_TRAINER
+
+pytestmark = pytest.mark.slow
+
+WORKDIR = "/root/dflash"
+DFLASHCTL = [sys.executable, "-m", "dflashctl"]
+
+
+def cli(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*DFLASHCTL, *args[:1], "-c", str(path), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def finished(tmp_path, container, write_config, monkeypatch):
+    """(config path, run id, container): a run that wrote checkpoints at steps 1 and 2."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text(CHECKPOINT_TRAINER)
+    path = write_config(
+        tmp_path, trainer_source=source, **{"trainer.entry": "train.py", "trainer.args": []}
+    )
+    done = cli(path, "deploy", "--detach")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = (done.stdout + done.stderr).split("launched run ", 1)[1].split()[0]
+    exit_code = container.host_path(f"{WORKDIR}/runs/{run_id}/exit_code")
+    deadline = time.monotonic() + 60
+    while not exit_code.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return path, run_id, container
+
+
+def remote(container, run_id: str, rel: str) -> Path:
+    return container.host_path(f"{WORKDIR}/runs/{run_id}/{rel}")
+
+
+def test_pull_copies_the_latest_checkpoint_export_and_metrics(finished, tmp_path):
+    path, run_id, container = finished
+    dest = tmp_path / "pulled"
+    done = cli(path, "pull", run_id, "--to", str(dest), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    ckpt = dest / "checkpoints" / "step-000002"
+    for rel in ("state.pt", "drafter/config.json", "drafter/model.safetensors"):
+        there = remote(container, run_id, f"outputs/checkpoints/step-000002/{rel}")
+        assert sha(ckpt / rel) == sha(there)
+    assert summary["export"] == str(ckpt / "drafter")
+    assert summary["checkpoint"]["step"] == 2
+    assert (dest / "metrics.jsonl").read_text() == remote(
+        container, run_id, "metrics.jsonl"
+    ).read_text()
+    assert json.loads((dest / "meta.json").read_text())["run_id"] == run_id
+    assert not (dest / "checkpoints" / "step-000001").exists()
+    assert not list(dest.rglob("*.partial"))
+    # again: nothing moves, everything is checked
+    again = cli(path, "pull", run_id, "--to", str(dest), "--json")
+    assert json.loads(again.stdout)["already"] == len(summary["files"])
+    assert json.loads(again.stdout)["bytes"] == 0
+
+
+def test_pull_a_step_and_the_default_folder(finished, tmp_path):
+    path, run_id, container = finished
+    done = subprocess.run(
+        [*DFLASHCTL, "pull", run_id, "--step", "1", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    ckpt = tmp_path / "runs" / run_id / "checkpoints" / "step-000001"
+    there = remote(container, run_id, "outputs/checkpoints/step-000001/state.pt")
+    assert sha(ckpt / "state.pt") == sha(there)
+    assert "serving export" in done.stderr + done.stdout
+
+
+def test_pull_resumes_partial_files_and_verifies_them(finished, tmp_path):
+    path, run_id, container = finished
+    dest = tmp_path / "pulled"
+    ckpt = dest / "checkpoints" / "step-000002"
+    (ckpt / "drafter").mkdir(parents=True)
+    state = remote(container, run_id, "outputs/checkpoints/step-000002/state.pt").read_bytes()
+    model = remote(container, run_id, "outputs/checkpoints/step-000002/drafter/model.safetensors")
+    # a cut pull: the first 100 KB of one file arrived, and a wrong prefix of another
+    (ckpt / "state.pt.partial").write_bytes(state[:100_000])
+    (ckpt / "drafter" / "model.safetensors.partial").write_bytes(b"\0" * 50_000)
+    done = cli(path, "pull", run_id, "--to", str(dest), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["resumed"] == 2
+    assert (ckpt / "state.pt").read_bytes() == state
+    assert sha(ckpt / "drafter" / "model.safetensors") == sha(model)
+    # the right prefix continued from its size; the wrong one was fetched again whole
+    resumed = ("state.pt", "model.safetensors")
+    others = sum(f["size"] for f in summary["files"] if not f["path"].endswith(resumed))
+    size = model.stat().st_size
+    assert summary["bytes"] == (len(state) - 100_000) + (size - 50_000) + size + others
+    assert not list(dest.rglob("*.partial"))
+
+
+def test_pull_errors(finished, tmp_path):
+    path, run_id, _ = finished
+    unknown = cli(path, "pull", "20990101-000000-beef", "--to", str(tmp_path / "x"))
+    assert unknown.returncode == 2
+    assert "no run 20990101-000000-beef" in unknown.stderr and run_id in unknown.stderr
+    missing = cli(path, "pull", run_id, "--step", "9", "--to", str(tmp_path / "x"))
+    assert missing.returncode == 2
+    assert "no checkpoint at step 9 (its checkpoints: 1, 2)" in missing.stderr
+    bad = cli(path, "pull", run_id, "--step", "-3")
+    assert bad.returncode == 2
+    for done in (unknown, missing, bad):
+        assert "Traceback" not in done.stderr
+
+
+def test_pull_continues_after_it_was_cut(finished, tmp_path):
+    path, run_id, container = finished
+    big = remote(container, run_id, "outputs/checkpoints/step-000002/big.bin")
+    with big.open("wb") as f:
+        for _ in range(96):
+            f.write(os.urandom(1 << 20))
+    dest = tmp_path / "pulled"
+    partial = dest / "checkpoints" / "step-000002" / "big.bin.partial"
+    proc = subprocess.Popen(
+        [*DFLASHCTL, "pull", run_id, "--to", str(dest), "-c", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while proc.poll() is None and not (partial.exists() and partial.stat().st_size > 0):
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)  # the laptop lid closes mid-transfer
+    finally:
+        proc.wait()
+    cut_at = partial.stat().st_size if partial.exists() else None
+    assert cut_at is not None and 0 < cut_at < big.stat().st_size, "the pull was not cut"
+    done = cli(path, "pull", run_id, "--to", str(dest), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["resumed"] >= 1
+    assert sha(dest / "checkpoints" / "step-000002" / "big.bin") == sha(big)
+    assert not partial.exists()
+
+
+def test_pull_across_nodes_takes_the_checkpoint_of_rank_0s_node(
+    tmp_path, pve_host, pve_host2, shared_known_hosts, make_container, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    a = make_container(200)
+    b = make_container(201, host=pve_host2)
+    config = build_config(pve_host, vmid=None)
+    config["host"] = {
+        "user": pve_host.user,
+        "identity_file": str(pve_host.identity_file),
+        "known_hosts": str(shared_known_hosts),
+    }
+    del config["proxmox"]
+    config["nodes"] = [
+        {
+            "name": name,
+            "host": {"address": host.address, "port": host.port},
+            "proxmox": {"node": host.node},
+            "container": {"vmid": ct.vmid},
+        }
+        for name, host, ct in (("gpu-a", pve_host, a), ("gpu-b", pve_host2, b))
+    ]
+    path = tmp_path / "dflash.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run_id = "20261201-120000-abcd"
+    # rank 0 (gpu-a) wrote step 3 and the metrics; gpu-b holds an older step 5 of its own
+    for ct, step, metrics in ((a, 3, True), (b, 5, False)):
+        run = ct.host_path(f"{WORKDIR}/runs/{run_id}")
+        folder = run / "outputs" / "checkpoints" / f"step-{step:06d}"
+        (folder / "drafter").mkdir(parents=True)
+        (folder / "state.pt").write_bytes(f"state of {ct.vmid}".encode())
+        (folder / "drafter" / "config.json").write_text("{}")
+        (folder.parent / "latest").write_text(folder.name + "\n")
+        if metrics:
+            (run / "metrics.jsonl").write_text('{"step": 3, "loss": 0.5}\n')
+    dest = tmp_path / "pulled"
+    done = cli(path, "pull", run_id, "--to", str(dest), "--json")
+    assert done.returncode == 0, done.stderr
+    assert (dest / "checkpoints" / "step-000003" / "state.pt").read_text() == "state of 200"
+    assert not (dest / "checkpoints" / "step-000005").exists()
+    assert (dest / "metrics.jsonl").read_text() == '{"step": 3, "loss": 0.5}\n'
+    # exec reaches the node it is asked for
+    there = cli(path, "exec", "--node", "gpu-b", "--", "ls", f"runs/{run_id}/outputs/checkpoints")
+    assert there.returncode == 0 and "step-000005" in there.stdout
+    first = cli(path, "exec", "--node", "0", "--", "ls", f"runs/{run_id}/outputs/checkpoints")
+    assert first.returncode == 0 and "step-000003" in first.stdout
