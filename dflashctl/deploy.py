@@ -243,8 +243,6 @@ def upload_and_deploy(
     return cast(LaunchAnswer, answer)
 
 
-
-
 def setup_then_launch(
     config: Config, target: Target, params: LaunchParams, built: LaunchAnswer
 ) -> LaunchAnswer:
