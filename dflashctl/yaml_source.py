@@ -15,6 +15,7 @@ written twice in one mapping is reported with both lines.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +24,15 @@ import yaml
 KeyPath = tuple[str | int, ...]
 
 # Far above any real config (the bundled template is 5 KB, 6 levels deep, no aliases).
-MAX_FILE_BYTES = 1 << 20
+MAX_FILE_BYTES = 256 << 10  # PyYAML's pure-Python scanner reads about 350 KB/s
 MAX_DEPTH = 64
 MAX_ALIASES = 256
 MAX_VALUES = 100_000  # scalars and collections, each alias counted as what it expands to
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# More flow openers in a row than MAX_DEPTH: refused before PyYAML's scanner, which
+# looks up to 1,024 characters ahead at every `[` (a second for 20,000 of them).
+_FLOW_RUN = re.compile(r"(?:[\[{][ \t]*){" + str(MAX_DEPTH + 1) + "}")
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,15 @@ def _check_size(text: str) -> None:
 def _check_events(text: str) -> None:
     """Depth and alias count, from the parser's events (a loop, not a recursion), so
     that the recursive composer only ever sees a shallow document."""
+    run = _FLOW_RUN.search(text)
+    if run:
+        line = text.count("\n", 0, run.start())
+        column = run.start() - (text.rfind("\n", 0, run.start()) + 1)
+        raise YamlRefused(
+            f"nested more than {MAX_DEPTH} levels deep",
+            yaml.Mark("", run.start(), line, column, None, None),
+            "a dflash.yaml needs a few levels; check the brackets and indentation",
+        )
     depth = 0
     aliases = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):

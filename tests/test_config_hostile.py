@@ -38,7 +38,7 @@ def refused(text: str, tmp_path: Path) -> str:
     ("snippet", "expected"),
     [
         (alias_bomb(9, 8), "line 14, column 13: refused: its aliases expand to more than 100,000"),
-        ("deep: " + "[" * 2000 + "\n", "line 7, column 70: refused: nested more than 64"),
+        ("deep: " + "[" * 2000 + "\n", "line 7, column 7: refused: nested more than 64"),
         ("deep: " + "[" * 20000 + "]" * 20000 + "\n", "refused: nested more than 64"),
         ("loop: &a [*a]\n", "line 7, column 11: refused: an alias refers to the collection"),
     ],
