@@ -48,6 +48,7 @@ def main() -> int:
     verdicts: collections.Counter[str] = collections.Counter()
     examples: dict[str, str] = {}
     seconds: list[float] = []
+    slowest = {"seconds": 0.0, "text": ""}
 
     @seed(args.seed)
     @settings(
@@ -63,6 +64,8 @@ def main() -> int:
         start = time.perf_counter()
         failed = check_one(path, text, seconds=args.hang_s)
         seconds.append(time.perf_counter() - start)
+        if seconds[-1] > slowest["seconds"]:
+            slowest.update(seconds=seconds[-1], text=text)
         if failed:
             failures[failed[0]] += 1
             examples.setdefault(failed[0], f"{failed[1]}\n--- config ---\n{text[:1500]}")
@@ -79,6 +82,7 @@ def main() -> int:
         f"per config: median {median * 1000:.1f} ms, slowest {max(seconds) * 1000:.1f} ms "
         f"({max(seconds) / median:.1f}x the median)"
     )
+    print(f"slowest config (its first 300 characters): {slowest['text'][:300]!r}")
     for kind, text in examples.items():
         print(f"\nfirst {kind}:\n{text}")
     return 1 if failures else 0
