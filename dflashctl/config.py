@@ -33,10 +33,23 @@ from pydantic import (
 )
 
 from dflashctl import hints
-from dflashctl.config_errors import describe, invalid, translate
+from dflashctl.config_errors import (
+    Problem,
+    config_error,
+    describe,
+    duplicate_problems,
+    invalid,
+    problems,
+)
+from dflashctl.config_nodes import (
+    merge_node_sections,
+    name_nodes,
+    no_duplicate_nodes,
+)
+from dflashctl.config_rules import rule_problems
 from dflashctl.errors import ConfigError
 from dflashctl.setup_config import SetupConfig
-from dflashctl.yaml_source import YamlSource, load_yaml
+from dflashctl.yaml_source import MAX_FILE_BYTES, YamlRefused, load_yaml
 
 CONFIG_ENV = "DFLASHCTL_CONFIG"
 DEFAULT_CONFIG_NAME = "dflash.yaml"
@@ -82,7 +95,11 @@ def _resolve(value: str, info: ValidationInfo) -> str:
 
 class Section(BaseModel):
     # Defaults go through the validators too: a default path is resolved like a written one.
-    model_config = ConfigDict(strict=True, extra="forbid", validate_default=True)
+    # No .nan or .inf anywhere: every comparison with them is false, so a check such as
+    # `value < 0` lets them through to a sleep, a timeout or a vmid.
+    model_config = ConfigDict(
+        strict=True, extra="forbid", validate_default=True, allow_inf_nan=False
+    )
 
 
 class HostConfig(Section):
@@ -324,8 +341,6 @@ class RunConfig(Section):
         return value
 
 
-# Where the trainer of one node runs; also what a `nodes:` entry may override.
-NODE_SECTIONS = ("host", "proxmox", "container")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -462,9 +477,9 @@ class Config(Section):
         for index, node in enumerate(self.nodes):
             where = ("nodes", index, "container") if written else ("container",)
             node.container = _checked_container(node.host, node.container, info, where)
-        _name_nodes(self.nodes)
+        name_nodes(self.nodes)
         if written:
-            _no_duplicate_nodes(self.nodes)
+            no_duplicate_nodes(self.nodes)
         first = self.nodes[0]
         self.host, self.proxmox, self.container = first.host, first.proxmox, first.container
         return self
@@ -489,52 +504,6 @@ def _checked_container(
             key=(*where, "workdir"),
         )
     return ct
-
-
-def _host_key(host: HostConfig) -> tuple[Any, ...]:
-    return (host.address, host.port, host.user)
-
-
-def _name_nodes(nodes: list[NodeConfig]) -> None:
-    """An unnamed node is called after its host, plus its vmid where hosts repeat."""
-    hosts = [n.host.address for n in nodes]
-    for node in nodes:
-        if node.name is None:
-            shared = hosts.count(node.host.address) > 1
-            vmid = node.container.vmid
-            node.name = (
-                f"{node.host.address}-{vmid if vmid is not None else 'host'}"
-                if shared
-                else node.host.address
-            )
-
-
-def _no_duplicate_nodes(nodes: list[NodeConfig]) -> None:
-    seen_names: dict[str, int] = {}
-    seen_places: dict[tuple[Any, ...], int] = {}
-    for index, node in enumerate(nodes):
-        place = (*_host_key(node.host), node.container.vmid, node.container.workdir)
-        if place in seen_places:
-            other = seen_places[place]
-            where = (
-                f"container {node.container.vmid}"
-                if node.container.vmid is not None
-                else f"workdir {node.container.workdir}"
-            )
-            raise invalid(
-                f"the same {where} on {node.host.address} as nodes[{other}]",
-                "each node is a container of its own (or a workdir of its own on a host)",
-                key=("nodes", index),
-            )
-        seen_places[place] = index
-        name = node.label()
-        if name in seen_names:
-            raise invalid(
-                f"node name {name!r} is already the name of nodes[{seen_names[name]}]",
-                "give each node its own `name:`",
-                key=("nodes", index, "name"),
-            )
-        seen_names[name] = index
 
 
 # --------------------------------------------------------------------------- discovery
@@ -574,7 +543,10 @@ def load_config(explicit: str | os.PathLike | None = None) -> Config:
             hint="write one with `dflashctl init`, or point to it with --config PATH",
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:  # no more than the limit, whatever the file is
+            data = stream.read(MAX_FILE_BYTES + 1)
+        # Past the limit, the cut may fall inside a character: parse_config refuses it.
+        text = data.decode("utf-8", "strict" if len(data) <= MAX_FILE_BYTES else "replace")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -585,48 +557,15 @@ def load_config(explicit: str | os.PathLike | None = None) -> Config:
     return parse_config(text, path)
 
 
-def merge_node_sections(raw: dict[str, Any], source: YamlSource) -> dict[str, Any]:
-    """Each `nodes:` entry's host, proxmox and container sections on top of the
-    top-level ones (`host: gpu-b` is short for `host: {address: gpu-b}`, `container: 201`
-    for `container: {vmid: 201}`). A value a node inherits is reported, if wrong, at the
-    line where the top level wrote it. The top-level sections become the first node's."""
-    nodes = raw.get("nodes")
-    if not isinstance(nodes, list) or not nodes:
-        return raw
-    shorthand = {"host": "address", "container": "vmid"}
-    merged_nodes = []
-    for index, entry in enumerate(nodes):
-        if not isinstance(entry, dict):
-            merged_nodes.append(entry)  # pydantic says what it should be
-            continue
-        entry = dict(entry)
-        for section in NODE_SECTIONS:
-            top = raw.get(section) if isinstance(raw.get(section), dict) else {}
-            own = entry.get(section)
-            if section in shorthand and own is not None and not isinstance(own, (dict, list)):
-                own = {shorthand[section]: own}
-                source.values[("nodes", index, section, shorthand[section])] = source.values.get(
-                    ("nodes", index, section)
-                )
-            if own is not None and not isinstance(own, dict):
-                continue  # not a mapping: reported as it is
-            for key in top:
-                if key not in (own or {}):
-                    for table in (source.values, source.keys):
-                        if (section, key) in table:
-                            table[("nodes", index, section, key)] = table[(section, key)]
-            entry[section] = {**top, **(own or {})}
-        merged_nodes.append(entry)
-    raw = dict(raw, nodes=merged_nodes)
-    if isinstance(merged_nodes[0], dict):
-        for section in NODE_SECTIONS:
-            raw[section] = merged_nodes[0].get(section, {})
-    return raw
-
-
 def parse_config(text: str, path: Path) -> Config:
     try:
         source = load_yaml(text)
+    except YamlRefused as exc:
+        mark = exc.problem_mark
+        raise ConfigError(
+            f"{path}, line {mark.line + 1}, column {mark.column + 1}: refused: {exc.problem}",
+            hint=exc.hint,
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
@@ -634,20 +573,26 @@ def parse_config(text: str, path: Path) -> Config:
         raise ConfigError(
             f"{path}: malformed YAML at {where}: {problem}",
             hint="check the indentation and quoting on that line",
-        ) from exc
+        ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: malformed YAML: {exc}") from exc
+        raise ConfigError(f"{path}: malformed YAML: {exc}") from None
     raw = {} if source.data is None else source.data
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{path}: expected a mapping of sections (host, proxmox, container, ...), "
             f"got {describe(raw)}"
         )
+    found: list[Problem] = duplicate_problems(source)
     raw = merge_node_sections(raw, source)
+    # The crash rules are part of the config: every command that reads it (doctor,
+    # deploy, logs ...) refuses the same mistakes in them.
+    found += rule_problems(raw.get("crash_patterns"), source)
     try:
         config = Config.model_validate(raw, context={"base": path.resolve().parent})
     except ValidationError as exc:
-        raise translate(exc, Config, path, source) from None
+        found += problems(exc, Config, source)
+    if found:
+        raise config_error(path, found)
     config._path = path.resolve()
     config._digest = hashlib.sha256(
         json.dumps(config.to_dict(), sort_keys=True, default=str).encode()

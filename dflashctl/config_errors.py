@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
 from dflashctl.errors import ConfigError
-from dflashctl.yaml_source import KeyPath, YamlSource
+from dflashctl.yaml_source import KeyPath, Place, YamlSource
 
 _OUR_CHECK = "dflash_config"
 
@@ -32,7 +33,47 @@ _EXPECTED = {
     "dict_type": "a mapping",
     "model_type": "a mapping",
     "model_attributes_type": "a mapping",
+    "finite_number": "a finite number (not .nan or .inf)",
 }
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One mistake in the file: where, what, and what to do."""
+
+    place: Place | None
+    text: str
+    hint: str | None = None
+
+
+def config_error(path: Path, problems: list[Problem]) -> ConfigError:
+    """Every mistake at once, in the order of the file (one per line of the message);
+    a file with one mistake reads as it always has: `file, line, column: what`."""
+    unique = list(dict.fromkeys(problems))
+    unique.sort(key=lambda p: (p.place is None, p.place.line if p.place else 0))
+    sentences = [f"{path}, {p.place}: {p.text}" if p.place else f"{path}: {p.text}" for p in unique]
+    if len(unique) == 1:
+        return ConfigError(sentences[0], hint=unique[0].hint)
+    # Several: each with what to do about it, under one heading.
+    lines = [f"{path}: {len(unique)} mistakes"]
+    for sentence, problem in zip(sentences, unique, strict=True):
+        lines.append(f"  {sentence}")
+        if problem.hint:
+            lines.append(f"    hint: {problem.hint}")
+    return ConfigError("\n".join(lines))
+
+
+def duplicate_problems(source: YamlSource) -> list[Problem]:
+    """A key written twice in one mapping: YAML would keep the second silently."""
+    return [
+        Problem(
+            dup.again,
+            f"{key_path(dup.loc)} is written twice, at line {dup.first.line} and "
+            f"line {dup.again.line}",
+            "keep one of them (YAML would silently use the last)",
+        )
+        for dup in source.duplicates
+    ]
 
 
 def invalid(
@@ -67,9 +108,15 @@ def key_path(loc: KeyPath) -> str:
 def translate(
     exc: ValidationError, model: type[BaseModel], path: Path, source: YamlSource
 ) -> ConfigError:
-    """The first mistake (unknown keys before the rest) as one ConfigError."""
-    errors = exc.errors(include_url=False)
-    first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
+    """Every mistake pydantic found as one ConfigError."""
+    return config_error(path, problems(exc, model, source))
+
+
+def problems(exc: ValidationError, model: type[BaseModel], source: YamlSource) -> list[Problem]:
+    return [_problem(error, model, source) for error in exc.errors(include_url=False)]
+
+
+def _problem(first: Any, model: type[BaseModel], source: YamlSource) -> Problem:
     loc = tuple(first["loc"])
     kind, ctx = first["type"], first.get("ctx") or {}
     hint = None
@@ -106,8 +153,7 @@ def translate(
     else:  # a pydantic check we did not word ourselves
         text = f"{key_path(loc)}: {first['msg']}, got {describe(first['input'])}"
         place = source.place(loc)
-    where = f"{path}, {place}" if place else str(path)
-    return ConfigError(f"{where}: {text}", hint=hint)
+    return Problem(place, text, hint)
 
 
 def _field_names(model: type[BaseModel], loc: KeyPath) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Any, cast
 from dflashctl import agent_client, runs, terminal
 from dflashctl.agent_messages import LaunchAnswer, LaunchParams
 from dflashctl.config import Config
-from dflashctl.errors import HostError, UsageError
+from dflashctl.errors import DflashError, HostError, UsageError
 from dflashctl.launching import (
     describe_lineage,
     describe_stopped,
@@ -37,6 +37,7 @@ from dflashctl.launching import (
     stop_runs,
 )
 from dflashctl.nodes import Node, on_every_node, values_or_raise
+from dflashctl.stop_report import stopped_by_node, with_stops
 
 
 @dataclass(frozen=True)
@@ -214,20 +215,30 @@ def launch_everywhere(
             terminal.warning(f"{node.describe()}:")
             report_interrupted(node.config, run_id, float(params[node.index]["grace_s"]))
         raise
-    if any(not o.ok for o in outcomes):
-        _stop_where_launched(nodes, [o.node for o in outcomes if o.ok], run_id)
-    answers = values_or_raise(outcomes, "launching")
-    return answers, rendezvous.endpoint, time.monotonic() - t0
+    if not any(not o.ok for o in outcomes):
+        return values_or_raise(outcomes, "launching"), rendezvous.endpoint, time.monotonic() - t0
+    again = _stop_where_launched(nodes, [o.node for o in outcomes if o.ok], run_id)
+    try:
+        values_or_raise(outcomes, "launching")
+    except DflashError as exc:
+        # Said of every node: an old run stopped on one is not undone by another's error.
+        exc.message = with_stops(exc.message, stopped_by_node(outcomes, run_id, again))
+        exc.args = (exc.message,)
+        raise
+    raise AssertionError("unreachable: a node failed")  # values_or_raise raised
 
 
-def _stop_where_launched(nodes: list[Node], launched: list[Node], run_id: str) -> None:
+def _stop_where_launched(nodes: list[Node], launched: list[Node], run_id: str) -> dict[str, bool]:
     """After a node failed to launch: the run that did start elsewhere would only wait at
-    the rendezvous for the missing node; stop it (best effort, said per node)."""
+    the rendezvous for the missing node; stop it (best effort, said per node). Returns
+    node name -> stopped."""
 
     def stop(node: Node) -> None:
         stop_runs(node.config, node.target, 5.0)
 
+    stopped = {}
     for outcome in on_every_node(launched, stop):
+        stopped[outcome.node.name] = outcome.ok
         if outcome.ok:
             terminal.warning(f"stopped run {run_id} on {outcome.node.describe()} again")
         else:
@@ -235,6 +246,7 @@ def _stop_where_launched(nodes: list[Node], launched: list[Node], run_id: str) -
                 f"could not stop run {run_id} on {outcome.node.describe()}: {outcome.error}; "
                 "stop it with `dflashctl stop`"
             )
+    return stopped
 
 
 def print_nodes_launched(

@@ -117,6 +117,7 @@ class RunInfo:
     active: bool = False  # the run workdir/active_run names (launched last)
     # The supervisor's attempts.json (run.retry): {"max_attempts", "attempts": [...]}.
     attempts: dict[str, Any] | None = None
+    bytes: int | None = None  # the run's folder on disk (asked by `runs` only)
 
     @property
     def recovery(self) -> str | None:
@@ -160,6 +161,7 @@ class RunInfo:
             "command": self.command,
             "meta": self.meta,
             "recovery": self.recovery,
+            "bytes": self.bytes,
             "attempts": (self.attempts or {}).get("attempts") or [],
         }
 
@@ -218,6 +220,7 @@ def _run_from_agent(record: RunRecord, active_id: str | None) -> RunInfo:
         meta=meta,
         active=record["id"] == active_id,
         attempts=record.get("attempts"),
+        bytes=record.get("bytes"),
     )
 
 
@@ -228,9 +231,15 @@ def _runs(target: Target, python: str, params: dict[str, str]) -> RunsAnswer:
     return cast(RunsAnswer, call_agent(target, python, "runs", params))
 
 
-def list_runs(target: Target, workdir: str, *, python: str = DEFAULT_PYTHON) -> list[RunInfo]:
-    """Every run in the workdir, oldest first, each with its real state."""
-    answer = _runs(target, python, {"workdir": workdir})
+def list_runs(
+    target: Target, workdir: str, *, python: str = DEFAULT_PYTHON, sizes: bool = False
+) -> list[RunInfo]:
+    """Every run in the workdir, oldest first, each with its real state (and, with
+    `sizes`, what its folder takes on disk)."""
+    params: dict[str, Any] = {"workdir": workdir}
+    if sizes:
+        params["sizes"] = True
+    answer = _runs(target, python, params)
     return [_run_from_agent(r, answer.get("active_run")) for r in answer["runs"]]
 
 

@@ -22,7 +22,9 @@ DEFAULT_REQUIREMENTS = "requirements.txt"
 
 
 class SetupConfig(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(
+        strict=True, extra="forbid", validate_default=True, allow_inf_nan=False
+    )
 
     # A pip requirements file inside trainer.source (travels with the release);
     # null: none. The default is used only when the file exists.

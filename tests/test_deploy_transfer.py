@@ -143,8 +143,14 @@ def test_the_run_writes_its_bytecode_outside_its_release(project):
     first = cli_deploy(project, "--json")
     assert first.returncode == 0, first.stderr
     run_dir = project.run_dir(json.loads(first.stdout)["run_id"])
-    # The fake trainer imports helpers.py: its bytecode goes to the run's folder.
-    wait_for(lambda: list((run_dir / "pycache").rglob("helpers*.pyc")), what="helpers' bytecode")
+    # The fake trainer imports helpers.py: its bytecode goes to the workdir's shared
+    # cache, at the release's own path (removed with the release), not the run's folder.
+    cache = run_dir.parent.parent / "pycache"
+    release = project.current().resolve()
+    wait_for(lambda: list(cache.rglob("helpers*.pyc")), what="helpers' bytecode")
+    (pyc,) = cache.rglob("helpers*.pyc")
+    assert str(pyc).startswith(str(cache) + str(release))
+    assert not (run_dir / "pycache").exists()
     assert not list(project.current().rglob("__pycache__"))
 
 

@@ -123,7 +123,11 @@ def test_a_bad_user_crash_rule_is_exit_2_naming_the_config_file(project):
     for args in (["logs"], ["logs", "--file", "-"]):
         done = dflashctl(*args, cwd=project.root, stdin="")
         assert done.returncode == 2, done.stderr
-        assert f"{config_path}: crash_patterns[0].regex: invalid regular expression" in done.stderr
+        # Checked with the rest of the config, so named with its line like any mistake.
+        assert (
+            f"{config_path}, line 6, column 3: crash_patterns[0].regex: invalid regular expression"
+            in done.stderr
+        )
 
 
 def test_file_weighs_the_exit_code(tmp_path):

@@ -9,6 +9,9 @@ import time
 
 from .errors import AgentError
 
+# <workdir>/pycache: the bytecode cache every run of a workdir shares (runs.bytecode_env).
+BYTECODE_DIR = "pycache"
+
 
 def read_text(path, default=None):
     try:

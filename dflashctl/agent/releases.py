@@ -10,7 +10,7 @@ import tarfile
 import time
 
 from .errors import AgentError, StaleBase
-from .files import oldest_first, sha256_file, spread_subfolders
+from .files import BYTECODE_DIR, oldest_first, sha256_file, spread_subfolders
 from .incoming import IncomingArchive, members
 from .manifest import (
     METADATA_SUFFIX,
@@ -116,8 +116,11 @@ def gc_releases(workdir, keep, protect):
 
 
 def remove_release(workdir, name):
-    """A release folder and the manifest beside it."""
+    """A release folder, the manifest beside it, and the bytecode its runs wrote into
+    the workdir's shared cache (kept at the release's real path: see runs.bytecode_env)."""
     path = os.path.join(releases_dir(workdir), name)
+    real = os.path.realpath(path)
+    shutil.rmtree(os.path.join(workdir, BYTECODE_DIR) + real, ignore_errors=True)
     shutil.rmtree(path, ignore_errors=True)
     try:
         os.unlink(metadata_path(path))

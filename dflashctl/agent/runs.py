@@ -9,7 +9,7 @@ import sys
 import time
 
 from .errors import AgentError
-from .files import oldest_first, read_int, read_text, write_atomic
+from .files import BYTECODE_DIR, oldest_first, read_int, read_text, write_atomic
 from .processes import alive, process_env, read_proc
 
 
@@ -138,16 +138,27 @@ def settle_exit_code(workdir, run_id, was_killed):
     return code
 
 
-def bytecode_env(env, run_dir):
+# <workdir>/pycache: the one bytecode cache of every run in a workdir. Python writes
+# each module's bytecode under the prefix at the module's own real path, so torch's and
+# transformers' (84 MB for the bundled trainer) are written once, not once per run, and
+# a release's own lie under pycache/<real path of the release>, removed with the
+# release (releases.remove_release): keep_releases bounds them.
+
+
+def bytecode_dir(workdir):
+    return os.path.join(workdir, BYTECODE_DIR)
+
+
+def bytecode_env(env, workdir):
     """Keep the run's bytecode out of its release: the release stays exactly what was
     deployed (and may be shared with other runs through hard links). Python 3.8+
-    caches it in the run's folder instead; older ones do not write it. A trainer.env
-    (or an environment) that says otherwise wins."""
+    caches it in the workdir's shared cache instead; older ones do not write it. A
+    trainer.env (or an environment) that says otherwise wins."""
     if "PYTHONPYCACHEPREFIX" in env or "PYTHONDONTWRITEBYTECODE" in env:
         return {}
     if sys.version_info < (3, 8):  # noqa: UP036 (the agent runs on 3.6+; so may the trainer)
         return {"PYTHONDONTWRITEBYTECODE": "1"}
-    return {"PYTHONPYCACHEPREFIX": os.path.join(run_dir, "pycache")}
+    return {"PYTHONPYCACHEPREFIX": bytecode_dir(workdir)}
 
 
 ERROR_FILE = "error.json"  # torchelastic's error file of the process the run starts
@@ -190,7 +201,7 @@ def start_run(workdir, run_id, release, p):
     if p.get("venv"):  # the run's venv (venvs.py): its bin/ first, as `activate` does
         env["VIRTUAL_ENV"] = p["venv"]
         env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
-    env.update(bytecode_env(env, run_dir))
+    env.update(bytecode_env(env, workdir))
     env.update(error_file_env(env, run_dir))
     log = open(os.path.join(run_dir, "train.log"), "ab")
     try:

@@ -48,13 +48,19 @@ _CHECKPOINT = re.compile(r"(?:^|\s)checkpoint: (/\S+)")
 # --------------------------------------------------------------------------- the policy
 
 
-def decide(policy, history, crash, step, now):
+def decide(policy, history, crash, step, now, current=None):
     """Should the run be restarted after this crash? (retry, reason): pure, so that the
     rules are tested on their own.
 
     policy: run.retry (max_restarts, on, window_s); history: the earlier attempts'
     records; crash: {"category", "retryable", "rule"} of the root cause, or None when
-    nothing was recognised; step: the last step this attempt logged (None: unknown)."""
+    nothing was recognised; step: the last step this attempt logged (None: unknown);
+    current: this attempt's record so far ("resumed_from", "checkpointed"), when known.
+
+    Every crash loop ends: a retry that would start from the checkpoint this attempt
+    started from, after this attempt got no further than the one before it, is the
+    same crash again; and restarts are counted since the last new checkpoint as well
+    as within window_s, so a window shorter than an attempt still ends the loop."""
     limit = int(policy.get("max_restarts") or 0)
     if limit <= 0:
         return False, "automatic recovery is off (run.retry.max_restarts is 0)"
@@ -82,6 +88,18 @@ def decide(policy, history, crash, step, now):
                 step, previous["attempt"]
             ),
         )
+    checkpointed = bool(current and current.get("checkpointed"))
+    if previous is not None and current is not None and not checkpointed:
+        before = previous.get("step")
+        if step is None or (before is not None and step <= before):
+            start = current.get("resumed_from")
+            where = f"checkpoint {start}" if start else "the start"
+            got = "no step logged after the resume" if step is None else f"step {step}"
+            return (
+                False,
+                f"it resumed from {where} and made no progress past it (no new checkpoint, {got}): "
+                "a restart from the same checkpoint would crash the same way",
+            )
     window = float(policy.get("window_s") or 0)
     recent = [
         a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
@@ -92,6 +110,18 @@ def decide(policy, history, crash, step, now):
             False,
             f"{len(recent)} restarts{within} already (run.retry.max_restarts {limit}): a crash loop",
         )
+    if current is not None and not checkpointed:
+        stalled = 1  # this attempt, then the ones before it since the last new checkpoint
+        for earlier in reversed(history):
+            if earlier.get("checkpointed"):
+                break
+            stalled += 1
+        if stalled > limit:
+            return (
+                False,
+                f"{stalled - 1} restarts since the last new checkpoint already "
+                f"(run.retry.max_restarts {limit}, whatever run.retry.window_s): a crash loop",
+            )
     return True, f"{category} is retryable"
 
 
@@ -222,6 +252,9 @@ class Supervisor:
                         DFLASH_RESUMED_RUN=os.environ.get("DFLASH_RUN_ID", ""),
                         DFLASH_RESUMED_STEP=str(_checkpoint_step(checkpoint) or ""),
                     )
+            # Where this attempt starts: its own run's latest checkpoint, else the one
+            # the run was launched to continue (None: step 0).
+            resumed_from = checkpoint or os.environ.get("DFLASH_RESUME_FROM") or None
             offset = _size(self.log)
             started = time.time()
             try:
@@ -232,7 +265,8 @@ class Supervisor:
             code = _wait(self.child)
             lines = _lines_from(self.log, offset)
             step = last_step(lines)
-            checkpoint = last_checkpoint(lines) or checkpoint
+            written = last_checkpoint(lines)
+            checkpoint = written or checkpoint
             record = {
                 "attempt": number,
                 "started": _utc(started),
@@ -241,6 +275,9 @@ class Supervisor:
                 "exit_code": code,
                 "step": step,
                 "checkpoint": checkpoint,
+                "resumed_from": resumed_from,
+                # A checkpoint past the one it started from: progress a restart keeps.
+                "checkpointed": _is_newer(written, resumed_from),
                 "retried": False,
             }
             if code == 0 or self.stop_signal is not None:
@@ -264,7 +301,9 @@ class Supervisor:
                 record.update(
                     category=crash["category"], rule=crash["rule"], summary=crash["summary"]
                 )
-            retry, reason = decide(self.policy, self.attempts, crash, step, time.time())
+            retry, reason = decide(
+                self.policy, self.attempts, crash, step, time.time(), current=record
+            )
             record["retried"], record["reason"] = retry, reason
             what = crash["category"] if crash else "unrecognised"
             at = f" at step {step}" if step is not None else ""
@@ -400,6 +439,14 @@ def _lines_from(path, offset):
     except OSError:
         return []
     return data.decode("utf-8", "replace").splitlines()
+
+
+def _is_newer(written, start):
+    """Whether checkpoint `written` is progress past `start` (None: step 0)."""
+    if not written or written == start:
+        return False
+    new, old = _checkpoint_step(written), _checkpoint_step(start) if start else 0
+    return new is None or old is None or new > old
 
 
 def _checkpoint_step(path):

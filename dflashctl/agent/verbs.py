@@ -291,6 +291,9 @@ def op_runs(p):
         for rid in wanted
         if os.path.isdir(os.path.join(runs_dir(workdir), rid))
     ]
+    if p.get("sizes"):  # `runs`: what each run's folder takes (checkpoints, logs)
+        for record in runs:
+            record["bytes"] = tree_bytes(os.path.join(runs_dir(workdir), record["id"]))
     return {"active_run": active_run_id(workdir), "release": current_release(workdir), "runs": runs}
 
 

@@ -148,22 +148,45 @@ def _connect_checks(doctor: Doctor, config: Any, transport: Any) -> bool:
     return True
 
 
-def _disk_probe(target: Target, workdir: str) -> Callable[[], tuple[str, str]]:
-    # df needs an existing path: the workdir's nearest existing parent.
-    script = 'p=$1; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pk "$p"'
+# The newest checkpoint of the workdir's runs (the bundled trainer's layout) and its
+# size, by what its files hold (--apparent-size where du has it): what the next
+# checkpoint will need, about.
+_DISK_SCRIPT = (
+    'p=$1; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pk "$p"; '
+    'c=$(ls -dt "$1"/runs/*/outputs/checkpoints/step-* 2>/dev/null | head -n 1); '
+    'if [ -n "$c" ]; then '
+    'k=$(du -sk --apparent-size "$c" 2>/dev/null || du -sk "$c"); '
+    'echo "checkpoint ${k%%[!0-9]*} $c"; fi'
+)
 
+
+def _disk_probe(target: Target, workdir: str) -> Callable[[], tuple[str, str]]:
     def probe() -> tuple[str, str]:
-        result = target.run(["sh", "-c", script, "sh", workdir], timeout=PYTHON_TIMEOUT_S)
-        fields = result.stdout_text.strip().splitlines()[-1].split()
+        result = target.run(["sh", "-c", _DISK_SCRIPT, "sh", workdir], timeout=PYTHON_TIMEOUT_S)
+        lines = result.stdout_text.strip().splitlines()
+        checkpoint = next(
+            (line.split(" ", 2) for line in lines if line.startswith("checkpoint ")), None
+        )
+        fields = [line for line in lines if not line.startswith("checkpoint ")][-1].split()
         free = int(fields[3]) * 1024
         mounted = fields[5]
         detail = f"{terminal.human_bytes(free)} free for {workdir} (on {mounted})"
+        prune = hints.command("runs --prune 5")
         if free < MIN_FREE_BYTES:
             raise HostError(
                 f"only {detail}",
                 hint="free space there (old runs and their checkpoints go with "
-                f"{hints.command('runs --prune 5')}) or point container.workdir elsewhere",
+                f"{prune}) or point container.workdir elsewhere",
             )
+        if checkpoint is not None and checkpoint[1].isdigit():
+            needs = int(checkpoint[1]) * 1024
+            if free < needs:
+                return WARN, (
+                    f"{detail}, less than a checkpoint takes: the newest, "
+                    f"{checkpoint[2]}, is {terminal.human_bytes(needs)}; the next one "
+                    f"would fill the disk (free space with {prune})"
+                )
+            detail += f", {terminal.human_bytes(needs)} per checkpoint"
         return PASS, detail
 
     return probe

@@ -72,7 +72,9 @@ def runs(
         _prune(cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output)
         return
     with session(cfg) as target:
-        found = run_records.list_runs(target, cfg.container.workdir, python=cfg.container.python)
+        found = run_records.list_runs(
+            target, cfg.container.workdir, python=cfg.container.python, sizes=True
+        )
         place = target.describe()
     if json_output:
         terminal.print_json({"target": place, "runs": [r.to_json() for r in found]})
@@ -86,11 +88,12 @@ def runs(
             run.release or "-",
             (run.started or "-").replace("T", " ").rstrip("Z"),
             continues(run.meta),
+            terminal.human_bytes(run.bytes) if run.bytes is not None else "-",
             run,
         )
         for run in found
     ]
-    headers = ("  run", "release", "started (UTC)", "continues", "state")
+    headers = ("  run", "release", "started (UTC)", "continues", "size", "state")
     if terminal.out.is_terminal:
         from rich.table import Table
 
@@ -100,8 +103,9 @@ def runs(
         table.add_column(headers[1], no_wrap=True, overflow="ellipsis")
         table.add_column(headers[2], no_wrap=True)
         table.add_column(headers[3], no_wrap=True)
-        table.add_column(headers[4], no_wrap=True, min_width=17)
-        for run_id, release, started, lineage, run in rows:
+        table.add_column(headers[4], no_wrap=True, justify="right")
+        table.add_column(headers[5], no_wrap=True, min_width=17)
+        for run_id, release, started, lineage, size, run in rows:
             state = run.state
             style = _STYLES.get(state.status, "red")
             if state.status == "exited" and not state.ok:
@@ -113,16 +117,17 @@ def runs(
                 release,
                 started,
                 lineage,
+                size,
                 f"[{style}]{escape(run.describe_state())}[/{style}]",
             )
         terminal.out.print(table)
     else:
         # Plain aligned columns off a terminal: nothing is cut short or wrapped.
-        lines = [headers] + [(a, b, c, d, e.describe_state()) for a, b, c, d, e in rows]
-        widths = [max(len(line[i]) for line in lines) for i in range(4)]
+        lines = [headers] + [(*cells, run.describe_state()) for *cells, run in rows]
+        widths = [max(len(line[i]) for line in lines) for i in range(5)]
         for line in lines:
-            cells = [cell.ljust(width) for cell, width in zip(line[:4], widths, strict=True)]
-            terminal.out.print("  ".join([*cells, line[4]]), markup=False)
+            cells = [cell.ljust(width) for cell, width in zip(line[:5], widths, strict=True)]
+            terminal.out.print("  ".join([*cells, line[5]]), markup=False)
     terminal.info("* the active run (launched last)")
 
 

@@ -25,7 +25,10 @@ def list_every_node(config: Config) -> list[NodeOutcome[list[RunInfo]]]:
         return on_every_node(
             nodes,
             lambda node: run_records.list_runs(
-                node.target, node.config.container.workdir, python=node.config.container.python
+                node.target,
+                node.config.container.workdir,
+                python=node.config.container.python,
+                sizes=True,
             ),
         )
 

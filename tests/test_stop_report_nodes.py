@@ -1,0 +1,51 @@
+"""A launch across nodes that fails on one node after another stopped its old run:
+the error says what was stopped, node by node (not the failed node's "nothing was
+stopped"). Node b's workdir is a small tmpfs: its release fits, the new run's folder
+does not get the space a launch needs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from dflashctl.config import load_config
+from dflashctl.deploy import DeployOptions, deploy
+from tests.test_deploy_support import pid_alive
+from tests.test_fleet_local import dflashctl, free_port, two  # noqa: F401
+
+
+@pytest.fixture
+def small_b(two):  # noqa: F811
+    workdir = two.workdirs[1]
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1000k", "tmpfs", str(workdir)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield two
+    subprocess.run(["umount", "-l", str(workdir)], check=False)
+
+
+def test_the_error_after_a_stop_says_what_was_stopped_on_each_node(small_b):
+    project = small_b
+    # An old run on node a alone (node b has no run yet).
+    config = load_config(project.config_path)
+    code, first = deploy(config.for_node(0), DeployOptions(detach=True))
+    assert code == 0
+    old = first["run_id"]
+    old_pid = int((project.run_dir(0, old) / "pid").read_text())
+    project.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()})
+    done = dflashctl(project, "deploy", "--detach", "--json")
+    assert done.returncode == 3, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"] if done.stdout.strip() else done.stderr
+    text = error if isinstance(error, str) else json.dumps(error)
+    assert "nothing was stopped;" not in text and "); nothing was stopped" not in text
+    assert "what was stopped, node by node:" in text
+    assert f"a: stopped run {old} (pid {old_pid})" in text
+    assert "b: nothing was stopped" in text
+    assert not pid_alive(old_pid)
