@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from dflashctl import hints
+from dflashctl.agent.progress import describe as describe_hang
 from dflashctl.agent_client import call_agent
 from dflashctl.agent_messages import PruneAnswer, PrunedRun, RunRecord, RunsAnswer
 from dflashctl.errors import HostError
@@ -117,6 +118,12 @@ class RunInfo:
     active: bool = False  # the run workdir/active_run names (launched last)
     # The supervisor's attempts.json (run.retry): {"max_attempts", "attempts": [...]}.
     attempts: dict[str, Any] | None = None
+    # While it runs: its step progress, judged by the agent (dflashctl/agent/progress.py).
+    progress: dict[str, Any] | None = None
+
+    @property
+    def hanging(self) -> bool:
+        return self.state.status == "running" and bool((self.progress or {}).get("hanging"))
 
     @property
     def recovery(self) -> str | None:
@@ -132,7 +139,9 @@ class RunInfo:
     def describe_state(self) -> str:
         """`running, attempt 2/4, resumed at step 18400 after nccl_timeout`."""
         note = self.recovery
-        return self.state.describe(self.crash_category) + (f", {note}" if note else "")
+        text = self.state.describe(self.crash_category) + (f", {note}" if note else "")
+        hang = describe_hang(self.progress) if self.hanging else None
+        return text + (f", {hang}" if hang else "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,6 +156,9 @@ class RunInfo:
             "meta": self.meta,
             "recovery": self.recovery,
             "attempts": (self.attempts or {}).get("attempts") or [],
+            "hanging": self.hanging,
+            "hang": describe_hang(self.progress) if self.hanging else None,
+            "progress": self.progress,
         }
 
 
@@ -204,6 +216,7 @@ def _run_from_agent(record: RunRecord, active_id: str | None) -> RunInfo:
         meta=meta,
         active=record["id"] == active_id,
         attempts=record.get("attempts"),
+        progress=record.get("progress"),
     )
 
 

@@ -104,7 +104,7 @@ def runs(
         for run_id, release, started, lineage, run in rows:
             state = run.state
             style = _STYLES.get(state.status, "red")
-            if state.status == "exited" and not state.ok:
+            if (state.status == "exited" and not state.ok) or run.hanging:
                 style = "red"
             table.add_row(
                 run_id,
