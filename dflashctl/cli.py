@@ -17,7 +17,17 @@ from dflashctl import __version__, terminal
 from dflashctl.errors import EXIT_INTERRUPTED, DflashError
 
 # Order is the order of `dflashctl --help`.
-COMMAND_MODULES = ("init", "doctor", "status", "deploy", "restart", "stop", "runs", "logs")
+COMMAND_MODULES = (
+    "init",
+    "doctor",
+    "status",
+    "deploy",
+    "restart",
+    "stop",
+    "runs",
+    "logs",
+    "stacks",
+)
 
 app = typer.Typer(
     name="dflashctl",

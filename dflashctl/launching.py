@@ -243,6 +243,7 @@ def follow_unless_detached(
         target=target,
         python=config.container.python,
         from_offset=0,
+        hang=(config.run.hang.factor, config.run.hang.min_s),
     )
     summary["result"] = result.to_json()
     return report_result(result), summary

@@ -56,7 +56,8 @@ class StepClock:
         self.step, self.total = step, total
 
     def interval_s(self):
-        gaps = [b - a for a, b in zip(self.times, self.times[1:]) if b >= a]
+        times = self.times
+        gaps = [times[i] - times[i - 1] for i in range(1, len(times)) if times[i] >= times[i - 1]]
         return median(gaps)
 
     def threshold_s(self):
@@ -92,7 +93,7 @@ def describe(progress):
     if not progress or not progress.get("hanging"):
         return None
     interval = progress.get("interval_s")
-    basis = "the floor" if interval is None else "its {:g} s step interval".format(interval)
+    basis = "the floor" if interval is None else f"its {interval:g} s step interval"
     return "hanging: no step line for {} (after step {}/{}; threshold {:g} s from {})".format(
         duration(progress["silent_s"]),
         progress.get("last_step"),
@@ -105,12 +106,12 @@ def describe(progress):
 def duration(seconds):
     seconds = int(round(seconds))
     if seconds < 60:
-        return "{} s".format(seconds)
+        return f"{seconds} s"
     minutes, secs = divmod(seconds, 60)
     if minutes < 60:
-        return "{}m{:02d}s".format(minutes, secs)
+        return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
-    return "{}h{:02d}m".format(hours, minutes)
+    return f"{hours}h{minutes:02d}m"
 
 
 def metrics_progress(run_dir, factor, min_s, now):

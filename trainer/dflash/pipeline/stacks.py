@@ -93,7 +93,9 @@ class StackWatch:
         self.folder = stacks_dir(run_dir)
         self.rank = rank
         self.log = log
-        self.factor = factor if factor is not None else _env_float("DFLASH_HANG_FACTOR", DEFAULT_FACTOR)
+        self.factor = (
+            factor if factor is not None else _env_float("DFLASH_HANG_FACTOR", DEFAULT_FACTOR)
+        )
         self.min_s = min_s if min_s is not None else _env_float("DFLASH_HANG_MIN_S", DEFAULT_MIN_S)
         self.clock = clock
         self._steps: deque[float] = deque(maxlen=RECENT_STEPS + 1)
