@@ -72,7 +72,8 @@ class Finding:
     def describe(self) -> str:
         ranks = _ranks(self.ranks)
         if self.kind == "missed":
-            waiting = f"; {_ranks(self.waiting)} issued it and wait in it" if self.waiting else ""
+            verb = "waits" if len(self.waiting) == 1 else "wait"
+            waiting = f"; {_ranks(self.waiting)} issued it and {verb} in it" if self.waiting else ""
             return (
                 f"{ranks} never issued collective #{self.seq} ({self.op}) of process group "
                 f"{self.group}{waiting}"
