@@ -85,7 +85,7 @@ def expected_lines(lines: int, mode: str = "finish") -> list[str]:
     return steps + (["training complete"] if mode in ("finish", "split") else [])
 
 
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
