@@ -158,3 +158,38 @@ def test_a_pickle_naming_code_is_refused_and_garbage_is_named():
         load_dump(pickle.dumps({"entries": [Evil()]}))
     summary = summarise_files({0: b"not a pickle", 1: dump([entry(1)])})
     assert summary.errors and summary.errors[0].startswith("rank 0's dump could not be read")
+
+
+def test_the_dumps_a_run_left_are_collected_and_summarised(tmp_path):
+    """A run's nccl_trace/ as the recorder leaves it on a timeout (rank appended to the
+    prefix the launch sets), read by the `stacks` verb and summarised by the client."""
+    from dflashctl.agent.runs import flight_recorder_env
+    from dflashctl.agent.stacks import op_stacks
+    from dflashctl.stacks import summarise_dumps
+
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    env = flight_recorder_env({}, str(run_dir))
+    assert (
+        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    )
+    prefix = env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+    assert prefix == env["TORCH_FR_DUMP_TEMP_FILE"] == str(run_dir / "nccl_trace" / "rank_")
+    (run_dir / "exit_code").write_text("1\n")  # the run ended: its dumps stay readable
+    for rank, entries in {0: [entry(1), entry(2, state="started")], 1: [entry(1)]}.items():
+        with open(f"{prefix}{rank}", "wb") as f:
+            f.write(dump(entries))
+    answer = op_stacks({"workdir": str(tmp_path), "run_id": "r1"})
+    assert answer["status"] == "exited" and answer["asked"] == []
+    assert [d["rank"] for d in answer["flight_recorder"]] == [0, 1]
+    summary = summarise_dumps(answer["flight_recorder"])
+    assert summary["summary"] == [
+        "rank 1 never issued collective #2 (nccl:all_reduce) of process group 0 (default_pg); "
+        "rank 0 issued it and waits in it"
+    ]
+
+
+def test_a_trainer_env_that_sets_the_recorder_wins(tmp_path):
+    from dflashctl.agent.runs import flight_recorder_env
+
+    assert flight_recorder_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, str(tmp_path)) == {}
