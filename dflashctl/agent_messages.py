@@ -144,6 +144,8 @@ class _RunRecord(TypedDict):
 class RunRecord(_RunRecord, total=False):
     stopped: dict[str, Any]  # status "stopped": {"by", "at", "replaced_by"}
     attempts: dict[str, Any] | None  # the supervisor's attempts.json (run.retry)
+    # A running run's step progress (agent/progress.py): {"hanging", "last_step", ...}.
+    progress: dict[str, Any] | None
 
 
 class RunsAnswer(TypedDict):

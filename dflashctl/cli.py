@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "exec",
     "shell",
     "pull",
+    "stacks",
 )
 
 app = typer.Typer(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -317,6 +318,35 @@ class RetryConfig(Section):
         return value
 
 
+class HangConfig(Section):
+    """When a running run is said to hang: no step line for `factor` times its own
+    recent interval between step lines, and at least `min_s` (dflashctl/agent/progress.py).
+    The trainer's own watchdog dumps every thread's stack at the same threshold."""
+
+    factor: float = 4.0
+    min_s: float = 60.0
+
+    @field_validator("factor")
+    @classmethod
+    def _factor(cls, value: float) -> float:
+        if not (value > 1 and math.isfinite(value)):
+            raise invalid(
+                f"must be more than 1 (times the run's recent step interval), got {value}",
+                "e.g. 4: hanging after 4 times the usual time between step lines",
+            )
+        return value
+
+    @field_validator("min_s")
+    @classmethod
+    def _min_s(cls, value: float) -> float:
+        if not (value > 0 and math.isfinite(value)):
+            raise invalid(
+                f"must be more than 0 seconds, got {value}",
+                "e.g. 60: never hanging before a minute without a step line",
+            )
+        return value
+
+
 class RunConfig(Section):
     stop_grace_s: float = 20.0
     keep_releases: int = 5
@@ -325,6 +355,7 @@ class RunConfig(Section):
     # that works with nobody following the log.
     on_exit: str | None = None
     retry: RetryConfig = Field(default_factory=RetryConfig)
+    hang: HangConfig = Field(default_factory=HangConfig)
 
     @field_validator("stop_grace_s")
     @classmethod

@@ -78,6 +78,13 @@ def trainer_command(config: Config, extra_args: list[str]) -> list[str]:
     return [config.container.python, config.trainer.entry, *config.trainer.args, *extra_args]
 
 
+def hang_env(config: Config) -> dict[str, str]:
+    """The run's hang threshold, for the trainer's own watchdog (it dumps every
+    thread's stack when its steps stop at the threshold `status` and `logs` use)."""
+    hang = config.run.hang
+    return {"DFLASH_HANG_FACTOR": f"{hang.factor:g}", "DFLASH_HANG_MIN_S": f"{hang.min_s:g}"}
+
+
 def launch_params(
     config: Config,
     run_id: str,
@@ -102,12 +109,13 @@ def launch_params(
         "scope": process_scope(config),
         "command": command,
         "env": {
+            **hang_env(config),
             **config.trainer.env,
             **({"DFLASH_ON_EXIT": config.run.on_exit} if config.run.on_exit else {}),
         },
         "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
         "keep_releases": config.run.keep_releases,
-        "meta": meta,
+        "meta": dict(meta, hang=config.run.hang.model_dump()),
         "supervisor": recovery.supervisor_program(),
         "recovery": recovery.recovery_settings(config),
         # The venv the run starts from (agent/venvs.py): made by the launch if missing.
@@ -239,6 +247,7 @@ def follow_unless_detached(
         target=target,
         python=config.container.python,
         from_offset=0,
+        hang=(config.run.hang.factor, config.run.hang.min_s),
     )
     summary["result"] = result.to_json()
     return report_result(result), summary

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from dflashctl import hints
+from dflashctl.agent.progress import describe as describe_hang
 from dflashctl.agent_client import call_agent
 from dflashctl.agent_messages import PruneAnswer, PrunedRun, RunRecord, RunsAnswer
 from dflashctl.errors import HostError
@@ -118,6 +119,12 @@ class RunInfo:
     # The supervisor's attempts.json (run.retry): {"max_attempts", "attempts": [...]}.
     attempts: dict[str, Any] | None = None
     bytes: int | None = None  # the run's folder on disk (asked by `runs` only)
+    # While it runs: its step progress, judged by the agent (dflashctl/agent/progress.py).
+    progress: dict[str, Any] | None = None
+
+    @property
+    def hanging(self) -> bool:
+        return self.state.status == "running" and bool((self.progress or {}).get("hanging"))
 
     @property
     def recovery(self) -> str | None:
@@ -145,7 +152,9 @@ class RunInfo:
         if self.clean_stop:
             return self.clean_stop
         note = self.recovery
-        return self.state.describe(self.crash_category) + (f", {note}" if note else "")
+        text = self.state.describe(self.crash_category) + (f", {note}" if note else "")
+        hang = describe_hang(self.progress) if self.hanging else None
+        return text + (f", {hang}" if hang else "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +172,9 @@ class RunInfo:
             "recovery": self.recovery,
             "bytes": self.bytes,
             "attempts": (self.attempts or {}).get("attempts") or [],
+            "hanging": self.hanging,
+            "hang": describe_hang(self.progress) if self.hanging else None,
+            "progress": self.progress,
         }
 
 
@@ -221,6 +233,7 @@ def _run_from_agent(record: RunRecord, active_id: str | None) -> RunInfo:
         active=record["id"] == active_id,
         attempts=record.get("attempts"),
         bytes=record.get("bytes"),
+        progress=record.get("progress"),
     )
 
 

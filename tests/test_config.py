@@ -232,7 +232,9 @@ def test_unknown_key_hint_lists_the_allowed_keys(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert "unknown key run.keep (did you mean run.keep_releases?)" in str(info.value)
-    assert info.value.hint == "allowed keys in run: stop_grace_s, keep_releases, on_exit, retry"
+    assert info.value.hint == (
+        "allowed keys in run: stop_grace_s, keep_releases, on_exit, retry, hang"
+    )
 
 
 def test_empty_sections_take_the_defaults_and_paths_still_resolve(tmp_path):

@@ -63,7 +63,7 @@ def ct_spawn(container, command: str) -> int:
     """Start `command` detached in the container; returns its pid there."""
     # The pid comes back on fd 3, which the command closes: exec then returns at once.
     script = f"setsid sh -c 'echo $$ >&3; exec {command} 3>&-' 3>&1 >/dev/null 2>&1 </dev/null &"
-    result = container.exec(["sh", "-c", script], timeout=10)
+    result = container.exec(["sh", "-c", script], timeout=60)
     return int(result.stdout.split()[0])
 
 

@@ -50,7 +50,7 @@ def test_ctrl_c_while_the_old_run_is_stopped_still_launches_and_says_so(project)
         env={**os.environ, "NO_COLOR": "1"},
     )
     stopped = project.run_dir(first["run_id"]) / "stopped.json"
-    wait_for(stopped.exists, timeout=30, what="the stop to begin")
+    wait_for(stopped.exists, timeout=120, what="the stop to begin")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -151,7 +151,7 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

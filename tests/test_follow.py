@@ -28,6 +28,7 @@ from tests.test_follow_support import (
     trainer_argv,
     wait_for,
 )
+from tests.waiting import returns
 
 RULES = load_rules()
 
@@ -186,9 +187,8 @@ def test_last_lines_of_a_finished_run_still_classify_the_whole_log(runs):
 def test_not_following_a_running_run_returns_at_once(runs):
     rundir = runs.start("r6", lines=3, delay=0.01, mode="hang")
     wait_for(lambda: "step 3/3" in (rundir / "train.log").read_text(), what="the log")
-    started = time.monotonic()
-    result, out = follow(runs, "r6", follow=False, lines=2)
-    assert time.monotonic() - started < 3
+    # The run never ends by itself: returning at all is returning at once.
+    result, out = returns(lambda: follow(runs, "r6", follow=False, lines=2))
     assert step_lines(out) == expected_lines(3, "hang")[-2:]
     assert (result.status, result.exit_code, result.cli_exit_code) == ("running", None, 0)
 
@@ -276,10 +276,12 @@ def test_every_line_once_across_dropped_streams(runs, capsys):
 def test_gives_up_after_the_reconnect_budget(runs):
     runs.start("r9", lines=2, delay=0.01, mode="hang")
 
+    attempts = []
+
     def cannot_connect():
+        attempts.append(1)
         raise HostError("connection refused")
 
-    started = time.monotonic()
     with pytest.raises(HostError, match="may still be running") as caught:
         follow(
             runs,
@@ -288,7 +290,9 @@ def test_gives_up_after_the_reconnect_budget(runs):
             reconnect=cannot_connect,
             reconnect_timeout_s=1.0,
         )
-    assert time.monotonic() - started < 5
+    # Delays of 0.2 and 0.5 s fit in the 1 s budget, the next (1 s) does not: a busy
+    # machine makes fewer attempts, never more.
+    assert 1 <= len(attempts) <= 2, attempts
     assert caught.value.exit_code == 3
     assert "dflashctl logs -f r9" in caught.value.hint
 

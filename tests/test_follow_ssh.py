@@ -26,6 +26,8 @@ pytestmark = pytest.mark.slow
 
 WORKDIR = "/root/dflash"
 RULES = load_rules()
+# What a busy machine may take to start a follower or reconnect: a safety net only.
+PATIENCE_S = 120
 
 
 @pytest.fixture
@@ -34,10 +36,19 @@ def setup(tmp_path, container, write_config):
     return path, load_config(path), container
 
 
-def launch_in(container, run_id: str, lines: int, delay: float, mode: str = "finish"):
-    """Start the fake trainer detached in the container; the host path of its run folder."""
+def launch_in(container, run_id: str, lines: int, delay: float, mode: str = "finish", holds=()):
+    """Start the fake trainer detached in the container; the host path of its run folder.
+    holds: step numbers it waits before (release them with `release`)."""
     rundir = f"{WORKDIR}/runs/{run_id}"
-    done = container.exec(launch_argv(rundir, trainer_argv(sys.executable, lines, delay, mode)))
+    gate = None
+    if holds:
+        gate = f"/tmp/gate-{run_id}"
+        host_gate = container.host_path(gate)
+        host_gate.mkdir(parents=True, exist_ok=True)
+        for step in holds:
+            (host_gate / f"hold-{step}").write_text("")
+    argv = trainer_argv(sys.executable, lines, delay, mode, gate)
+    done = container.exec(launch_argv(rundir, argv))
     assert done.returncode == 0, done.stderr
     host_rundir = container.host_path(rundir)
     wait_for(lambda: (host_rundir / "pid").exists(), what="the pid file")
@@ -63,12 +74,19 @@ def step_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(("step ", "training complete"))]
 
 
-def follow(config, run_id: str, **kwargs):
+def follow(config, run_id: str, reconnects: list | None = None, **kwargs):
+    """follow_run over SSH; `reconnects` collects one entry per reconnection made."""
     out = io.StringIO()
     target = open_target(config)
+
+    def reconnect():
+        if reconnects is not None:
+            reconnects.append(time.monotonic())
+        return open_target(config)
+
     try:
         result = follow_run(
-            lambda: open_target(config),
+            reconnect,
             config.container.workdir,
             run_id,
             rules=RULES,
@@ -82,25 +100,40 @@ def follow(config, run_id: str, **kwargs):
     return result, out.getvalue()
 
 
+def held_after(marks: list[str]) -> list[int]:
+    """The steps a run waits before, one after each mark (`step 20/80` holds step 21)."""
+    return [int(mark.split()[1].split("/")[0]) + 1 for mark in marks]
+
+
 class Dropper(threading.Thread):
     """Kills every SSH connection of the test host at each mark of the log, each time
-    once a new log reader is streaming (so every drop cuts a live stream)."""
+    once a new log reader is streaming (so every drop cuts a live stream). The run waits
+    after each mark (launch_in's holds) until that drop is done: however slow the
+    machine, every drop comes where it was meant to, while the run goes on."""
 
-    def __init__(self, pve_host, container, host_rundir, marks: list[str]):
+    def __init__(self, pve_host, container, host_rundir, marks: list[str], run_id: str):
         super().__init__(name="dropper", daemon=True)
         self.pve_host, self.container = pve_host, container
         self.host_rundir, self.marks = host_rundir, marks
+        self.gate = container.host_path(f"/tmp/gate-{run_id}")
         self.killed: list[int] = []
 
     def run(self) -> None:
         seen: set[int] = set()
-        for mark in self.marks:
-            wait_for(
-                lambda s=seen: set(reader_pids(self.container)) - s, timeout=30, what="a reader"
-            )
-            seen |= set(reader_pids(self.container))
-            wait_for(lambda m=mark: log_has(self.host_rundir, m), timeout=30, what=mark)
-            self.killed.append(self.pve_host.drop_connections())
+        try:
+            for mark, held in zip(self.marks, held_after(self.marks), strict=True):
+                wait_for(
+                    lambda s=seen: set(reader_pids(self.container)) - s,
+                    timeout=PATIENCE_S,
+                    what="a reader",
+                )
+                seen |= set(reader_pids(self.container))
+                wait_for(lambda m=mark: log_has(self.host_rundir, m), timeout=PATIENCE_S, what=mark)
+                self.killed.append(self.pve_host.drop_connections())
+                (self.gate / f"hold-{held}").unlink()
+        finally:
+            for hold in self.gate.glob("hold-*"):  # never leave the run waiting
+                hold.unlink()
 
 
 def test_follows_a_crash_in_the_container(setup):
@@ -110,28 +143,31 @@ def test_follows_a_crash_in_the_container(setup):
     assert step_lines(out) == expected_lines(5, "thread-crash")
     assert (result.status, result.exit_code) == ("crashed", 1)
     assert result.crashes[0].thread == "drafter-2"
-    wait_for(lambda: not readers_in(container), timeout=5, what="the log reader to exit")
+    wait_for(lambda: not readers_in(container), timeout=PATIENCE_S, what="the log reader to exit")
 
 
 def test_dropped_connections_lose_and_repeat_nothing(setup, pve_host):
     _, config, container = setup
-    host_rundir = launch_in(container, "ssh-drops", lines=80, delay=0.03, mode="split")
     marks = ["step 10/80", "step 35/80", "step 60/80"]
-    dropper = Dropper(pve_host, container, host_rundir, marks)
+    host_rundir = launch_in(
+        container, "ssh-drops", lines=80, delay=0.03, mode="split", holds=held_after(marks)
+    )
+    dropper = Dropper(pve_host, container, host_rundir, marks, "ssh-drops")
     dropper.start()
     result, out = follow(config, "ssh-drops")
-    dropper.join(timeout=5)
+    dropper.join(timeout=PATIENCE_S)
     assert len(dropper.killed) == 3 and all(dropper.killed), dropper.killed
     assert step_lines(out) == expected_lines(80, "split")
     assert (result.status, result.exit_code) == ("finished", 0)
     # The readers of the cut connections noticed nobody reads them any more.
-    wait_for(lambda: not readers_in(container), timeout=5, what="the log readers to exit")
+    wait_for(lambda: not readers_in(container), timeout=PATIENCE_S, what="the log readers to exit")
 
 
 def test_cli_follow_across_drops_with_json(setup, pve_host):
     path, _, container = setup
-    host_rundir = launch_in(container, "ssh-cli", lines=80, delay=0.05)
-    dropper = Dropper(pve_host, container, host_rundir, ["step 20/80", "step 50/80"])
+    marks = ["step 20/80", "step 50/80"]
+    host_rundir = launch_in(container, "ssh-cli", lines=80, delay=0.05, holds=held_after(marks))
+    dropper = Dropper(pve_host, container, host_rundir, marks, "ssh-cli")
     dropper.start()
     done = subprocess.run(
         [sys.executable, "-m", "dflashctl", "logs", "-f", "--json", "-c", str(path)],
@@ -140,7 +176,7 @@ def test_cli_follow_across_drops_with_json(setup, pve_host):
         timeout=120,
         env={**os.environ, "NO_COLOR": "1"},
     )
-    dropper.join(timeout=5)
+    dropper.join(timeout=PATIENCE_S)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert {k: data[k] for k in ("run", "status", "exit_code", "crashes")} == {
@@ -196,7 +232,7 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     assert not (host_rundir / "exit_code").exists()
     # The trainer (its source is on its command line) is still running.
     assert any("training complete" in cmd for _, cmd in container.ps())
-    wait_for(lambda: not readers_in(container), timeout=5, what="the log reader to exit")
+    wait_for(lambda: not readers_in(container), timeout=PATIENCE_S, what="the log reader to exit")
 
 
 def test_a_container_stopped_mid_run_ends_the_following_with_a_clear_error(setup):
@@ -209,11 +245,13 @@ def test_a_container_stopped_mid_run_ends_the_following_with_a_clear_error(setup
 
     stopper = threading.Thread(target=stop_later)
     stopper.start()
-    started = time.monotonic()
+    reconnects: list[float] = []
     with pytest.raises(HostError) as caught:
-        follow(config, "ssh-stop")
+        follow(config, "ssh-stop", reconnects)
     stopper.join()
-    assert time.monotonic() - started < 20  # no two minutes of reconnecting
+    # A stopped container is final: no minutes of reconnecting (at most the one attempt
+    # that found it stopped, when the stop cut the stream first).
+    assert len(reconnects) <= 1, reconnects
     assert (
         caught.value.message
         == "container 200 is not running, so run ssh-stop is not running either"
@@ -226,7 +264,6 @@ def test_a_wrong_container_python_fails_at_once_not_as_a_dropped_connection(
 ):
     launch_in(container, "ssh-python", lines=400, delay=0.05)
     path = write_config(tmp_path, **{"container.python": "/nonexistent/python3"})
-    started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "dflashctl", "logs", "-f", "ssh-python", "-c", str(path)],
         capture_output=True,
@@ -235,5 +272,4 @@ def test_a_wrong_container_python_fails_at_once_not_as_a_dropped_connection(
         env={**os.environ, "NO_COLOR": "1"},
     )
     assert done.returncode == 3, done.stderr
-    assert time.monotonic() - started < 15
     assert "/nonexistent/python3" in done.stderr and "reconnecting" not in done.stderr

@@ -8,16 +8,21 @@ import signal
 import time
 from pathlib import Path
 
-# A stand-in trainer. argv: LINES DELAY MODE
+# A stand-in trainer. argv: LINES DELAY MODE [GATE]
+# GATE, a folder: step line i waits while GATE/hold-i exists (a test then decides when
+# the run goes on, instead of racing it with the clock).
 #   finish        LINES step lines, then "training complete", exit 0
 #   thread-crash  LINES step lines, then a worker thread raises; exit 1
 #   split         like finish, but every line is written in two halves DELAY apart
 #   hang          LINES step lines, then sleeps until killed
 #   crash-hang    like thread-crash, but the main thread then sleeps until killed
 FAKE_TRAINER = r"""
-import sys, threading, time
+import os, sys, threading, time
 lines, delay, mode = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+gate = sys.argv[4] if len(sys.argv) > 4 else None
 for i in range(1, lines + 1):
+    while gate and os.path.exists(os.path.join(gate, f"hold-{i}")):
+        time.sleep(0.01)
     text = f"step {i}/{lines} | loss {2.5 - i / lines:.4f} | acc 0.50 | 1830 tok/s"
     if mode == "split":
         half = len(text) // 2
@@ -53,8 +58,19 @@ DFLASH_RUN_ID=$(basename "$rundir") setsid sh -c 'echo $$ > pid; "$@" > train.lo
 """
 
 
-def trainer_argv(python: str, lines: int, delay: float, mode: str = "finish") -> list[str]:
-    return [python, "-u", "-c", FAKE_TRAINER, str(lines), str(delay), mode]
+def trainer_argv(
+    python: str, lines: int, delay: float, mode: str = "finish", gate: str | None = None
+) -> list[str]:
+    return [
+        python,
+        "-u",
+        "-c",
+        FAKE_TRAINER,
+        str(lines),
+        str(delay),
+        mode,
+        *([gate] if gate else []),
+    ]
 
 
 def launch_argv(rundir: str, argv: list[str]) -> list[str]:
@@ -69,7 +85,7 @@ def expected_lines(lines: int, mode: str = "finish") -> list[str]:
     return steps + (["training complete"] if mode in ("finish", "split") else [])
 
 
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

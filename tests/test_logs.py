@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -191,7 +191,9 @@ def test_follow_a_crash_exits_1_with_json(project):
 
 
 def test_ctrl_c_stops_following_and_leaves_the_run_running(project):
-    rundir = project.launch("20261129-100003-dddd", lines=400, delay=0.02)
+    # The run logs its lines, then stays alive until killed: however slowly the
+    # follower starts on a busy machine, the run is still running when Ctrl-C comes.
+    rundir = project.launch("20261129-100003-dddd", lines=400, delay=0.005, mode="hang")
     env = {**os.environ, "NO_COLOR": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "dflashctl", "logs", "-f"],
@@ -201,17 +203,22 @@ def test_ctrl_c_stops_following_and_leaves_the_run_running(project):
         text=True,
         env=env,
     )
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
     try:
-        wait_for(lambda: "step 20/" in (rundir / "train.log").read_text(), what="the log")
-        time.sleep(0.5)
+        reader.start()
+        # Ctrl-C once the follower has printed lines (it is following, not starting up).
+        wait_for(lambda: len(step_lines("".join(printed))) > 5, timeout=120, what="lines")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        err = proc.communicate(timeout=60)[1]
+        reader.join(10)
     finally:
         if proc.poll() is None:
             proc.kill()
+    out = "".join(printed)
     assert proc.returncode == 130, err
     assert "dflashctl logs -f 20261129-100003-dddd" in err
-    shown, everything = step_lines(out), expected_lines(400)
+    shown, everything = step_lines(out), expected_lines(400, "hang")
     first = everything.index(shown[0])
     assert len(shown) > 5 and shown == everything[first : first + len(shown)]
     assert not (rundir / "exit_code").exists()

@@ -206,7 +206,7 @@ def test_torchrun_stopping_a_nodes_other_ranks_is_reported_before_it_names_the_r
     reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any(e.startswith("✗ node b") for e in errors), 30, "node b's report")
+        wait_for(lambda: any(e.startswith("✗ node b") for e in errors), 120, "node b's report")
         assert not (b_rundir / "exit_code").exists()  # said while torchrun still waits
         report = next(e for e in errors if e.startswith("✗ node b"))
         assert report.startswith("✗ node b: a rank failed; torchrun is stopping the node's")

@@ -57,7 +57,7 @@ def test_averager_gives_every_rank_the_bitwise_same_mean():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=60)
     expected = (inputs[0] + inputs[1] + inputs[2]) / 3
     for out in outputs:
         assert torch.equal(out, outputs[0])
@@ -79,7 +79,7 @@ def test_averager_samples_the_stop_request_once_per_step():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=60)
     assert seen == [True, True]
 
 
@@ -97,7 +97,7 @@ def test_a_stop_releases_a_rank_waiting_for_the_others():
     thread = threading.Thread(target=lonely)
     thread.start()
     supervisor.request_stop()
-    thread.join(timeout=5)
+    thread.join(timeout=60)
     assert not thread.is_alive() and len(errors) == 1
 
 
@@ -119,6 +119,6 @@ def test_a_released_rank_keeps_its_step_when_a_peer_stops_right_after():
     thread.start()
     time.sleep(0.1)  # the waiter is inside wait()
     barrier.wait()
-    thread.join(timeout=5)
+    thread.join(timeout=60)
     assert supervisor.stop.is_set()
     assert outcome == ["returned"]

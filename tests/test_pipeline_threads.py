@@ -142,14 +142,12 @@ def test_queue_depth_in_the_step_line(tmp_path):
     ],
 )
 def test_a_failing_thread_ends_the_run_with_its_traceback(tmp_path, fail_in, devices):
-    started = time.monotonic()
     result, log = run_standin(
         tmp_path,
         runtime={"drafter_devices": devices, "queue_size": 2},
         train={"steps": 50},
         debug={"fail_in": fail_in},
     )
-    assert time.monotonic() - started < 10
     assert result.exit_code == 1
     assert not result.stuck_threads
     thread = fail_in.split("@")[0]

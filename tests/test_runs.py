@@ -38,7 +38,7 @@ def state_of(project, run_id: str) -> RunState:
 
 
 def wait_finished(project, run_id: str) -> RunState:
-    wait_for(lambda: state_of(project, run_id).finished, timeout=15, what=f"run {run_id} to end")
+    wait_for(lambda: state_of(project, run_id).finished, timeout=120, what=f"run {run_id} to end")
     return state_of(project, run_id)
 
 

@@ -62,10 +62,9 @@ def test_missing_command_is_exit_127_like_a_shell(local):
 
 def test_timeout_kills_the_command_and_its_children(local, tmp_path):
     pid_file = tmp_path / "pid"
-    start = time.monotonic()
+    # Without the timeout the command would end by itself after 30 s, raising nothing.
     with pytest.raises(CommandTimeout) as caught:
         local.run(["sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait"], timeout=0.5)
-    assert time.monotonic() - start < 5
     assert "within 0.5 s" in caught.value.message
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 5

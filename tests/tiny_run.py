@@ -73,7 +73,8 @@ def tiny_runs(tmp_path_factory) -> dict[str, TinyRun]:
     }
     runs = {}
     for name, proc in started.items():
-        stdout, stderr = proc.communicate(timeout=240)
+        # A safety net: three tiny runs at once on a busy 2-core machine take minutes.
+        stdout, stderr = proc.communicate(timeout=900)
         runs[name] = TinyRun(
             base / name, subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         )

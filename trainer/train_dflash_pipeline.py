@@ -124,6 +124,11 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
             return EXIT_CONFIG
 
     log = distributed.RankLog(info.rank) if info.enabled else RunLog()
+    # Every thread's stack on request (`dflashctl stacks`) and when the steps stop.
+    from dflash.pipeline import stacks
+    from dflash.pipeline.metrics_file import metrics_dir
+
+    stacks.install(metrics_dir(cfg.resolved_output_dir()), info.rank, log)
     if resume_state is not None:
         log.line(resume_line(folder, resume_state))
     # Before the slow set-up (building the target, making data): a stop then is not lost.

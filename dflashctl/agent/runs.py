@@ -11,6 +11,7 @@ import time
 from .errors import AgentError
 from .files import BYTECODE_DIR, oldest_first, read_int, read_text, write_atomic
 from .processes import alive, process_env, read_proc
+from .progress import hang_settings, metrics_progress
 
 
 def runs_dir(workdir):
@@ -91,6 +92,10 @@ def run_record(workdir, run_id, table=None):
     record = {"id": run_id, "meta": meta, "pid": read_int(os.path.join(run_dir, "pid"))}
     record.update(run_state(workdir, run_id, table))
     record["attempts"] = read_attempts(run_dir)
+    if record["status"] == "running":
+        # Alive is not the same as making progress: a deadlocked trainer stays running.
+        factor, min_s = hang_settings(meta)
+        record["progress"] = metrics_progress(run_dir, factor, min_s, time.time())
     return record
 
 
@@ -179,6 +184,41 @@ def error_file_env(env, run_dir):
     return out
 
 
+# Where the NCCL flight recorder's dumps go: one file per rank, the rank appended.
+FLIGHT_RECORDER_DIR = "nccl_trace"
+FLIGHT_RECORDER_PREFIX = "rank_"
+
+
+def flight_recorder_env(env, run_dir):
+    """PyTorch's NCCL flight recorder on, dumping into the run's folder on a collective
+    timeout: it names the collective each rank reached (`dflashctl stacks` summarises
+    the dumps). Only NCCL process groups read these; gloo and CPU runs ignore them. A
+    trainer.env (or an environment) that sets any of them wins."""
+    names = (
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_FR_DUMP_TEMP_FILE",
+    )
+    if any(name in env for name in names):
+        return {}
+    folder = os.path.join(run_dir, FLIGHT_RECORDER_DIR)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return {}
+    prefix = os.path.join(folder, FLIGHT_RECORDER_PREFIX)
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        # The names newer PyTorch reads first.
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+    }
+
+
 def start_run(workdir, run_id, release, p):
     # Imported here: the log reader, which starts often and must answer fast, never
     # needs it.
@@ -203,6 +243,7 @@ def start_run(workdir, run_id, release, p):
         env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
     env.update(bytecode_env(env, workdir))
     env.update(error_file_env(env, run_dir))
+    env.update(flight_recorder_env(env, run_dir))
     log = open(os.path.join(run_dir, "train.log"), "ab")
     try:
         # New session (pid = pgid = sid), no terminal, stdin from /dev/null and our

@@ -19,6 +19,8 @@
   address  the container's own address, for the other nodes of a run (network.py)
   listen / probe   a TCP listener and a connection to it: can the nodes reach the
            rendezvous port (network.py)
+  stacks   every thread's stack of a live run's ranks, its watchdog's and the NCCL
+           flight recorder's dumps (stacks.py)
   log      stream a run's train.log in frames (logreader.py; main.py runs it directly)
 
 Every verb that changes the workdir holds its lock from its first check to its last
@@ -55,6 +57,7 @@ from .runs import (
     run_state,
     runs_dir,
 )
+from .stacks import op_stacks
 from .stopping import find_targets, stop_targets
 from .transaction import detached, launch_run, prepare_run, relaunch_previous
 from .venvs import ensure_venv, gc_venvs, op_setup_check
@@ -385,4 +388,5 @@ OPERATIONS = {
     "probe": op_probe,
     "setup_check": op_setup_check,
     "pull_plan": op_pull_plan,
+    "stacks": op_stacks,
 }

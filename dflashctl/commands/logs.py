@@ -128,6 +128,7 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
             show_lines=follow or not json_output,
             reconnect_timeout_s=reconnect_timeout,
             waiting_notice=not json_output,
+            hang=(config.run.hang.factor, config.run.hang.min_s),
         )
 
 

@@ -108,7 +108,7 @@ def runs(
         for run_id, release, started, lineage, size, run in rows:
             state = run.state
             style = _STYLES.get(state.status, "red")
-            if state.status == "exited" and not state.ok:
+            if (state.status == "exited" and not state.ok) or run.hanging:
                 style = "red"
             if run.clean_stop:  # stopped as asked, whatever the exit status
                 style = _STYLES["stopped"]

@@ -86,6 +86,8 @@ def print_status(status: dict[str, Any]) -> None:
     details = [f"[{colour}]{escape(run['state'])}[/{colour}]"]
     if run.get("recovery"):
         details.append(escape(run["recovery"]))
+    if run.get("hang"):
+        details.append(f"[red]{escape(run['hang'])}[/red]")
     if run["status"] == "running" and run["pid"]:
         details.append(f"pid {run['pid']}")
     if run["started"]:

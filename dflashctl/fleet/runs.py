@@ -108,7 +108,7 @@ def print_runs(config: Config, outcomes: list[NodeOutcome[list[RunInfo]]]) -> No
         table.add_column(HEADERS[5], min_width=17)
         for texts, (_, _, run) in zip(cells, rows, strict=True):
             style = _STYLES.get(run.state.status, "red")
-            if run.state.status == "exited" and not run.state.ok:
+            if (run.state.status == "exited" and not run.state.ok) or run.hanging:
                 style = "red"
             state = f"[{style}]{escape(run.describe_state())}[/{style}]"
             shown = texts if wide else (*texts[:3], texts[4])

@@ -53,11 +53,13 @@ def row(outcome: NodeOutcome[dict[str, Any]]) -> tuple[list[str], str]:
         state = "unknown while the container is stopped" if stopped else "none launched yet"
     else:
         state = run["state"] + (f", {run['recovery']}" if run.get("recovery") else "")
+        state += f", {run['hang']}" if run.get("hang") else ""
         colour = {
             "running": "green",
             "exited": "green" if run["exit_code"] == 0 else "red",
             "stopped": "yellow",
         }.get(run["status"], "red")
+        colour = "red" if run.get("hanging") else colour
     cells = [
         node.name,
         report["target"],

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from dflashctl import agent_client, hints, terminal
 from dflashctl.errors import HostError, UsageError
+from dflashctl.follow.hangs import HangWatch, describe_hang
 from dflashctl.follow.lines import LineSink, LineSplitter
 from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult, stopped_cleanly
@@ -78,6 +79,8 @@ def follow_run(
     on_caught_up: Callable[[], None] | None = None,
     node: str | None = None,
     cancel: threading.Event | None = None,
+    hang: tuple[float, float] | None = None,
+    progress_of: Callable[[], dict[str, Any] | None] | None = None,
 ) -> FollowResult:
     """Print run `run_id`'s log and crashes; return how the run ended.
 
@@ -98,12 +101,37 @@ def follow_run(
       then on the follower is live, whether or not new lines come.
     node: the node's name, said in the follower's own notices (reconnecting, ...).
     cancel: set from another thread to stop following as Ctrl-C would (interrupted).
+    hang: (factor, min_s) of run.hang: a live run whose step lines stop for that long is
+      said to hang (a warning, and FollowResult.hanging), and said again when they come.
+    progress_of: the run's progress as the agent last judged it (RunInfo.progress), for
+      a run that hangs before any step line came live; the default state_of keeps it.
     """
     if state_of is None:
-        from dflashctl.runs import run_state
+        from dflashctl.runs import get_run
+
+        latest: dict[str, Any] = {}
 
         def state_of(target: Target, workdir: str, run_id: str) -> RunState:
-            return run_state(target, workdir, run_id, python=python)
+            info = get_run(target, workdir, run_id, python=python)
+            latest["progress"] = info.progress
+            return info.state
+
+        progress_of = progress_of or (lambda: latest.get("progress"))
+    notice_prefix = f"node {node}: " if node else ""
+
+    def announce(kind: str, progress: dict[str, Any]) -> None:
+        if kind == "hanging":
+            terminal.warning(f"{notice_prefix}run {run_id} is {describe_hang(progress)}")
+        else:
+            terminal.info(
+                f"{notice_prefix}run {run_id} makes progress again (step {progress.get('last_step')})"
+            )
+
+    watch = HangWatch(
+        *(hang or ()),
+        progress_of=progress_of,
+        announce=announce if follow else None,
+    )
 
     follower = _Follower(
         reconnect=reconnect,
@@ -129,9 +157,10 @@ def follow_run(
         stall_s=stall_s,
         state_of=state_of,
         waiting=FirstLineWait(waiting_notice and follow and show_lines),
-        notice_prefix=f"node {node}: " if node else "",
+        notice_prefix=notice_prefix,
         cancel=cancel,
         on_caught_up=on_caught_up,
+        hangs=watch,
     )
     return follower.run()
 
@@ -156,6 +185,7 @@ class _Follower:
     notice_prefix: str = ""
     cancel: threading.Event | None = None
     on_caught_up: Callable[[], None] | None = None
+    hangs: HangWatch | None = None
     _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
     _stream: Any = field(default=None, init=False)
     # The log's size when first opened: the backlog ends there.
@@ -165,6 +195,7 @@ class _Follower:
     _trouble_since: float | None = field(default=None, init=False)
     _attempt: int = field(default=0, init=False)
     _empty_readers: int = field(default=0, init=False)
+    _caught_up: bool = field(default=False, init=False)  # step lines now come live
 
     def __post_init__(self) -> None:
         self._read_to_end = not self.follow
@@ -295,6 +326,8 @@ class _Follower:
             if chunk is None:
                 if now - last_data >= QUIET_S:
                     self.sink.quiet()
+                if self.hangs is not None and self.follow and not once:
+                    self.hangs.check()
                 if now - last_data > self.stall_s:
                     raise _Dropped(f"no word from the log reader for {self.stall_s:g} s")
                 if self.follow and not once and now >= next_poll:
@@ -321,6 +354,8 @@ class _Follower:
                 self.waiting.done()
             for text in self.splitter.feed(payload):
                 self.sink.line(text)
+                if self.hangs is not None:
+                    self.hangs.line(text, self._caught_up)
             self._go_live_if_caught_up()
         elif kind == "S":
             start, size = numbers
@@ -347,6 +382,7 @@ class _Follower:
 
     def _go_live_if_caught_up(self, final: bool = False) -> None:
         caught_up = self._live_from is not None and self.splitter.received_end >= self._live_from
+        self._caught_up = self._caught_up or caught_up
         if caught_up and not final and self.on_caught_up is not None:
             self.on_caught_up()
             self.on_caught_up = None
@@ -468,6 +504,7 @@ class _Follower:
             stop=self.sink.stop,
             rundir=self.rundir,
             where=self.target.describe() if self.target is not None else None,
+            hanging=self.hangs.final() if self.hangs is not None and status == "running" else None,
         )
 
 

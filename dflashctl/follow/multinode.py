@@ -228,6 +228,8 @@ class _NodesFollower:
                     # now on happens live, new lines or not.
                     on_caught_up=partial(setattr, watch, "live", True),
                     state_of=partial(self._state_of, watch),
+                    hang=(config.run.hang.factor, config.run.hang.min_s),
+                    progress_of=lambda: getattr(getattr(watch, "info", None), "progress", None),
                     node=node.name,
                     cancel=self.cancel,
                     **kwargs,

@@ -43,6 +43,8 @@ class FollowResult:
     stop: dict[str, Any] | None = None
     rundir: str | None = None  # workdir/runs/<id> on the target
     where: str | None = None  # "CT 200 on root@pve:22", "this machine"
+    # A run still going whose step lines stopped (dflashctl/agent/progress.py's judgement).
+    hanging: dict[str, Any] | None = None
 
     @property
     def cli_exit_code(self) -> int:
@@ -74,6 +76,8 @@ class FollowResult:
             data["recovered"] = [event.to_json() for event in self.recovered]
         if self.not_retried:
             data["not_retried"] = self.not_retried
+        if self.hanging is not None:
+            data["hanging"] = self.hanging
         return data
 
 
@@ -188,6 +192,14 @@ def _say_outcome(result: FollowResult) -> None:
         _say_where_and_what(result)
         return
     if result.status == "running":
+        if result.hanging is not None:
+            from dflashctl.follow.hangs import describe_hang
+
+            terminal.warning(
+                f"{what} is still running but {describe_hang(result.hanging)}; see where it "
+                f"is stuck with {hints.command(f'stacks {result.run_id}')}"
+            )
+            return
         terminal.info(
             f"{what} is still running; follow it with {hints.command(f'logs -f {result.run_id}')}"
         )

@@ -271,6 +271,7 @@ def _train(
             writer=metrics,
         ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
+        hang_point=parse_fail_in(cfg.debug.hang_in, "debug.hang_in") if cfg.debug.hang_in else None,
     )
     ctx.meter.record_start(cfg.to_dict(), start_step)
 

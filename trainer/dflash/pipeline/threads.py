@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dflash.pipeline import tls
+from dflash.pipeline import stacks, tls
 from dflash.pipeline.distributed import DistInfo
 from dflash.pipeline.logging import RunLog, format_nonfinite_line, stage_line
 from dflash.pipeline.meter import StepMeter
@@ -77,6 +77,7 @@ class RunContext:
     total_steps: int
     meter: StepMeter  # step lines and metrics.jsonl: written by drafter-0 only
     fail_point: FailurePoint | None = None
+    hang_point: FailurePoint | None = None  # debug.hang_in
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
     on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
     dist: DistInfo = field(default_factory=DistInfo)
@@ -111,6 +112,10 @@ class RunContext:
 
 
 def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
+    hang = ctx.hang_point
+    if hang is not None and (hang.thread, hang.stage) == (thread, stage) and ctx.debug_applies():
+        if stage != "step" or hang.step == step:
+            deadlock(ctx, thread, f"step {step}" if stage == "step" else stage)
     point = ctx.fail_point
     if point is None or point.thread != thread or point.stage != stage:
         return
@@ -129,6 +134,15 @@ def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
         ctx.log.line(f"injected SIGKILL in {thread} at {where} (debug.fail_in)")
         os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFailure(f"injected failure in {thread} at {where} (debug.fail_in)")
+
+
+def deadlock(ctx: RunContext, thread: str, where: str) -> None:
+    """debug.hang_in: a real deadlock (a lock taken twice), never released: the thread
+    stops making progress, as a lost collective or a lock-order bug leaves it."""
+    ctx.log.line(f"injected deadlock in {thread} at {where} (debug.hang_in)")
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()  # blocks for good
 
 
 def _device_text(device: torch.device) -> str:
@@ -459,6 +473,8 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
         optimizer.skip_step()
         replica.nonfinite_count += 1
         replica.completed_steps = step_number
+        if replica.rank == 0:
+            stacks.step_done(step_number, ctx.total_steps)
         if replica.rank == 0 and ctx.is_lead:
             ctx.log.line(
                 format_nonfinite_line(
@@ -480,6 +496,8 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
         lr = optimizer.lr
         optimizer.step()
         replica.completed_steps = step_number
+        if replica.rank == 0:
+            stacks.step_done(step_number, ctx.total_steps)
         if replica.rank == 0:
             ctx.history.append((step_number, mean_loss))
             if ctx.is_lead:

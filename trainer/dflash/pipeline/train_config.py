@@ -270,6 +270,9 @@ class DebugSection(Section):
     # A file: the failure fires only while it does not exist, and creates it (so a
     # restarted run gets past it: automatic recovery tests and demos).
     fail_once_marker: Text | None = None
+    # "<thread>@step:N" (or @start, drafter-N@warmup): that thread deadlocks there for
+    # good (hang detection and `dflashctl stacks` tests, demos).
+    hang_in: Text | None = None
     stop_at_step: Amount = 0  # act as if SIGTERM arrived after this step (tests, demos)
     # After this step, train no further until SIGTERM (tests: redeploy at a known step).
     hold_at_step: Amount = 0
@@ -278,14 +281,14 @@ class DebugSection(Section):
     nonfinite_at_steps: IntList = Field(default_factory=list)  # poison the loss at these steps
     profile_steps: IntList = Field(default_factory=list)  # [first, last]: count CUDA graph launches
 
-    @field_validator("fail_in")
+    @field_validator("fail_in", "hang_in")
     @classmethod
     def _fail_in(cls, value: str | None) -> str | None:
         if value is not None:
             try:
                 parse_fail_in(value)
             except TrainConfigError as exc:
-                raise invalid(str(exc).removeprefix("debug.fail_in: ")) from None
+                raise invalid(str(exc).split(": ", 1)[-1]) from None
         return value
 
 
@@ -359,19 +362,19 @@ class FailurePoint:
     step: int = 0
 
 
-def parse_fail_in(text: str) -> FailurePoint:
+def parse_fail_in(text: str, key: str = "debug.fail_in") -> FailurePoint:
     """``drafter-0@warmup``, ``prefetcher@step:3``, ``target-0@start``."""
     thread, sep, where = text.partition("@")
     if not sep or not thread:
         raise TrainConfigError(
-            f"debug.fail_in: {text!r} must look like 'drafter-0@warmup' or 'drafter-0@step:5'"
+            f"{key}: {text!r} must look like 'drafter-0@warmup' or 'drafter-0@step:5'"
         )
     if where in ("start", "warmup"):
         return FailurePoint(thread, where)
     stage, _, number = where.partition(":")
     if stage == "step" and number.isdigit():
         return FailurePoint(thread, "step", int(number))
-    raise TrainConfigError(f"debug.fail_in: stage {where!r} must be start, warmup or step:N")
+    raise TrainConfigError(f"{key}: stage {where!r} must be start, warmup or step:N")
 
 
 # ---------------------------------------------------------------- loading
