@@ -198,6 +198,7 @@ class Supervisor:
                         DFLASH_RESUME_FROM=checkpoint,
                         DFLASH_RESUMED_RUN=os.environ.get("DFLASH_RUN_ID", ""),
                         DFLASH_RESUMED_STEP=str(_checkpoint_step(checkpoint) or ""),
+                        DFLASH_RESUMED_FINISHED="",  # this run's own: not a finished one
                     )
             offset = _size(self.log)
             started = time.time()
