@@ -7,9 +7,12 @@ inside their functions.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import signal
 import sys
+import threading
 
 import typer
 
@@ -49,7 +52,35 @@ def _register_commands() -> None:
         importlib.import_module(f"dflashctl.commands.{name}").register(app)
 
 
+class CommandInterrupted(Exception):
+    """Ctrl-C inside a command, carried past typer (which turns a KeyboardInterrupt
+    into a silent exit 130) to main, which says it."""
+
+
+def _saying_interrupts(callback):
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise CommandInterrupted() from None
+
+    return run
+
+
+def _wrap_commands(typer_app: typer.Typer) -> None:
+    for command in typer_app.registered_commands:
+        command.callback = _saying_interrupts(command.callback)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _wrap_commands(group.typer_instance)
+            callback = group.typer_instance.registered_callback
+            if callback is not None and callback.callback is not None:
+                callback.callback = _saying_interrupts(callback.callback)
+
+
 _register_commands()
+_wrap_commands(app)
 
 
 def _wants_json(argv: list[str]) -> bool:
@@ -58,9 +89,33 @@ def _wants_json(argv: list[str]) -> bool:
     return "--json" in mine
 
 
+def _sigint_raises(yes: bool) -> None:
+    """Ctrl-C raises KeyboardInterrupt (the commands' own handling), or is ignored
+    (while the last line is said). Only the main thread may set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler if yes else signal.SIG_IGN)
+
+
 def main() -> None:
-    debug = os.environ.get("DFLASHCTL_DEBUG") == "1"
     as_json = _wants_json(sys.argv[1:])
+    # dflashctl.entry said an early Ctrl-C on its own; from here the commands handle it.
+    _sigint_raises(True)
+    try:
+        _run(as_json)
+    except KeyboardInterrupt:  # while an error was being said: still one line
+        _interrupted(as_json)
+
+
+def _interrupted(as_json: bool) -> None:
+    _sigint_raises(False)  # a second Ctrl-C must not cut the one line short
+    terminal.err.print("[yellow]interrupted[/yellow]")
+    if as_json:
+        terminal.print_json_error("interrupted", EXIT_INTERRUPTED)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _run(as_json: bool) -> None:
+    debug = os.environ.get("DFLASHCTL_DEBUG") == "1"
     try:
         # Without standalone mode, click returns a `typer.Exit(code)` raised by a command.
         code = app(standalone_mode=False)
@@ -71,11 +126,8 @@ def main() -> None:
         if debug:
             raise
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        terminal.err.print("[yellow]interrupted[/yellow]")
-        if as_json:
-            terminal.print_json_error("interrupted", EXIT_INTERRUPTED)
-        sys.exit(EXIT_INTERRUPTED)
+    except (KeyboardInterrupt, CommandInterrupted):
+        _interrupted(as_json)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
