@@ -278,6 +278,8 @@ def upload_and_deploy(
             f"the upload to {target.describe()} arrived incomplete",
             hint="check the connection and the host's free space in /tmp, then deploy again",
         )
+    if target.vmid is not None and pct.pct_missing(result):
+        raise pct.not_a_proxmox_node("pct", target.transport.description)
     if target.vmid is not None and pct.push_went_wrong(result):
         pct.raise_for_push(result, target.vmid, dest, archive.size, 0o600)
     if target.vmid is not None:
