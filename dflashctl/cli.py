@@ -16,18 +16,21 @@ import threading
 
 import typer
 
-from dflashctl import __version__, terminal
+from dflashctl import __version__, help, terminal
 from dflashctl.errors import EXIT_INTERRUPTED, DflashError
+from dflashctl.help import RootHelpGroup
 
 # Order is the order of `dflashctl --help`.
 COMMAND_MODULES = ("init", "doctor", "status", "deploy", "restart", "stop", "runs", "logs")
 
 app = typer.Typer(
     name="dflashctl",
-    help="Deploy, run and debug DFlash drafter training in Proxmox containers.",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion (bash, zsh, fish, PowerShell).
+    add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # dflashctl.help formats the help itself
+    cls=RootHelpGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -43,8 +46,26 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Say only errors, warnings and results (no step lines)."
+    ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Also show each command run on the host (over SSH) and in the container.",
+    ),
 ) -> None:
-    """Deploy, run and debug DFlash drafter training in Proxmox containers."""
+    """Deploy, run and debug DFlash drafter training in Proxmox containers.
+
+    Every command reads dflash.yaml (--config, or $DFLASHCTL_CONFIG, or ./dflash.yaml);
+    `dflashctl init` writes one to edit, and `dflashctl doctor` checks it end to end.
+    """
+    terminal.set_verbosity(quiet=quiet, verbose=verbose)
+    if verbose:
+        from dflashctl.transport import base
+
+        base.command_trace = terminal.command_ran
 
 
 def _register_commands() -> None:
@@ -68,12 +89,18 @@ def _saying_interrupts(callback):
     return run
 
 
-def _wrap_commands(typer_app: typer.Typer) -> None:
+def _wrap_commands(typer_app: typer.Typer, prefix: str = "") -> None:
+    """Each command says Ctrl-C in one line, and has dflashctl.help's help."""
     for command in typer_app.registered_commands:
+        name = prefix + (command.name or command.callback.__name__)
         command.callback = _saying_interrupts(command.callback)
+        command.cls = help.command_class(name)
+        command.short_help = help.SHORT_HELP[name]
     for group in typer_app.registered_groups:
         if group.typer_instance is not None:
-            _wrap_commands(group.typer_instance)
+            group.cls = help.group_class(group.name)
+            group.short_help = help.SHORT_HELP[group.name]
+            _wrap_commands(group.typer_instance, f"{group.name} ")
             callback = group.typer_instance.registered_callback
             if callback is not None and callback.callback is not None:
                 callback.callback = _saying_interrupts(callback.callback)

@@ -38,6 +38,7 @@ from dflashctl.transport.base import (
     read_local,
     stdin_pieces,
     temp_name_for,
+    trace,
 )
 from dflashctl.transport.ssh_config import SSHDestination, resolve, resolve_jumps
 
@@ -524,6 +525,7 @@ class SSHTransport(Transport):
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         argv = [str(a) for a in argv]
+        trace(self.description, argv)
         # sshd usually refuses "env" requests (AcceptEnv), so set variables with env(1).
         prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
         chan = self._channel(argv, PID_PREFIX + shlex.join(prefix + argv))
@@ -600,6 +602,7 @@ class SSHTransport(Transport):
 
     def stream(self, argv: Sequence[str]) -> Stream:
         argv = [str(a) for a in argv]
+        trace(self.description, argv)
         chan = self._channel(argv, PID_PREFIX + shlex.join(argv))
         chan.shutdown_write()
         return SSHStream(self, chan, argv)
