@@ -97,3 +97,14 @@ def test_verbose_shows_the_commands_run_and_quiet_hides_the_step_lines(tmp_path)
     assert "✓" not in quiet.stderr
     assert quiet.stdout.splitlines()[0] == plain.stdout.splitlines()[0]  # the results stay
     assert "nothing to stop" in quiet.stdout
+
+
+def test_a_dropped_stream_is_said_in_a_few_words_not_with_the_agents_command():
+    from dflashctl.follow.follower import drop_reason
+    from dflashctl.transport.base import CommandTimeout, ConnectionLost
+
+    program = "import sys\n" + "x = 1\n" * 500
+    lost = ConnectionLost("root@pve:22", f"streaming `python3 -S -c {program!r}`")
+    assert drop_reason(lost) == "the SSH connection to root@pve:22 dropped"
+    slow = CommandTimeout(["python3", "-S", "-c", program], "root@pve:22", 30)
+    assert len(drop_reason(slow)) <= 100 and "\n" not in drop_reason(slow)

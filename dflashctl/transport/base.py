@@ -103,6 +103,12 @@ class ConnectionLost(HostError):
             f"the SSH connection to {where} dropped while {doing}",
             hint="check the network and the host, then run the command again",
         )
+        self.where = where
+
+    @property
+    def short(self) -> str:
+        """For a line that goes on (a follower reconnecting): without the command."""
+        return f"the SSH connection to {self.where} dropped"
 
 
 class ConnectFailed(HostError):

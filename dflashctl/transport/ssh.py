@@ -40,6 +40,7 @@ from dflashctl.transport.base import (
     temp_name_for,
     trace,
 )
+from dflashctl.transport.identity import check_identity_file
 from dflashctl.transport.ssh_config import SSHDestination, resolve, resolve_jumps
 
 CHUNK = 65536
@@ -446,6 +447,8 @@ class SSHTransport(Transport):
                 f"host.identity_file: {host.identity_file} does not exist",
                 hint="point it at your private key, or remove it to use ssh-agent and ~/.ssh",
             )
+        if host.identity_file:
+            check_identity_file(host.identity_file)
         policy = host_keys.VerifyingPolicy(
             Path(host.known_hosts), self.destination.user, host.accept_new_host_key
         )
