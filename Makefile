@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The torch the trainer is tested with. pip finds the CPU build on these machines; on a
-# machine without GPUs elsewhere, point pip at PyTorch's CPU wheel index instead of
-# PyPI's CUDA build with TORCH_PIP_ARGS='--index-url <that index>'.
+# The torch the trainer is tested with. On a machine without GPUs, take PyTorch's CPU
+# build instead of PyPI's much larger CUDA one:
+# TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
