@@ -125,9 +125,9 @@ def _sigint_raises(yes: bool) -> None:
 
 def main() -> None:
     as_json = _wants_json(sys.argv[1:])
-    # dflashctl.entry said an early Ctrl-C on its own; from here the commands handle it.
-    _sigint_raises(True)
     try:
+        # dflashctl.entry said an early Ctrl-C on its own; from here the commands do.
+        _sigint_raises(True)
         _run(as_json)
     except KeyboardInterrupt:  # while an error was being said: still one line
         _interrupted(as_json)
