@@ -9,6 +9,8 @@ commands use the classes below, which format their help from click's stable part
 
 from __future__ import annotations
 
+import inspect
+import typing
 from typing import Any
 
 from typer.core import TyperCommand, TyperGroup
@@ -88,8 +90,26 @@ def _argument_name(param: Any) -> str:
     return name if param.metavar or param.nargs == 1 else f"{name}..."
 
 
-def _argument_record(param: Any) -> tuple[str, str]:
-    return _argument_name(param), getattr(param, "help", None) or ""
+def _argument_record(param: Any, declared: dict[str, str]) -> tuple[str, str]:
+    return _argument_name(param), getattr(param, "help", None) or declared.get(param.name, "")
+
+
+def _declared_helps(callback: Any) -> dict[str, str]:
+    """The help each parameter declares in its Annotated typer.Argument/Option: older
+    typer releases leave an argument's help off the click parameter."""
+    if callback is None:
+        return {}
+    try:
+        hints = typing.get_type_hints(inspect.unwrap(callback), include_extras=True)
+    except Exception:  # an annotation that does not resolve: no help, not a crash
+        return {}
+    helps = {}
+    for name, hint in hints.items():
+        for extra in getattr(hint, "__metadata__", ()):
+            text = getattr(extra, "help", None)
+            if isinstance(text, str):
+                helps[name] = text
+    return helps
 
 
 class _PlainHelp:
@@ -109,9 +129,10 @@ class _PlainHelp:
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         arguments, options = [], []
+        declared = _declared_helps(getattr(self, "callback", None))
         for param in self.get_params(ctx):  # type: ignore[attr-defined]
             if param.param_type_name == "argument":
-                arguments.append(_argument_record(param))
+                arguments.append(_argument_record(param, declared))
             else:
                 record = _option_record(param)
                 if record:

@@ -38,6 +38,10 @@ def test_help_has_no_type_labels_and_an_example(command):
     assert examples[0].strip().startswith(f"dflashctl {command}".strip()), text
     assert max(len(line) for line in text.splitlines()) <= 80, text
     assert "[[" not in text.splitlines()[0]  # usage: `[RUN [RUN2]]`, not `[[RUN] [RUN2]]...`
+    if "Arguments:\n" in text:  # each argument says what it is, whatever typer's version
+        for line in text.split("Arguments:\n", 1)[1].split("\n\n", 1)[0].splitlines():
+            if not line.startswith("     "):
+                assert len(line.strip().split("  ")) > 1, line
 
 
 def test_the_command_list_says_each_command_in_one_whole_sentence():
