@@ -199,9 +199,13 @@ def test_ctrl_c_stops_following_and_leaves_the_run_running(project):
     )
     try:
         wait_for(lambda: "step 20/" in (rundir / "train.log").read_text(), what="the log")
+        # Following has begun once it printed a line (a Ctrl-C before, during start-up,
+        # is said as a bare "interrupted": nothing to follow again yet).
+        first = proc.stdout.readline()
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
+        out = first + out
     finally:
         if proc.poll() is None:
             proc.kill()
