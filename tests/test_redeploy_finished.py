@@ -130,6 +130,20 @@ def test_the_demo_runs_again_and_again_in_any_order(demo_config, tmp_path):
     assert steps_of(workdir, run_id_of(again))[0] == 1
     assert json.loads((workdir / "runs" / crash_id / "meta.json").read_text())["resumed_finished"]
 
+    # `make demo-recover` after a finished run: killed once at step 6, its supervisor
+    # restarts it from its own step-4 checkpoint, and it finishes.
+    marker = tmp_path / "fail-once"
+    recover = dflashctl(
+        demo_config,
+        "deploy",
+        "--",
+        *("--set", "debug.fail_in=drafter-0@step:6", "--set", "debug.fail_kind=sigkill"),
+        *("--set", f"debug.fail_once_marker={marker}"),
+    )
+    assert recover.returncode == 0, recover.stdout + recover.stderr
+    out = recover.stdout + recover.stderr
+    assert "starts a new training at step 0" in out and "resumed at step 4" in out
+
     # --fresh says it is --fresh, not that the replaced run left no checkpoint.
     fresh = dflashctl(demo_config, "deploy", "--fresh")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
