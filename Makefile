@@ -2,14 +2,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The torch the trainer is tested with. pip finds the CPU build on these machines; on a
-# machine without GPUs elsewhere, point pip at PyTorch's CPU wheel index instead of
-# PyPI's CUDA build with TORCH_PIP_ARGS='--index-url <that index>'.
+# The torch the trainer is tested with. On a machine without GPUs, take PyTorch's CPU
+# build instead of PyPI's much larger CUDA one:
+# TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps test demo demo-crash demo-recover bench lint clean
+.PHONY: install system-deps test test-min demo demo-crash demo-recover bench lint clean
 
 install: $(STAMP)
 
@@ -41,6 +41,27 @@ system-deps:
 test: install system-deps
 	$(BIN)/pytest -q
 
+# The declared minimum of every dependency (pyproject.toml's `>=`, pinned by
+# .ci/min_pins.py) in a venv of its own, running the CLI and host tests (no torch).
+MIN_VENV  ?= .venv-min
+MIN_STAMP := $(MIN_VENV)/.installed
+MIN_TESTS ?= tests/test_help.py tests/test_interrupt.py tests/test_not_proxmox.py \
+	tests/test_config.py tests/test_hints.py tests/test_proxmox_api.py tests/test_proxmox_pct.py \
+	tests/test_transport_connect.py tests/test_transport_local.py tests/test_deploy.py \
+	tests/test_status.py tests/test_stop.py tests/test_runs.py tests/test_logs.py
+
+$(MIN_STAMP): pyproject.toml .ci/min_pins.py
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/pip install --quiet --disable-pip-version-check \
+	  $$($(PYTHON) .ci/min_pins.py) "pytest>=8" "pytest-timeout>=2.3"
+	$(MIN_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+test-min: $(MIN_STAMP) system-deps
+	$(MIN_VENV)/bin/python .ci/min_pins.py --check
+	$(MIN_VENV)/bin/pytest -q -p no:cacheprovider $(MIN_TESTS)
+
 demo: install
 	$(BIN)/dflashctl deploy --config templates/demo.yaml
 
@@ -67,4 +88,4 @@ lint: install
 	$(BIN)/ruff format --check dflashctl trainer tests bench
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(MIN_VENV) demo .pytest_cache .ruff_cache *.egg-info

@@ -1,3 +1,3 @@
-from dflashctl.cli import main
+from dflashctl.entry import main
 
 main()

@@ -80,6 +80,7 @@ class Resume(TypedDict):
     run_id: str
     checkpoint: str
     step: int | None
+    finished: bool  # the end of a run that finished: continued only with steps left
 
 
 class _StartedRun(TypedDict):
@@ -92,6 +93,7 @@ class _StartedRun(TypedDict):
 class StartedRun(_StartedRun, total=False):
     resume: Resume | None  # None: starts at step 0
     previous_run: str | None  # the run it replaces (the active one before)
+    fresh: bool  # --fresh: starts at step 0 whatever the replaced run left
 
 
 class BuildAnswer(TypedDict):
@@ -110,6 +112,8 @@ class InspectAnswer(TypedDict):
     manifest: dict[str, list] | None
     active_run: str | None
     to_stop: list[ProcessToStop]
+    # Where a deploy now would continue (the active run's lineage), as launch decides it.
+    continues: Resume | None
 
 
 class _LaunchAnswer(TypedDict):

@@ -7,14 +7,18 @@ inside their functions.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import signal
 import sys
+import threading
 
 import typer
 
-from dflashctl import __version__, terminal
+from dflashctl import __version__, help, terminal
 from dflashctl.errors import EXIT_INTERRUPTED, DflashError
+from dflashctl.help import RootHelpGroup
 
 # Order is the order of `dflashctl --help`.
 COMMAND_MODULES = (
@@ -34,10 +38,12 @@ COMMAND_MODULES = (
 
 app = typer.Typer(
     name="dflashctl",
-    help="Deploy, run and debug DFlash drafter training in Proxmox containers.",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion (bash, zsh, fish, PowerShell).
+    add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # dflashctl.help formats the help itself
+    cls=RootHelpGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -53,8 +59,26 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Say only errors, warnings and results (no step lines)."
+    ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Also show each command run on the host (over SSH) and in the container.",
+    ),
 ) -> None:
-    """Deploy, run and debug DFlash drafter training in Proxmox containers."""
+    """Deploy, run and debug DFlash drafter training in Proxmox containers.
+
+    Every command reads dflash.yaml (--config, or $DFLASHCTL_CONFIG, or ./dflash.yaml);
+    `dflashctl init` writes one to edit, and `dflashctl doctor` checks it end to end.
+    """
+    terminal.set_verbosity(quiet=quiet, verbose=verbose)
+    if verbose:
+        from dflashctl.transport import base
+
+        base.command_trace = terminal.command_ran
 
 
 def _register_commands() -> None:
@@ -62,7 +86,41 @@ def _register_commands() -> None:
         importlib.import_module(f"dflashctl.commands.{name}").register(app)
 
 
+class CommandInterrupted(Exception):
+    """Ctrl-C inside a command, carried past typer (which turns a KeyboardInterrupt
+    into a silent exit 130) to main, which says it."""
+
+
+def _saying_interrupts(callback):
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise CommandInterrupted() from None
+
+    return run
+
+
+def _wrap_commands(typer_app: typer.Typer, prefix: str = "") -> None:
+    """Each command says Ctrl-C in one line, and has dflashctl.help's help."""
+    for command in typer_app.registered_commands:
+        name = prefix + (command.name or command.callback.__name__)
+        command.callback = _saying_interrupts(command.callback)
+        command.cls = help.command_class(name)
+        command.short_help = help.SHORT_HELP[name]
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            group.cls = help.group_class(group.name)
+            group.short_help = help.SHORT_HELP[group.name]
+            _wrap_commands(group.typer_instance, f"{group.name} ")
+            callback = group.typer_instance.registered_callback
+            if callback is not None and callback.callback is not None:
+                callback.callback = _saying_interrupts(callback.callback)
+
+
 _register_commands()
+_wrap_commands(app)
 
 
 def _wants_json(argv: list[str]) -> bool:
@@ -71,9 +129,33 @@ def _wants_json(argv: list[str]) -> bool:
     return "--json" in mine
 
 
+def _sigint_raises(yes: bool) -> None:
+    """Ctrl-C raises KeyboardInterrupt (the commands' own handling), or is ignored
+    (while the last line is said). Only the main thread may set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler if yes else signal.SIG_IGN)
+
+
 def main() -> None:
-    debug = os.environ.get("DFLASHCTL_DEBUG") == "1"
     as_json = _wants_json(sys.argv[1:])
+    try:
+        # dflashctl.entry said an early Ctrl-C on its own; from here the commands do.
+        _sigint_raises(True)
+        _run(as_json)
+    except KeyboardInterrupt:  # while an error was being said: still one line
+        _interrupted(as_json)
+
+
+def _interrupted(as_json: bool) -> None:
+    _sigint_raises(False)  # a second Ctrl-C must not cut the one line short
+    terminal.err.print("[yellow]interrupted[/yellow]")
+    if as_json:
+        terminal.print_json_error("interrupted", EXIT_INTERRUPTED)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _run(as_json: bool) -> None:
+    debug = os.environ.get("DFLASHCTL_DEBUG") == "1"
     try:
         # Without standalone mode, click returns a `typer.Exit(code)` raised by a command.
         code = app(standalone_mode=False)
@@ -84,11 +166,8 @@ def main() -> None:
         if debug:
             raise
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        terminal.err.print("[yellow]interrupted[/yellow]")
-        if as_json:
-            terminal.print_json_error("interrupted", EXIT_INTERRUPTED)
-        sys.exit(EXIT_INTERRUPTED)
+    except (KeyboardInterrupt, CommandInterrupted):
+        _interrupted(as_json)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 
 from dflashctl import agent_client, hints, pct, releases, runs, setup_env, sync, terminal
-from dflashctl.agent_messages import InspectAnswer, LaunchAnswer, LaunchParams, ProcessToStop
+from dflashctl.agent_messages import (
+    InspectAnswer,
+    LaunchAnswer,
+    LaunchParams,
+    ProcessToStop,
+    Resume,
+)
 from dflashctl.archive import Archive
 from dflashctl.config import Config
 from dflashctl.connect import open_proxmox, session
@@ -45,6 +51,7 @@ from dflashctl.crash import rules_for
 from dflashctl.errors import HostError, UsageError
 from dflashctl.launching import (
     config_meta,
+    describe_start,
     describe_target_to_stop,
     follow_unless_detached,
     git_state,
@@ -120,6 +127,8 @@ class Plan:
     command: list[str]
     fresh: bool = False  # the new run starts at step 0 (else it continues the replaced run)
     wait: bool = False  # queue behind a deploy in flight
+    active_run: str | None = None  # the run a launch now replaces (known after inspecting)
+    continues: Resume | None = None  # where its training stands (known after inspecting)
 
     @property
     def bytes_to_send(self) -> int:
@@ -237,6 +246,8 @@ def upload_and_deploy(
                 f"{hints.command('runs')} shows whether a new run started; otherwise deploy again"
             )
         raise
+    if target.vmid is not None and pct.pct_missing(result):
+        raise pct.not_a_proxmox_node("pct", target.transport.description)
     if target.vmid is not None:
         pct.raise_for_pct(result, target.vmid, "exec")
     answer = agent_client.parse_agent_answer(result, python, verb, target.describe())
@@ -362,6 +373,8 @@ def inspected_plan(
         plan = plan_from(
             config, options, manifest, base, state.get("manifest"), state.get("to_stop")
         )
+        plan.active_run = state.get("active_run")
+        plan.continues = state.get("continues")
         running = [t for t in plan.to_stop if t.get("kind") == "active"]
         step["done"] = (
             f"inspected {target.describe()}: "
@@ -495,11 +508,7 @@ def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
         what += setup["commands"]
         out.print(f"  setup (in a venv, once per content): {'; '.join(what)}")
     out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
-    out.print(
-        "  start at step 0 (--fresh)"
-        if plan.fresh
-        else "  continue the replaced run's training from its latest checkpoint (if any)"
-    )
+    out.print(f"  the new run {describe_start(plan.continues, plan.active_run, fresh=plan.fresh)}")
     return {
         "dry_run": True,
         "release": plan.new_release,
@@ -512,4 +521,5 @@ def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
         "runs_to_stop": plan.to_stop,
         "command": plan.command,
         "fresh": plan.fresh,
+        "continues": None if plan.fresh else plan.continues,
     }

@@ -16,6 +16,7 @@ from dflashctl.agent_messages import (
     LaunchAnswer,
     LaunchParams,
     ProcessToStop,
+    Resume,
     StartedRun,
     StopAnswer,
     StoppedProcess,
@@ -204,15 +205,32 @@ def print_launched(launched: LaunchAnswer, run_id: str, command: list[str], seco
 
 def describe_lineage(run: StartedRun) -> str:
     """Where the new run's training starts, as the agent decided it."""
-    resume = run.get("resume")
-    previous = run.get("previous_run")
+    if "resume" not in run:  # an agent that does not say
+        return "starts at step 0"
+    return describe_start(run.get("resume"), run.get("previous_run"), fresh=run.get("fresh"))
+
+
+def describe_start(resume: Resume | None, previous: str | None, *, fresh: bool | None) -> str:
+    """Where a new run's training starts: said the same by the dry run (what would
+    happen) and the launch (what did). `fresh` None: not known (an older agent)."""
+    if fresh:
+        kept = f"; run {previous}'s checkpoints are kept" if previous else ""
+        return f"starts at step 0 (--fresh){kept}"
+    if resume and resume.get("finished"):
+        step = resume.get("step")
+        at = f" at step {step}" if step is not None else ""
+        more = f"above {step}" if step is not None else "raised"
+        return (
+            f"starts a new training at step 0, as run {resume['run_id']} finished{at} "
+            f"(it continues that checkpoint instead if train.steps is now {more})"
+        )
     if resume:
         step = "" if resume.get("step") is None else f" at step {resume['step']}"
         return (
             f"continues run {resume['run_id']}{step} from {resume['checkpoint']} "
             f"({hints.command('deploy --fresh')} starts at step 0)"
         )
-    if previous and "resume" in run:
+    if previous:
         return f"starts at step 0 (run {previous} left no checkpoint to continue from)"
     return "starts at step 0"
 

@@ -24,6 +24,30 @@ _NOT_RUNNING = re.compile(
     re.MULTILINE,
 )
 _CREATE_FAILED = re.compile(r"failed to create file: (.+?): (.+)$", re.MULTILINE)
+# A shell's answer for a missing pct: sh ("sh: 1: pct: not found"), bash ("bash: pct:
+# command not found"), `exec pct` ("exec: pct: not found"), our local transport.
+_PCT_MISSING = re.compile(r"(?:^|[\s:])pct: (?:command )?not found", re.MULTILINE)
+NOT_PROXMOX_HINT = (
+    "point host.address at the Proxmox node, or set container.vmid: null "
+    "to run directly on this host"
+)
+
+
+class NotProxmoxNode(HostError):
+    """The host lacks Proxmox's tools (pct, pvesh): said alike by every command."""
+
+
+def not_a_proxmox_node(tool: str, where: str) -> NotProxmoxNode:
+    """`where`: the host's transport description ("local": this machine)."""
+    where = "this machine" if where == "local" else where
+    return NotProxmoxNode(
+        f"{tool} is not installed on {where}: it does not look like a Proxmox VE node",
+        hint=NOT_PROXMOX_HINT,
+    )
+
+
+def pct_missing(result: CommandResult) -> bool:
+    return result.exit_status in (127, 199) and bool(_PCT_MISSING.search(result.stderr_text))
 
 
 class ContainerNotFound(HostError):
@@ -90,11 +114,15 @@ def not_running_hint(vmid: int) -> str:
     return f"start it with `pct start {vmid}` on the host, or deploy with --start-container"
 
 
-def container_error(result: CommandResult, vmid: int, action: str) -> HostError | None:
+def container_error(
+    result: CommandResult, vmid: int, action: str, where: str = "the host"
+) -> HostError | None:
     """The container-level error in a failed pct call, or None when pct itself was fine
     (for `pct exec`, a non-zero status then belongs to the command that ran)."""
     if result.exit_status == 0:
         return None
+    if pct_missing(result):
+        return not_a_proxmox_node("pct", where)
     stderr = result.stderr_text
     missing = _MISSING_CONFIG.search(stderr)
     if missing:
@@ -124,9 +152,12 @@ def container_error(result: CommandResult, vmid: int, action: str) -> HostError 
     )
 
 
-def raise_for_pct(result: CommandResult, vmid: int, action: str) -> CommandResult:
-    """Raise the clear error for a failed pct call; return the result when it succeeded."""
-    error = container_error(result, vmid, action)
+def raise_for_pct(
+    result: CommandResult, vmid: int, action: str, where: str = "the host"
+) -> CommandResult:
+    """Raise the clear error for a failed pct call; return the result when it succeeded.
+    `where`: the host, for messages."""
+    error = container_error(result, vmid, action, where)
     if error is not None:
         raise error
     return result
@@ -197,6 +228,8 @@ def raise_for_push(result: CommandResult, vmid: int, dest: str, size: int, mode:
     if result.exit_status == 0:
         return
     stderr = result.stderr_text
+    if pct_missing(result):
+        raise not_a_proxmox_node("pct", "the host")
     arrived = _ARRIVED_LINE.search(stderr)
     # pct's own words: what its worker printed (the marker lines are ours).
     said = [

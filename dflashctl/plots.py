@@ -1,7 +1,7 @@
 """Line charts drawn in the terminal with braille characters (2 x 4 dots per cell).
 
 Small and dependency-free: a chart is a list of rich Text lines, so it prints the same
-on a terminal (in colour) and into a file or pipe (plain characters).
+braille on a terminal (in colour) and into a file or pipe (without colour).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from proxmoxer.core import ProxmoxResource, ResourceException
 
 from dflashctl.config import ProxmoxConfig
 from dflashctl.errors import ConfigError, DflashError, HostError
-from dflashctl.pct import ContainerNotFound
+from dflashctl.pct import ContainerNotFound, not_a_proxmox_node
 from dflashctl.transport.base import CommandTimeout, Transport
 
 PVESH_TIMEOUT_S = 60.0
@@ -47,12 +47,7 @@ class TransportSession(CommandBaseSession):
     def _exec(self, cmd: list[str]) -> tuple[str, str, int]:
         result = self.transport.run(cmd, check=False, timeout=self.timeout)
         if result.exit_status == 127:
-            raise HostError(
-                f"{cmd[0]} is not installed on {self.transport.description}: "
-                "it does not look like a Proxmox VE node",
-                hint="point host.address at the Proxmox node, or set container.vmid: null "
-                "to run directly on this host",
-            )
+            raise not_a_proxmox_node(cmd[0], self.transport.description)
         return result.stdout_text, result.stderr_text, result.exit_status
 
     def request(self, method, url, data=None, params=None, headers=None):

@@ -22,10 +22,11 @@ class ContainerStream(Stream):
     """A `pct exec` stream that turns pct's own failure (stopped or missing container)
     into its HostError at EOF, instead of an unexplained end of output."""
 
-    def __init__(self, inner: Stream, vmid: int, argv: list[str]) -> None:
+    def __init__(self, inner: Stream, vmid: int, argv: list[str], where: str) -> None:
         self._inner = inner
         self._vmid = vmid
         self._argv = argv
+        self._where = where
 
     def read(self, timeout: float) -> bytes | None:
         data = self._inner.read(timeout)
@@ -33,7 +34,7 @@ class ContainerStream(Stream):
             status = self._inner.exit_status
             if status:
                 result = CommandResult(self._argv, status, b"", self._inner.stderr)
-                pct.raise_for_pct(result, self._vmid, "exec")
+                pct.raise_for_pct(result, self._vmid, "exec", self._where)
         return data
 
     @property
@@ -92,7 +93,7 @@ class Target:
             outer = self.transport.run(
                 pct.exec_argv(self.vmid, argv, env), stdin=stdin, timeout=timeout, check=False
             )
-            pct.raise_for_pct(outer, self.vmid, "exec")
+            pct.raise_for_pct(outer, self.vmid, "exec", self.transport.description)
             result = CommandResult(argv, outer.exit_status, outer.stdout, outer.stderr)
         if check and result.exit_status != 0:
             raise CommandFailed(result, self.describe())
@@ -103,5 +104,8 @@ class Target:
         if self.vmid is None:
             return self.transport.stream(argv)
         return ContainerStream(
-            self.transport.stream(pct.exec_argv(self.vmid, argv)), self.vmid, argv
+            self.transport.stream(pct.exec_argv(self.vmid, argv)),
+            self.vmid,
+            argv,
+            self.transport.description,
         )

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -51,16 +52,43 @@ def print_json_error(message: str, exit_code: int, hint: str | None = None) -> N
         print_json({"error": message, "exit_code": exit_code, "hint": hint})
 
 
+_quiet = False  # -q: no step, info or success lines (errors, warnings and results stay)
+# -v: a shown command's arguments are cut to this many characters (the agent's
+# bootstrap is a program of its own).
+TRACE_ARG_CHARS = 80
+
+
+def set_verbosity(*, quiet: bool, verbose: bool) -> None:
+    global _quiet
+    _quiet = quiet and not verbose
+
+
+def command_ran(where: str, argv: Sequence[str]) -> None:
+    """`dflashctl -v`: one dim line per command run over SSH or on this machine (a
+    `pct exec` in it is the command run in the container)."""
+    shown = []
+    for arg in argv:
+        if len(arg) > TRACE_ARG_CHARS or "\n" in arg:
+            first = arg.splitlines()[0] if arg.strip() else arg
+            shown.append(f"{first[:TRACE_ARG_CHARS]}… ({len(arg)} chars)")
+        else:
+            shown.append(arg)
+    host = "this machine" if where == "local" else where
+    err.print(f"[dim]$ ({escape(host)}) {escape(shlex.join(shown))}[/dim]")
+
+
 def interactive() -> bool:
     return err.is_terminal and os.environ.get("TERM") != "dumb"
 
 
 def info(message: str) -> None:
-    err.print(message)
+    if not _quiet:
+        err.print(message)
 
 
 def success(message: str) -> None:
-    err.print(f"[green]✓[/green] {message}")
+    if not _quiet:
+        err.print(f"[green]✓[/green] {message}")
 
 
 def warning(message: str) -> None:
@@ -75,6 +103,8 @@ def error(message: str, hint: str | None = None) -> None:
 
 def step_done(message: str, seconds: float) -> None:
     """One line per finished step, with its time: `✓ synced 3 files (12 KiB)  0.21 s`."""
+    if _quiet:
+        return
     err.print(f"[green]✓[/green] {message}  [dim]{seconds:.2f} s[/dim]")
 
 
@@ -96,7 +126,7 @@ def spinner(message: str) -> contextlib.AbstractContextManager:
     """A spinner while something runs, on a terminal only (elsewhere nothing, so that
     logs stay one line per step). Only the main thread shows one: work on several nodes
     runs in threads under the main thread's spinner, and a terminal has one live line."""
-    if not interactive() or threading.current_thread() is not threading.main_thread():
+    if _quiet or not interactive() or threading.current_thread() is not threading.main_thread():
         return contextlib.nullcontext()
     return err.status(message)
 

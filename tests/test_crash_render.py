@@ -56,7 +56,8 @@ def test_the_panel_shows_what_a_user_needs_to_act():
         "warming compiled graphs",
         "AssertionError",
         "assert torch._C._is_key_in_tls(attr_name)",
-        "torch/_inductor/cudagraph_trees.py:341 in get_obj",
+        "cudagraph_trees.py:341 in get_obj",
+        "/usr/lib/python3/site-packages/torch/_inductor/",
         "2-9",
         "TLS-safe warm-up",
     ):
@@ -89,3 +90,24 @@ def test_json_form_has_the_documented_keys():
     assert JSON_KEYS <= set(data)
     assert data["category"] == "cudagraph_tls" and data["line"] == 2 and data["root_cause"] is True
     assert json.loads(json.dumps(data)) == data
+
+
+def test_the_last_frame_stays_readable_at_80_columns():
+    """A deep path has no space to wrap at: the file, line and function come first, on
+    one line, and the folder under them is folded whole, never cut to "…"."""
+    lines = [
+        "drafter-0 failed:",
+        "Traceback (most recent call last):",
+        '  File "/root/dflash/releases/20260101-120000-ab12/dflash/pipeline/'
+        'dflash_workload.py", line 412, in drafter_step',
+        "    raise RuntimeError('boom')",
+        "RuntimeError: boom",
+    ]
+    [event] = classify_text(lines, 1, load_rules())
+    buffer = io.StringIO()
+    render_crash(Console(file=buffer, width=80, force_terminal=False), event)
+    text = buffer.getvalue()
+    assert "dflash_workload.py:412 in drafter_step" in text
+    assert "…" not in text
+    joined = "".join(line.strip(" │") for line in text.splitlines())
+    assert "/root/dflash/releases/20260101-120000-ab12/dflash/pipeline/" in joined

@@ -189,6 +189,9 @@ def test_cli_follow_across_drops_with_json(setup, pve_host):
     assert data["summary"]["last_step"] == "80/80"
     assert step_lines(done.stderr) == expected_lines(80)
     assert "reconnecting" in done.stderr
+    # A short line: what dropped, never the agent's command line.
+    said = [line for line in done.stderr.splitlines() if "reconnecting" in line]
+    assert all(len(line) < 120 and "`" not in line and " -c " not in line for line in said), said
     assert len(dropper.killed) == 2 and all(dropper.killed), dropper.killed
 
 

@@ -257,7 +257,7 @@ def test_lineage_follows_runs_without_checkpoints_to_the_last_one(tmp_path):
     (runs / "b" / "meta.json").write_text(json.dumps({"resumed_from": "a"}))
     (runs / "c").mkdir()
     (runs / "c" / "meta.json").write_text(json.dumps({"resumed_from": "b"}))
-    expected = {"run_id": "a", "checkpoint": str(ckpt), "step": 120}
+    expected = {"run_id": "a", "checkpoint": str(ckpt), "step": 120, "finished": False}
     assert lineage.latest_checkpoint(str(workdir), "c") == expected
     # A half-written checkpoint (named by no `latest`) is never taken.
     (ckpt.parent / ".step-000130.tmp-9").mkdir()

@@ -95,7 +95,7 @@ def test_low_level_failures_inside_connect_become_host_errors(config):
 def test_pvesh_missing_says_this_is_not_a_proxmox_node(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no pvesh here
     api = proxmox.ssh_api(LocalTransport())
-    with pytest.raises(HostError, match="pvesh is not installed on local"):
+    with pytest.raises(HostError, match="pvesh is not installed on this machine"):
         proxmox.container_status(api, "pve", 200)
 
 

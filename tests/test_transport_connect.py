@@ -104,6 +104,21 @@ def test_a_missing_identity_file_is_a_config_error(pve_host, tmp_path):
         transport.run(["true"])
 
 
+def test_a_public_key_as_identity_file_is_named_as_one(pve_host, tmp_path):
+    """A key pair's `.pub` half: named as a public key, with the private file to use
+    instead, not paramiko's "not a valid OPENSSH private key file"."""
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    transport = open_transport(host_config(pve_host, identity_file=f"{key}.pub"))
+    with pytest.raises(ConfigError) as caught:
+        transport.run(["true"])
+    assert caught.value.message == (
+        f"host.identity_file: {key}.pub is a public key; SSH logs in with the private key"
+    )
+    assert caught.value.hint == f"set host.identity_file: {key} (the private key of this pair)"
+    assert caught.value.exit_code == 2
+
+
 # -- host keys ----------------------------------------------------------------------------
 
 

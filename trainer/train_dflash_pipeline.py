@@ -104,9 +104,10 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         torch.set_num_threads(cfg.runtime.threads)
 
     from dflash.pipeline.resume_across_ranks import agree_on_resume, choose_on_lead
-    from dflash.pipeline.resuming import load_for_resume, resume_folder, resume_line
+    from dflash.pipeline.resuming import StartOver, load_for_resume, resume_folder, resume_line
 
     resume_state = None
+    start_over = None  # the log line when a finished run's checkpoint is not continued
     folder = None if args.resume else resume_folder(args.resume_from)
     lead_choice = None
     if info.enabled:
@@ -119,6 +120,8 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     elif folder is not None:
         try:  # before minutes of set-up: a checkpoint that does not fit fails in seconds
             resume_state = load_for_resume(folder, cfg)
+        except StartOver as over:
+            start_over, folder = str(over), None
         except TrainConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr, flush=True)
             return EXIT_CONFIG
@@ -131,6 +134,8 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     stacks.install(metrics_dir(cfg.resolved_output_dir()), info.rank, log)
     if resume_state is not None:
         log.line(resume_line(folder, resume_state))
+    if start_over is not None:
+        log.line(start_over)
     # Before the slow set-up (building the target, making data): a stop then is not lost.
     interrupts = Interrupts(log)
     interrupts.install()

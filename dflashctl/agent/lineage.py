@@ -6,6 +6,16 @@ complete checkpoint folder, written only after that folder is complete. A run th
 wrote none (stopped or crashed before its first checkpoint) hands on the checkpoint it
 had itself resumed from, so a lineage never falls back to step 0 by accident.
 
+A run that finished (exited 0 by itself) is not one to continue: its checkpoint is
+handed on marked `finished`, and the trainer starts a new training at step 0 unless
+it has steps left to train from it (train.steps raised). Only the trainer knows how
+many steps it is asked for, so the choice is its own (DFLASH_RESUMED_FINISHED=1).
+
+If `latest` names a folder that is not there (a run killed while it moved the
+pointer, or a folder removed by hand), the newest complete step folder on disk is
+used: a trainer renames a checkpoint into place only once it is complete, so any
+folder with a step name that does not start with "." is one.
+
 `latest_checkpoint` is the one place that answers "where does this run's training
 stand"; deploy, restart (and later automatic retries) all ask it.
 """
@@ -15,7 +25,7 @@ import os
 import re
 
 from .files import read_text
-from .runs import runs_dir
+from .runs import run_state, runs_dir
 
 CHECKPOINTS = os.path.join("outputs", "checkpoints")
 LATEST = "latest"
@@ -29,13 +39,44 @@ def checkpoint_step(folder):
 
 
 def own_checkpoint(workdir, run_id):
-    """The newest complete checkpoint this run wrote itself, or None."""
+    """The newest complete checkpoint this run wrote itself, or None: the one `latest`
+    names, else (a pointer naming a missing folder, or none) the newest on disk."""
     base = os.path.join(runs_dir(workdir), run_id, CHECKPOINTS)
     name = (read_text(os.path.join(base, LATEST)) or "").strip()
-    if not name or name.startswith(".") or "/" in name:
+    if name and not name.startswith(".") and "/" not in name:
+        folder = os.path.join(base, name)
+        if os.path.isdir(folder):
+            return folder
+    return newest_on_disk(base)
+
+
+def newest_on_disk(base):
+    """The step folder with the highest step under `base` (hidden ones are half-written
+    and empty ones hold nothing), or None."""
+    try:
+        names = os.listdir(base)
+    except OSError:
         return None
-    folder = os.path.join(base, name)
-    return folder if os.path.isdir(folder) else None
+    best = None
+    for name in names:
+        step = checkpoint_step(name)
+        folder = os.path.join(base, name)
+        if name.startswith(".") or step is None or not os.path.isdir(folder):
+            continue
+        try:
+            if not os.listdir(folder):
+                continue
+        except OSError:
+            continue
+        if best is None or step > best[0]:
+            best = (step, folder)
+    return best[1] if best else None
+
+
+def run_finished(workdir, run_id):
+    """Did the run end by itself with exit status 0 (its training done)?"""
+    state = run_state(workdir, run_id)
+    return state["status"] == "exited" and state["exit_code"] == 0
 
 
 def run_meta(workdir, run_id):
@@ -47,15 +88,21 @@ def run_meta(workdir, run_id):
 
 
 def latest_checkpoint(workdir, run_id):
-    """Where run `run_id`'s training stands: {"run_id", "checkpoint", "step"} for the
-    newest complete checkpoint of its lineage (its own, else the one it resumed from,
-    if that still exists), or None (nothing to continue: start at step 0)."""
+    """Where run `run_id`'s training stands: {"run_id", "checkpoint", "step",
+    "finished"} for the newest complete checkpoint of its lineage (its own, else the
+    one it resumed from, if that still exists), or None (nothing to continue: start at
+    step 0). `finished`: the checkpoint is the end of a run that finished."""
     seen = set()
     while run_id and run_id not in seen:
         seen.add(run_id)
         folder = own_checkpoint(workdir, run_id)
         if folder is not None:
-            return {"run_id": run_id, "checkpoint": folder, "step": checkpoint_step(folder)}
+            return {
+                "run_id": run_id,
+                "checkpoint": folder,
+                "step": checkpoint_step(folder),
+                "finished": run_finished(workdir, run_id),
+            }
         meta = run_meta(workdir, run_id)
         inherited = meta.get("resumed_checkpoint")
         if inherited and os.path.isdir(inherited):
@@ -63,6 +110,7 @@ def latest_checkpoint(workdir, run_id):
                 "run_id": meta.get("resumed_from") or run_id,
                 "checkpoint": inherited,
                 "step": meta.get("resumed_step"),
+                "finished": bool(meta.get("resumed_finished")),
             }
         run_id = meta.get("resumed_from")
     return None
@@ -82,6 +130,8 @@ def resume_env(resume):
         "DFLASH_RESUME_FROM": resume["checkpoint"],
         "DFLASH_RESUMED_RUN": resume["run_id"],
         "DFLASH_RESUMED_STEP": "" if resume["step"] is None else str(resume["step"]),
+        # The run it comes from finished: a trainer starts over unless it has steps left.
+        "DFLASH_RESUMED_FINISHED": "1" if resume.get("finished") else "",
     }
 
 
@@ -93,5 +143,6 @@ def lineage_meta(resume, previous_run):
         "resumed_from": resume["run_id"],
         "resumed_step": resume["step"],
         "resumed_checkpoint": resume["checkpoint"],
+        "resumed_finished": bool(resume.get("finished")),
         "replaced_run": previous_run,
     }

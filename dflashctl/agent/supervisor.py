@@ -251,6 +251,7 @@ class Supervisor:
                         DFLASH_RESUME_FROM=checkpoint,
                         DFLASH_RESUMED_RUN=os.environ.get("DFLASH_RUN_ID", ""),
                         DFLASH_RESUMED_STEP=str(_checkpoint_step(checkpoint) or ""),
+                        DFLASH_RESUMED_FINISHED="",  # this run's own: not a finished one
                     )
             # Where this attempt starts: its own run's latest checkpoint, else the one
             # the run was launched to continue (None: step 0).

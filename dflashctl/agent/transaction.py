@@ -79,6 +79,7 @@ def launch_run(workdir, run_id, release, previous, p):
     run = start_run(workdir, run_id, release, p)
     run["resume"] = resume
     run["previous_run"] = previous
+    run["fresh"] = bool(p.get("fresh"))
     return run
 
 

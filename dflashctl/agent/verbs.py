@@ -73,6 +73,10 @@ def op_inspect(p):
         "manifest": manifest,
         "active_run": active_run_id(workdir),
         "to_stop": find_targets(workdir, entry, p.get("scope", "container")),
+        # What a launch now would continue (a running run's checkpoint may still move).
+        "continues": latest_checkpoint(workdir, active_run_id(workdir))
+        if active_run_id(workdir)
+        else None,
     }
 
 

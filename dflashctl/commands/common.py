@@ -11,6 +11,7 @@ ConfigOption = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="PATH",
         help="Path to dflash.yaml (default: $DFLASHCTL_CONFIG, then ./dflash.yaml).",
         show_default=False,
     ),
@@ -30,7 +31,8 @@ FreshOption = Annotated[
     bool,
     typer.Option(
         "--fresh",
-        help="Start training at step 0 instead of continuing the replaced run's latest checkpoint.",
+        help="Start training at step 0 instead of continuing the replaced run's latest "
+        "checkpoint (a run that finished is continued only when train.steps was raised).",
     ),
 ]
 WaitOption = Annotated[

@@ -19,7 +19,7 @@ RunsArgument = Annotated[
     list[str] | None,
     typer.Argument(
         help="One run id, or two to compare (default: the active run).",
-        metavar="[RUN] [RUN2]",
+        metavar="[RUN [RUN2]]",
         show_default=False,
     ),
 ]

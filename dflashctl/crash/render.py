@@ -7,6 +7,8 @@ NO_COLOR is set.
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
@@ -24,7 +26,8 @@ def crash_panel(event: CrashEvent) -> Panel:
 
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold", no_wrap=True)
-    facts.add_column()
+    # fold: a long path has no space to wrap at; cut to "…" it would say nothing.
+    facts.add_column(overflow="fold")
     facts.add_row("category", escape(event.category))
     if event.rank is not None or event.local_rank is not None:
         rank = "-" if event.rank is None else str(event.rank)
@@ -43,7 +46,7 @@ def crash_panel(event: CrashEvent) -> Panel:
     if event.message:
         facts.add_row("message", escape(event.message))
     if event.last_frame:
-        facts.add_row("last frame", escape(event.last_frame))
+        facts.add_row("last frame", readable_frame(event.last_frame))
     line_text = (
         f"{event.line}" if event.end_line == event.line else f"{event.line}-{event.end_line}"
     )
@@ -69,6 +72,23 @@ def render_crash(console: Console, event: CrashEvent) -> None:
     # soft_wrap=False: the terminal facade's consoles soft-wrap by default, which would
     # crop the panel's long lines (the hint) instead of wrapping them inside the border.
     console.print(crash_panel(event), soft_wrap=False)
+
+
+def readable_frame(frame: str) -> Text:
+    """ "/a/long/path/file.py:12 in fn" as "fn in file.py:12" and, dim below it, the
+    folder: the part that says where fits on one line at 80 columns."""
+    match = FRAME.match(frame)
+    if not match:
+        return Text(frame)
+    path, line, function = match.groups()
+    folder, _, name = path.rpartition("/")
+    text = Text(f"{name}:{line} in {function}")
+    if folder:
+        text.append(f"\n{folder}/", style="dim")
+    return text
+
+
+FRAME = re.compile(r"^(.+):(\d+) in (.+)$")
 
 
 def _is_caret_line(line: str) -> bool:

@@ -413,7 +413,7 @@ class _Follower:
         if self._trouble_since is None:
             self._trouble_since = now
             terminal.warning(
-                f"{self.notice_prefix}lost the log stream ({_reason(exc)}); reconnecting"
+                f"{self.notice_prefix}lost the log stream ({drop_reason(exc)}); reconnecting"
             )
         while True:
             delay = RECONNECT_DELAYS_S[min(self._attempt, len(RECONNECT_DELAYS_S) - 1)]
@@ -515,14 +515,23 @@ def _close_quietly(target: Target) -> None:
         pass
 
 
-def _reason(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
+def drop_reason(exc: BaseException) -> str:
+    """A drop's cause in a few words: never the agent's command line (a program of its
+    own), only its first line, cut to REASON_CHARS."""
+    short = getattr(exc, "short", None)
+    if isinstance(short, str):
+        return short
+    text = (str(exc) or type(exc).__name__).strip().splitlines()[0]
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
+
+
+REASON_CHARS = 100
 
 
 def _lost_error(run_id: str, exc: BaseException, waited: float | None = None) -> HostError:
     after = f" for {waited:g} s" if waited else ""
     return HostError(
         f"lost the connection while following run {run_id} and could not get it back{after} "
-        f"({_reason(exc)}); the run may still be running",
+        f"({drop_reason(exc)}); the run may still be running",
         hint=f"check the host, then follow it again with {hints.command(f'logs -f {run_id}')}",
     )

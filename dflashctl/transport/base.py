@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 import secrets
 import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +103,12 @@ class ConnectionLost(HostError):
             f"the SSH connection to {where} dropped while {doing}",
             hint="check the network and the host, then run the command again",
         )
+        self.where = where
+
+    @property
+    def short(self) -> str:
+        """For a line that goes on (a follower reconnecting): without the command."""
+        return f"the SSH connection to {self.where} dropped"
 
 
 class ConnectFailed(HostError):
@@ -142,6 +148,15 @@ class Stream:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# `dflashctl -v`: called with (host, argv) before each command a transport runs.
+command_trace: Callable[[str, Sequence[str]], None] | None = None
+
+
+def trace(description: str, argv: Sequence[str]) -> None:
+    if command_trace is not None:
+        command_trace(description, argv)
 
 
 class Transport:

@@ -21,6 +21,7 @@ from dflashctl.transport.base import (
     read_local,
     stdin_pieces,
     temp_name_for,
+    trace,
 )
 
 
@@ -127,6 +128,7 @@ class LocalTransport(Transport):
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         argv = [str(a) for a in argv]
+        trace(self.description, argv)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -162,6 +164,7 @@ class LocalTransport(Transport):
 
     def stream(self, argv: Sequence[str]) -> Stream:
         argv = [str(a) for a in argv]
+        trace(self.description, argv)
         try:
             proc = subprocess.Popen(
                 argv,

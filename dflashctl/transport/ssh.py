@@ -38,7 +38,9 @@ from dflashctl.transport.base import (
     read_local,
     stdin_pieces,
     temp_name_for,
+    trace,
 )
+from dflashctl.transport.identity import check_identity_file
 from dflashctl.transport.ssh_config import SSHDestination, resolve, resolve_jumps
 
 CHUNK = 65536
@@ -445,6 +447,8 @@ class SSHTransport(Transport):
                 f"host.identity_file: {host.identity_file} does not exist",
                 hint="point it at your private key, or remove it to use ssh-agent and ~/.ssh",
             )
+        if host.identity_file:
+            check_identity_file(host.identity_file)
         policy = host_keys.VerifyingPolicy(
             Path(host.known_hosts), self.destination.user, host.accept_new_host_key
         )
@@ -541,6 +545,7 @@ class SSHTransport(Transport):
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         argv = [str(a) for a in argv]
+        trace(self.description, argv)
         # sshd usually refuses "env" requests (AcceptEnv), so set variables with env(1).
         prefix = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
         chan = self._channel(argv, PID_PREFIX + shlex.join(prefix + argv))
@@ -617,6 +622,7 @@ class SSHTransport(Transport):
 
     def stream(self, argv: Sequence[str]) -> Stream:
         argv = [str(a) for a in argv]
+        trace(self.description, argv)
         chan = self._channel(argv, PID_PREFIX + shlex.join(argv))
         chan.shutdown_write()
         return SSHStream(self, chan, argv)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -34,6 +35,7 @@ import torch
 STATE_FILE = "training_state.pt"
 CONFIG_FILE = "train_config.json"
 LATEST_FILE = "latest"
+STEP_FOLDER = re.compile(r"step-(\d+)")  # hidden temporaries start with "."
 FORMAT_VERSION = 1
 
 
@@ -178,11 +180,30 @@ def saved_config(folder: Path) -> dict | None:
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The checkpoint ``latest`` names; if it names none that is complete (a run killed
+    while it moved the pointer, a folder removed by hand), the newest complete one on
+    disk: a step folder is renamed into place only once its state file is written."""
     pointer = output_dir / "checkpoints" / LATEST_FILE
-    if not pointer.is_file():
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        folder = pointer.parent / name
+        if name and (folder / STATE_FILE).is_file():
+            return folder
+    return newest_complete(output_dir / "checkpoints")
+
+
+def newest_complete(checkpoints: Path) -> Path | None:
+    """The complete ``step-NNNNNN`` folder with the highest step, or None."""
+    best: tuple[int, Path] | None = None
+    if not checkpoints.is_dir():
         return None
-    folder = pointer.parent / pointer.read_text().strip()
-    return folder if (folder / STATE_FILE).is_file() else None
+    for folder in checkpoints.iterdir():
+        match = STEP_FOLDER.fullmatch(folder.name)
+        if match and (folder / STATE_FILE).is_file():
+            step = int(match.group(1))
+            if best is None or step > best[0]:
+                best = (step, folder)
+    return best[1] if best else None
 
 
 def load_checkpoint(folder: Path) -> TrainingState:

@@ -28,7 +28,7 @@ import torch
 from dflash.pipeline import checkpointing as ckpt
 from dflash.pipeline.distributed import Coordinator, PeerFailure
 from dflash.pipeline.logging import RunLog
-from dflash.pipeline.resuming import RESUMED_RUN_ENV, load_for_resume, resume_line
+from dflash.pipeline.resuming import RESUMED_RUN_ENV, StartOver, load_for_resume, resume_line
 from dflash.pipeline.state_broadcast import broadcast_state
 from dflash.pipeline.train_config import TrainConfig, TrainConfigError
 
@@ -57,6 +57,8 @@ def choose_on_lead(cfg: TrainConfig, resume: bool, folder: Path | None) -> LeadC
         return LeadChoice()
     try:
         return LeadChoice(folder=folder, state=load_for_resume(folder, cfg))
+    except StartOver as over:
+        return LeadChoice(note=str(over))
     except TrainConfigError as exc:
         return LeadChoice(folder=folder, error=str(exc))
 

@@ -19,6 +19,9 @@ from dflash.pipeline.train_config import TrainConfig, TrainConfigError
 
 RESUME_ENV = "DFLASH_RESUME_FROM"
 RESUMED_RUN_ENV = "DFLASH_RESUMED_RUN"
+# "1": the checkpoint is the end of a run that finished. Such a run is continued only
+# when there are steps left (train.steps raised); otherwise this is a new training.
+RESUMED_FINISHED_ENV = "DFLASH_RESUMED_FINISHED"
 
 # Keys that decide the shape of the trained weights: another value cannot load them.
 SHAPING_KEYS = (
@@ -30,6 +33,11 @@ SHAPING_KEYS = (
 )
 
 FRESH_HINT = "deploy with --fresh to start at step 0"
+
+
+class StartOver(Exception):
+    """The checkpoint ends a finished run with no steps left: train anew from step 0.
+    Its message is the line for the log."""
 
 
 def resume_folder(cli_value: str | None) -> Path | None:
@@ -49,7 +57,8 @@ def _lookup(tree: dict, dotted: str):
 
 
 def load_for_resume(folder: Path, cfg: TrainConfig) -> ckpt.TrainingState:
-    """Load and check the checkpoint; a TrainConfigError (exit 2) names what does not fit."""
+    """Load and check the checkpoint; a TrainConfigError (exit 2) names what does not fit.
+    StartOver: it ends a finished run and train.steps leaves nothing to train from it."""
     if not (folder / ckpt.STATE_FILE).is_file():
         raise TrainConfigError(
             f"cannot resume: {folder} is not a complete checkpoint (no {ckpt.STATE_FILE}); "
@@ -70,6 +79,13 @@ def load_for_resume(folder: Path, cfg: TrainConfig) -> ckpt.TrainingState:
                 f"the config now says {new!r}: its weights do not fit; set {key} back to "
                 f"{old!r} to continue, or {FRESH_HINT}"
             )
+    if state.step >= cfg.train.steps and os.environ.get(RESUMED_FINISHED_ENV) == "1":
+        run = os.environ.get(RESUMED_RUN_ENV) or "the replaced run"
+        raise StartOver(
+            f"resume: run {run} finished at step {state.step} and train.steps is "
+            f"{cfg.train.steps}: starting a new training at step 0 (raise train.steps to "
+            f"continue it from {folder})"
+        )
     if state.step >= cfg.train.steps:
         raise TrainConfigError(
             f"the checkpoint {folder} is at step {state.step}, and train.steps is "

@@ -1,0 +1,35 @@
+"""The program's entry point (`dflashctl`, `python -m dflashctl`).
+
+Ctrl-C must read the same at every moment: one line, exit status 130. Until the
+command line is parsed and a command runs (a few hundred milliseconds of imports:
+typer, rich, pydantic, yaml), a KeyboardInterrupt would surface from deep inside
+whichever import it struck, with a traceback through importlib. So SIGINT first gets
+a handler that says so and leaves at once (nothing has been done yet that needs
+undoing); cli.main puts Python's own back before any command runs, whose
+KeyboardInterrupt handling undoes or reports what was under way.
+
+Only the standard library is imported here, before the handler is in place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+EXIT_INTERRUPTED = 130  # as dflashctl.errors says, not imported: that is after the handler
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    mine = sys.argv[1 : sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
+    if "--json" in mine:
+        os.write(1, b'{"error": "interrupted", "exit_code": 130, "hint": null}\n')
+    os.write(2, b"interrupted\n")
+    os._exit(EXIT_INTERRUPTED)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    from dflashctl.cli import main as run
+
+    run()

@@ -1,0 +1,80 @@
+"""Ctrl-C at any moment: one line, exit status 130, never a traceback.
+
+A real `dflashctl deploy` process gets SIGINT at moments fixed by what it has done, not
+by the clock: Python's `-X importtime` prints a line as each import ends, so the
+signal lands right after rich, yaml, pydantic, dflashctl's config or the deploy code
+were imported (the command line not yet parsed), and later while the run is followed.
+"""
+
+# ruff: noqa: F811  (the `project` fixture is imported, and then asked for by name)
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_deploy_support import project  # noqa: F401
+
+IMPORTED = ("rich", "yaml", "pydantic", "dflashctl.config", "dflashctl.cli", "dflashctl.deploy")
+
+
+def start(project, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH")}
+    return subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "dflashctl", *args],
+        cwd=project.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env, PYTHONUNBUFFERED="1"),
+    )
+
+
+def imported(line: str, module: str) -> bool:
+    """Is this `-X importtime` line the end of importing `module`?"""
+    return line.startswith("import time:") and line.rsplit("|", 1)[-1].strip() == module
+
+
+def interrupt_after(proc: subprocess.Popen, wanted) -> tuple[list[str], str]:
+    """Read stderr until a line satisfies `wanted`, send SIGINT; (what it said on
+    stderr, import-time lines left out; its stdout)."""
+    said: list[str] = []
+    for line in proc.stderr:
+        if wanted(line.rstrip("\n")):
+            break
+        if not line.startswith("import time:"):
+            said.append(line.rstrip("\n"))
+    else:
+        raise AssertionError(f"ended before the moment: {said}")
+    proc.send_signal(signal.SIGINT)
+    out, rest = proc.communicate(timeout=120)
+    said += [line for line in rest.splitlines() if not line.startswith("import time:")]
+    return said, out
+
+
+@pytest.mark.parametrize("module", IMPORTED)
+def test_ctrl_c_while_importing_is_one_line_and_exit_130(project, module):
+    proc = start(project, "deploy")
+    said, _ = interrupt_after(proc, lambda line: imported(line, module))
+    assert proc.returncode == 130, said
+    assert said == ["interrupted"]
+
+
+def test_ctrl_c_while_importing_with_json_still_answers_json(project):
+    proc = start(project, "status", "--json")
+    said, out = interrupt_after(proc, lambda line: imported(line, "pydantic"))
+    assert proc.returncode == 130
+    assert said == ["interrupted"]
+    assert json.loads(out) == {"error": "interrupted", "exit_code": 130, "hint": None}
+
+
+def test_ctrl_c_while_following_the_run_says_it_without_a_traceback(project):
+    proc = start(project, "deploy")
+    said, _ = interrupt_after(proc, lambda line: "launched run" in line)
+    assert proc.returncode == 130, said
+    assert not any("Traceback" in line for line in said), said
+    assert said[-1] == "interrupted" or any("interrupted" in line for line in said), said
