@@ -343,7 +343,8 @@ class TrainConfig(Section):
                 f"2 blocks (2 x drafter.block_size = {2 * block})",
                 key=("data", "prompt_len"),
             )
-        from dflash.pipeline.warmup import check_device_layout  # (it imports this module)
+        # Imported here: the warm-up module brings the thread supervisor with it.
+        from dflash.pipeline.warmup import check_device_layout
 
         try:
             check_device_layout(self.runtime.drafter_devices, self.runtime.compile)

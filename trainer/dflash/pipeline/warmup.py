@@ -14,7 +14,7 @@ from collections import Counter
 
 from dflash.pipeline import tls
 from dflash.pipeline.supervisor import POLL_S, Supervisor
-from dflash.pipeline.train_config import TrainConfigError
+from dflash.pipeline.config_errors import TrainConfigError
 
 CUDAGRAPH_MODES = ("reduce-overhead",)
 
