@@ -299,11 +299,9 @@ def deploy(
     config: Config,
     options: DeployOptions,
 ) -> tuple[int, dict[str, Any]]:
-    """Run a deploy; returns (exit code, the JSON summary)."""
-    if config.multi_node:
-        from dflashctl.deploy_nodes import deploy_nodes
-
-        return deploy_nodes(config, options)
+    """Run a deploy on the config's one node; returns (exit code, the JSON summary).
+    Several nodes go through deploy_nodes.deploy_nodes, which is built from the steps
+    here (so this module never imports it)."""
     started = time.monotonic()
     # A mistake in crash_patterns is a config error: said before anything is contacted.
     rules = rules_for(config)
