@@ -27,6 +27,10 @@ SHORT_HELP = {
     "runs": "List the runs; prune old ones; show a run's curves.",
     "runs show": "A run's state, config and curves (two: compared).",
     "logs": "Show a run's log and its crashes; -f follows it.",
+    "exec": "Run a command in the container, in the run's environment.",
+    "shell": "Open an interactive shell in the container.",
+    "pull": "Copy a run's checkpoint, export and metrics here.",
+    "stacks": "Show every thread's stack of a live run, per rank.",
 }
 
 EXAMPLES = {
@@ -48,6 +52,16 @@ EXAMPLES = {
         "dflashctl runs show --png curves.png",
     ],
     "logs": ["dflashctl logs", "dflashctl logs -f", "dflashctl logs 20260101-120000-ab12"],
+    "exec": [
+        "dflashctl exec -- nvidia-smi",
+        "dflashctl exec --node gpu-b -- python -m pip list",
+    ],
+    "shell": ["dflashctl shell", "dflashctl shell --node gpu-b"],
+    "pull": [
+        "dflashctl pull 20260101-120000-ab12",
+        "dflashctl pull 20260101-120000-ab12 --step 400 --to ./ckpt",
+    ],
+    "stacks": ["dflashctl stacks", "dflashctl stacks 20260101-120000-ab12 --json"],
 }
 
 # Every variable dflashctl reads, for the root --help (and the README).
@@ -55,6 +69,7 @@ ENVIRONMENT = [
     ("DFLASHCTL_CONFIG", "the config file when --config is not given (else ./dflash.yaml)"),
     ("DFLASHCTL_DEBUG=1", "show the Python traceback of an error, after its message"),
     ("DFLASHCTL_SSH_CONFIG", "the ssh_config file to read (default: ~/.ssh/config)"),
+    ("DFLASHCTL_SSH_CLIENT=paramiko", "never send archives through the system's OpenSSH"),
     ("NO_COLOR", "no colour in any output"),
     ("XDG_CACHE_HOME", "where dflashctl remembers each target's last deploy"),
 ]
