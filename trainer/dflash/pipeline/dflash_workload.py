@@ -485,15 +485,20 @@ class DFlashWorkload(Workload):
 
 
 def prompts_in_training(prompts: list[list[int]], samples: list[Sample]) -> list[int]:
-    """Indices of eval prompts that begin some training sample: a prompt trained on."""
-    by_length: dict[int, set[tuple[int, ...]]] = {}
-    for prompt in prompts:
-        by_length.setdefault(len(prompt), set())
+    """Indices of eval prompts that begin some training sample: a prompt trained on.
+    One look-up per sample, keyed by as many first tokens as the shortest prompt has (chat
+    prompts share their template's opening, so a short key would match them all)."""
+    head = min(len(p) for p in prompts) if prompts else 1
+    by_head: dict[tuple[int, ...], list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_head.setdefault(tuple(prompt[:head]), []).append(index)
+    found: set[int] = set()
     for sample in samples:
-        for length, seen in by_length.items():
-            if len(sample.input_ids) >= length:
-                seen.add(tuple(sample.input_ids[:length]))
-    return [i for i, p in enumerate(prompts) if tuple(p) in by_length[len(p)]]
+        for index in by_head.get(tuple(sample.input_ids[:head]), ()):
+            prompt = prompts[index]
+            if sample.input_ids[: len(prompt)] == prompt:
+                found.add(index)
+    return sorted(found)
 
 
 def _device_of(module: nn.Module) -> torch.device:
