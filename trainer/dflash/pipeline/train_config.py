@@ -242,7 +242,10 @@ class EvalSection(Section):
     holdout: Amount | None = None  # data-file samples kept from training; None: num_prompts
     source: Text | None = None  # .jsonl/.txt of eval prompts instead of held-out samples
     prompt_tokens: Count = 32  # plain text: prompt with a document's first tokens (<= half)
-    every: Amount = 0  # also evaluate every this many steps during training (0: only at the end)
+    # Also evaluate every this many steps during training (0: only at the end). Drafter-0
+    # pauses for it; under torchrun the other ranks wait in the next all-reduce, so one
+    # eval must take less than runtime.dist_timeout_s (fewer/shorter prompts, or raise it).
+    every: Amount = 0
 
 
 class RegenerateSection(Section):
