@@ -12,6 +12,7 @@ from dflashctl.errors import UsageError
 from dflashctl.run_metrics import SERIES, RunCurves
 
 COLOURS = ("tab:cyan", "tab:purple", "tab:green", "tab:olive")
+EVAL_COLOURS = ("tab:orange", "tab:red")
 
 
 def write_png(curves: list[RunCurves], path: Path) -> None:
@@ -33,7 +34,24 @@ def write_png(curves: list[RunCurves], path: Path) -> None:
                 ax.plot(
                     xs, ys, color=COLOURS[index % len(COLOURS)], linewidth=1.4, label=run.run.id
                 )
-        ax.set_ylabel(label)
+        if key == "tau":  # eval tau on held-out prompts beside the training estimate
+            for index, run in enumerate(curves):
+                xs, ys = run.eval_series()
+                if xs:
+                    name = "eval tau" if len(curves) == 1 else f"{run.run.id} eval tau"
+                    ax.plot(
+                        xs,
+                        ys,
+                        color=EVAL_COLOURS[index % len(EVAL_COLOURS)],
+                        linewidth=1.4,
+                        linestyle="--",
+                        marker="o",
+                        markersize=3,
+                        label=name,
+                    )
+            if any(run.eval_series()[0] for run in curves):
+                ax.legend(fontsize=8, loc="lower right")
+        ax.set_ylabel(label if key != "tau" else "tau~ / eval tau")
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("step")
     if len(curves) > 1:

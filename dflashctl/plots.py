@@ -13,6 +13,7 @@ from rich.text import Text
 
 # Colours of the first, second, ... series (a comparison overlays two runs).
 COLOURS = ("cyan", "magenta", "green", "yellow")
+EVAL_COLOURS = ("yellow", "green")  # eval tau of the first, second run, beside their tau~
 _DOT_BITS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))  # [row][column]
 LABEL_WIDTH = 8
 

@@ -52,6 +52,21 @@ class RunCurves:
                 ys.append(float(value))
         return xs, ys
 
+    def eval_series(self) -> tuple[list[int], list[float]]:
+        """(steps, tau) of the evaluations (every eval.every steps and at the end): the
+        acceptance serving sees, drawn beside the training estimate tau~."""
+        points = {}
+        for record in self.evals:
+            tau, step = record.get("tau"), record.get("step")
+            if (
+                isinstance(tau, (int, float))
+                and isinstance(step, int)
+                and not isinstance(tau, bool)
+            ):
+                points[step] = float(tau)  # a re-evaluation of a step replaces the earlier one
+        steps = sorted(points)
+        return steps, [points[s] for s in steps]
+
     @property
     def last(self) -> dict[str, Any] | None:
         return self.steps[-1] if self.steps else None

@@ -20,7 +20,7 @@ from typing import Any
 _FINAL_LOSS = re.compile(r"^final loss (?P<loss>\S+)")
 _STEP_LOSS = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>\S+)")
 _EVAL = re.compile(
-    r"^eval \| tau (?P<tau>[\d.]+) \| lossless (?P<lossless>\w+) \| (?P<tokens>\d+) tokens"
+    r"^eval \| tau (?P<tau>[\d.]+) \| lossless (?P<lossless>\w+)[^|]* \| (?P<tokens>\d+) tokens"
     r"(?: \| (?P<per_forward>[\d.]+) tokens/target forward)?"
 )
 _CHECKPOINT = re.compile(r"^(?:drafter )?checkpoint: (?P<path>\S.*?)(?: \([\d.]+ s\))?$")

@@ -305,3 +305,15 @@ def test_drafter_config_derives_its_context_layers_and_gamma_when_built():
         DrafterConfig(**shape, target_layer_ids=[6])
     with pytest.raises(ValueError, match="a target with 6 layers has too few layers"):
         DrafterConfig(**{**shape, "num_hidden_layers": 5})
+
+
+def test_the_published_recipe_preset_loads():
+    """templates/dflash-recipe.yaml: the DFlash paper's recipe, valid as it ships."""
+    from dflash.pipeline.train_config import load_train_config as load
+
+    recipe = Path(__file__).resolve().parents[1] / "templates" / "dflash-recipe.yaml"
+    cfg = load(recipe)
+    assert (cfg.drafter.block_size, cfg.drafter.num_layers, cfg.drafter.gamma) == (16, 5, 7.0)
+    assert (cfg.data.num_anchors, cfg.data.seq_len, cfg.optim.lr) == (512, 3072, 6e-4)
+    assert cfg.regenerate.output == cfg.data.source and cfg.eval.every > 0
+    assert "arXiv 2602.06036" in recipe.read_text()

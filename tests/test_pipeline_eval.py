@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import subprocess
@@ -101,3 +102,73 @@ def test_plain_text_data_holds_out_documents_and_prompts_from_them(tmp_path):
 def test_holding_out_everything_is_a_config_error(tmp_path):
     with pytest.raises(TrainConfigError, match="eval.holdout"):
         DFlashWorkload(_text_config(tmp_path, "eval.holdout=10"))
+
+
+def test_eval_every_records_serving_tau_during_training(tmp_path):
+    """eval.every: speculative decoding on the held-out prompts while training goes on, in
+    the log, metrics.jsonl and TensorBoard; the last step's eval is the end-of-run one."""
+    overrides = [
+        f"output_dir={tmp_path}",
+        "train.steps=30",
+        "train.log_every=10",
+        "data.num_samples=16",
+        "eval.every=10",
+        "eval.num_prompts=2",
+        "eval.max_new_tokens=12",
+    ]
+    tensorboard = importlib.util.find_spec("tensorboard") is not None
+    if tensorboard:
+        overrides.append("logging.tensorboard=true")
+    cfg = load_train_config(TINY, overrides)
+    log = io.StringIO()
+    result = train(cfg, DFlashWorkload(cfg), RunLog(log), handle_signals=False)
+    assert result.exit_code == 0, log.getvalue()[-2000:]
+    text = log.getvalue()
+    assert "eval at step 10 | tau " in text and "eval at step 20 | tau " in text
+    assert "eval at step 30" not in text  # the end-of-run eval covers it
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [10, 20, 30]
+    assert [e.get("during_training", False) for e in evals] == [True, True, False]
+    assert all(e["lossless"] and e["tau"] >= 1.0 for e in evals)
+    if tensorboard:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        board = EventAccumulator(str(tmp_path / "tensorboard"))
+        board.Reload()
+        assert [e.step for e in board.Scalars("eval/tau")] == [10, 20, 30]
+        assert "train/tau" in board.Tags()["scalars"]
+
+
+def test_eval_prompts_that_were_trained_on_are_refused(tmp_path):
+    """An eval file whose prompts are also training prompts measures memorisation: refused."""
+    chat = tmp_path / "chat.jsonl"
+    lines = []
+    for i in range(12):
+        question = f"question number {i}: what is {i} plus {i}?"
+        answer = " ".join(["the answer is", str(2 * i)] * 6)
+        lines.append(
+            {
+                "messages": [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": answer},
+                ]
+            }
+        )
+    chat.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("".join(json.dumps(r) + "\n" for r in lines[:2]))
+    base = [f"output_dir={tmp_path}", f"data.source={chat}", "data.seq_len=64"]
+    cfg = load_train_config(TINY, [*base, f"eval.source={evals}"])
+    with pytest.raises(TrainConfigError, match=r"2 of the eval.source .* also prompts of training"):
+        DFlashWorkload(cfg)
+    # Held out from the same file, or a disjoint file: accepted.
+    DFlashWorkload(load_train_config(TINY, [*base, "eval.num_prompts=2"]))
+    fresh = tmp_path / "fresh.jsonl"
+    fresh.write_text(
+        json.dumps(
+            {"messages": [{"role": "user", "content": "something new"}, lines[0]["messages"][1]]}
+        )
+        + "\n"
+    )
+    DFlashWorkload(load_train_config(TINY, [*base, f"eval.source={fresh}"]))

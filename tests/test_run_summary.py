@@ -44,6 +44,12 @@ def test_a_lossy_eval_is_shouted_and_a_log_without_results_says_nothing():
     lossy = summarise("eval | tau 3.10 | lossless no | 64 tokens\n")
     assert lossy.lossless is False and lossy.tokens_per_target_forward is None
     assert lossy.describe() == ["result      eval tau 3.10, lossless NO"]
+    tie = summarise(
+        "eval | tau 2.10 | lossless yes (exact; 18 of 32 prompts meet bf16 near-ties) | 64 tokens\n"
+    )
+    assert tie.lossless is True and tie.tau == 2.10
+    bug = summarise("eval | tau 2.10 | lossless NO: bug at prompt 3, token 7 | 64 tokens\n")
+    assert bug.lossless is False
     plain = summarise("hello\nstep one\nfinal answer\n")
     assert plain.empty and plain.describe() == []
 

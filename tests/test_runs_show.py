@@ -166,6 +166,8 @@ def test_cli_shows_state_lineage_and_charts(project, lineage):
     ) in out
     for heading in ("loss", "tau~", "tokens/s"):
         assert f"\n{heading}   last " in out
+    tau_heading = next(line for line in out.splitlines() if line.startswith("tau~   last "))
+    assert "   eval tau " in tau_heading  # the run's eval drawn beside tau~
     assert sum(1 for line in out.splitlines() if "┤" in line) == 6  # 3 charts, top and bottom
     assert "\x1b[" not in out  # not a terminal: plain characters
 

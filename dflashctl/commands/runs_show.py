@@ -82,7 +82,7 @@ def show(
 
 
 def _print(curves: list, place: str) -> None:
-    from dflashctl.plots import COLOURS, LABEL_WIDTH, Series, chart, compact
+    from dflashctl.plots import COLOURS, EVAL_COLOURS, LABEL_WIDTH, Series, chart, compact
     from dflashctl.run_metrics import SERIES
 
     out = terminal.out
@@ -107,8 +107,16 @@ def _print(curves: list, place: str) -> None:
             if ys:
                 heading.append(f"   {run.run.id if len(curves) > 1 else 'last'} ", style="dim")
                 heading.append(compact(ys[-1], digits=4), style=COLOURS[index])
-        out.print(heading)
         drawn = [Series(*run.series(key), colour=COLOURS[i]) for i, run in enumerate(curves)]
+        if key == "tau":  # eval tau (held-out prompts, real decoding) beside the estimate
+            for index, run in enumerate(curves):
+                xs, ys = run.eval_series()
+                if ys:
+                    colour = EVAL_COLOURS[index % len(EVAL_COLOURS)]
+                    heading.append("   eval tau ", style="dim")
+                    heading.append(compact(ys[-1], digits=4), style=colour)
+                    drawn.append(Series(xs, ys, colour=colour))
+        out.print(heading)
         for line in chart(drawn, width=width, height=6):
             out.print(line, no_wrap=True, overflow="crop")
     out.print(Text(" " * LABEL_WIDTH + " step", style="dim"))

@@ -106,3 +106,45 @@ def test_export_dtype_is_what_automodel_loads(tmp_path, make_drafter, dtype):
     assert config["dtype"] == str(dtype).removeprefix("torch.")
     model = AutoModel.from_pretrained(str(tmp_path), trust_remote_code=True, dtype="auto")
     assert model.fc.weight.dtype == dtype
+
+
+def test_the_export_carries_what_serving_engines_read(tmp_path, tiny_cfg, make_drafter):
+    """vLLM reads eagle_aux_hidden_state_layer_ids (its ids count the embedding as 0) and
+    the mask token; the method is named in the folder, not only by its path."""
+    save_drafter(make_drafter(), tmp_path / "plain-name")
+    config = json.loads((tmp_path / "plain-name" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in tiny_cfg.target_layer_ids]
+    assert config["dflash_config"]["mask_token_id"] == tiny_cfg.mask_token_id
+    assert config["dflash_config"]["target_layer_ids"] == tiny_cfg.target_layer_ids
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["speculators_config"]["algorithm"] == "dflash"
+    assert config["num_speculative_tokens"] == tiny_cfg.block_size - 1
+    assert config["layer_types"] == ["full_attention"] * tiny_cfg.num_hidden_layers
+
+
+def test_spec_generate_is_the_targets_greedy_output(tmp_path, tiny_target, make_drafter):
+    """z-lab's entry point on the exported class: lossless at temperature 0, and its tau
+    equals the trainer's own speculative decoding of the same drafter."""
+    from dflash.spec_decode import speculative_generate
+    from dflash.target import greedy_generate
+
+    drafter = _trained_like(make_drafter)
+    save_drafter(drafter, tmp_path, dtype=torch.float32)
+    model = AutoModel.from_pretrained(str(tmp_path), trust_remote_code=True).eval()
+    prompt = torch.randint(0, 500, (1, 7), generator=torch.Generator().manual_seed(5))
+    ids, lengths = model.spec_generate(
+        input_ids=prompt,
+        max_new_tokens=20,
+        temperature=0.0,
+        target=tiny_target,
+        return_acceptance=True,
+    )
+    reference, _ = greedy_generate(tiny_target, prompt, 20)
+    assert ids[0, :7].tolist() == prompt[0].tolist()
+    assert ids[0, 7:].tolist() == reference
+    ours = speculative_generate(drafter, tiny_target, prompt, 20)
+    assert lengths == ours.acceptance_lengths
+    sampled = model.spec_generate(
+        input_ids=prompt, max_new_tokens=12, temperature=1.0, target=tiny_target
+    )
+    assert sampled.shape == (1, 19) and int(sampled.max()) < tiny_target.config.vocab_size

@@ -101,7 +101,7 @@ def test_evaluate_flags_a_lossy_decoder(tiny_target, make_drafter, monkeypatch):
     result = evaluate(make_drafter(), tiny_target, [_prompt(1)[0]], max_new_tokens=8)
     assert not result.lossless and result.mismatched_prompts == [0]
     assert result.first_divergence == {0: 0}
-    assert "lossless no" in result.format_line()
+    assert "lossless NO: bug at prompt 0, token 0 |" in result.format_line()
 
 
 def test_format_line_shape():

@@ -221,7 +221,26 @@ class DrafterConfig(BaseModel):
                 "mask_token_id": self.mask_token_id,
                 "target_layer_ids": list(self.target_layer_ids),
                 "gamma": self.gamma,
+                "use_aux_hidden_state": True,
             },
+            # vLLM's hidden-state capture counts the embedding as 0: id i + 1 is the output
+            # of decoder layer i (older vLLM versions read only this key and size fc by it).
+            "eagle_aux_hidden_state_layer_ids": [i + 1 for i in self.target_layer_ids],
+            # The method, stated in the folder itself (speculators' layout names it so);
+            # a serving engine then needs no "dflash" in the path to know what this is.
+            "speculators_config": {
+                "algorithm": "dflash",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [
+                    {
+                        "proposal_type": "greedy",
+                        "speculative_tokens": self.block_size - 1,
+                        "verifier_accept_k": 1,
+                        "accept_tolerance": 0.0,
+                    }
+                ],
+            },
+            "num_speculative_tokens": self.block_size - 1,
             "dtype": "bfloat16",
             "head_dim": self.head_dim,
             "hidden_act": "silu",

@@ -12,8 +12,10 @@ the smallest of a few buckets) and to a fixed number of rows, so compiled shapes
 stay static; padding rows carry no loss.
 
 `regenerate` rewrites the final assistant turn of each conversation with the
-target's own greedy answer, as the published recipes do; it runs offline
-(`python -m dflash.data regenerate --help`).
+target's own greedy answer, one conversation at a time (`python -m dflash.data
+regenerate --help`); for real data use `python -m dflash.regenerate` (batched on the
+GPU, sharded under torchrun, resumable, greedy or sampled as the target's generation
+config says).
 """
 
 from __future__ import annotations

@@ -8,6 +8,12 @@ its attributes (`layers`, `norm`, `fc`, `hidden_norm`, `block_size`, `mask_token
 noise_embedding, target_hidden, past_key_values, use_cache)` follow the published
 DFlash drafters, so code written for those runs this one.
 
+`spec_generate(input_ids=..., max_new_tokens=..., temperature=0.0, target=target,
+stop_token_ids=[...])` runs speculative decoding with a transformers target (batch 1):
+greedy at temperature 0 (the target's own greedy output, token for token), else
+speculative sampling (each drafted token kept with the target's probability of it,
+a rejected one resampled without it), so the output follows the target's distribution.
+
 The drafter has no embedding or LM head: `noise_embedding` is the target's embedding of
 the block [last verified token, MASK, ...], `target_hidden` the concatenated hidden
 states of the target layers `target_layer_ids` (`hidden_states[i + 1]` of a transformers
@@ -19,10 +25,12 @@ layer are [k/v_proj(fused context) ; k/v_proj(block)].
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel, Qwen3Config
+from transformers import DynamicCache, PreTrainedModel, Qwen3Config
 
 
 def _dflash_value(config, name, default=None):
@@ -190,3 +198,120 @@ class DFlashDraftModel(PreTrainedModel):
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         return output_head(hidden.to(output_head.weight.dtype))
+
+    @torch.no_grad()
+    def spec_generate(
+        self,
+        input_ids: torch.LongTensor,
+        max_new_tokens: int,
+        target: nn.Module,
+        temperature: float = 0.0,
+        stop_token_ids: list[int] | None = None,
+        return_acceptance: bool = False,
+    ):
+        """Prompt [1, P] -> [1, P + new] token ids (and, when asked, the tokens each
+        target forward produced: the acceptance lengths whose mean is tau)."""
+        if input_ids.shape[0] != 1:
+            raise ValueError("spec_generate decodes one prompt at a time (batch 1)")
+        stops = set(stop_token_ids or [])
+        embed = target.get_input_embeddings()
+        head = target.get_output_embeddings()
+        target_cache, draft_cache = _new_cache(target), _new_cache(self)
+        prompt_len = input_ids.shape[1]
+        out = _target_forward(target, input_ids, 0, target_cache)
+        context = _layers(out.hidden_states, self.target_layer_ids)
+        token = _choose(out.logits[0, -1], temperature)
+        generated, lengths = [token], []
+        start = prompt_len  # position of `token`; the target has not processed it yet
+        while len(generated) < max_new_tokens and token not in stops:
+            block = torch.full(
+                (1, self.block_size), int(self.mask_token_id), device=input_ids.device
+            )
+            block[0, 0] = token
+            cached = draft_cache.get_seq_length()
+            positions = torch.arange(cached, start + self.block_size, device=input_ids.device)
+            hidden = self(
+                position_ids=positions[None],
+                noise_embedding=embed(block),
+                target_hidden=context,
+                past_key_values=draft_cache,
+                use_cache=True,
+            )
+            _crop(draft_cache, start)  # the block's own keys are not context
+            proposal = self.compute_logits(hidden[:, 1:], head)[0].argmax(-1)
+            block[0, 1:] = proposal
+            out = _target_forward(target, block, start, target_cache)
+            new_tokens = _verify(proposal, out.logits[0].float(), temperature)
+            accepted = len(new_tokens) - 1
+            for i, t in enumerate(new_tokens):
+                if t in stops:
+                    new_tokens = new_tokens[: i + 1]
+                    break
+            new_tokens = new_tokens[: max_new_tokens - len(generated)]
+            generated.extend(new_tokens)
+            lengths.append(len(new_tokens))
+            _crop(target_cache, start + accepted + 1)
+            context = _layers(out.hidden_states, self.target_layer_ids)[:, : accepted + 1]
+            start += accepted + 1
+            token = new_tokens[-1]
+        ids = torch.cat([input_ids, input_ids.new_tensor([generated])], dim=1)
+        return (ids, lengths) if return_acceptance else ids
+
+
+def _new_cache(model):
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers: no config argument
+        return DynamicCache()
+
+
+def _crop(cache, length: int) -> None:
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def _target_forward(target, input_ids, start, cache):
+    # transformers 5.2x names the cache argument `cache`; older versions `past_key_values`.
+    params = inspect.signature(target.forward).parameters
+    name = "cache" if "cache" in params else "past_key_values"
+    positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+    return target(
+        input_ids=input_ids,
+        position_ids=positions,
+        use_cache=True,
+        output_hidden_states=True,
+        **{name: cache},
+    )
+
+
+def _layers(hidden_states, layer_ids):
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def _choose(logits: torch.Tensor, temperature: float) -> int:
+    if temperature <= 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1))
+
+
+def _verify(proposal: torch.Tensor, logits: torch.Tensor, temperature: float) -> list[int]:
+    """Kept drafted tokens plus the target's own next one. Greedy: the matching prefix and
+    the target's argmax. Sampling (a drafted token has draft probability 1): keep it with
+    the target's probability p(x); on rejection sample from p without x, renormalised."""
+    if temperature <= 0:
+        verified = logits.argmax(-1)
+        accepted = int((proposal == verified[: proposal.shape[0]]).long().cumprod(0).sum())
+        return proposal[:accepted].tolist() + [int(verified[accepted])]
+    probs = torch.softmax(logits / temperature, -1)
+    kept: list[int] = []
+    for i, t in enumerate(proposal.tolist()):
+        if float(torch.rand(())) < float(probs[i, t]):
+            kept.append(t)
+            continue
+        rest = probs[i].clone()
+        rest[t] = 0.0
+        if float(rest.sum()) <= 0:  # p(x) was 1: x is the only choice
+            return kept + [t]
+        return kept + [int(torch.multinomial(rest / rest.sum(), 1))]
+    return kept + [int(torch.multinomial(probs[len(kept)], 1))]

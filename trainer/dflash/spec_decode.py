@@ -186,7 +186,9 @@ class Divergence:
 @dataclass
 class EvalResult:
     tau: float  # mean tokens produced per verify step (accepted drafts + bonus)
-    lossless: bool  # speculative output == target greedy output for every prompt
+    # No bug: the speculative output equals the target's greedy output for every prompt,
+    # or differs only at near-ties under exact verification (identical says which).
+    lossless: bool
     num_tokens: int  # tokens generated over all prompts
     tokens_per_target_forward: float  # num_tokens / target forwards (prefills included)
     num_prompts: int
@@ -197,19 +199,52 @@ class EvalResult:
     verification_exact: bool = True  # every emitted token of every prompt was the verifier's argmax
     per_prompt: list[dict] = field(default_factory=list)
     target_dtype: str = ""
+    identical: bool | None = None  # speculative == greedy token for token (None: lossless)
     checkpoint: str | None = None  # what was measured (set by the caller that loaded it)
     results_path: str | None = None
 
+    @property
+    def bugs(self) -> list[Divergence]:
+        """Divergences that no rounding explains (the near-ties are not among them)."""
+        return [d for d in self.divergences if not d.verdict.startswith("near-tie")]
+
+    @property
+    def near_ties(self) -> list[Divergence]:
+        return [d for d in self.divergences if d.verdict.startswith("near-tie")]
+
+    @property
+    def is_identical(self) -> bool:
+        return self.lossless and not self.divergences if self.identical is None else self.identical
+
+    def lossless_text(self) -> str:
+        """The headline's verdict: yes when the outputs match or every difference is a
+        near-tie under exact verification (the target's own rounding), else where the bug is."""
+        bugs = self.bugs
+        if bugs:
+            first = bugs[0]
+            return f"lossless NO: bug at prompt {first.prompt}, token {first.position}"
+        if not self.lossless:  # built by hand without the divergences that say where
+            return "lossless NO"
+        if self.divergences:
+            dtype = self.target_dtype.replace("bfloat16", "bf16").replace("float16", "fp16")
+            dtype = dtype.replace("float32", "fp32") or "target-dtype"
+            return (
+                f"lossless yes (exact; {len(self.divergences)} of {self.num_prompts} prompts "
+                f"meet {dtype} near-ties)"
+            )
+        return "lossless yes"
+
     def format_line(self) -> str:
         line = (
-            f"eval | tau {self.tau:.2f} | lossless {'yes' if self.lossless else 'no'} | "
+            f"eval | tau {self.tau:.2f} | {self.lossless_text()} | "
             f"{self.num_tokens} tokens | {self.tokens_per_target_forward:.1f} tokens/target forward"
         )
         if self.divergences:
-            first = self.divergences[0]
+            first = (self.bugs or self.divergences)[0]
             margin = first.greedy_margin if first.greedy_margin is not None else float("nan")
             line += (
-                f" | {len(self.divergences)} of {self.num_prompts} prompts differ, first: prompt "
+                f" | {len(self.divergences)} of {self.num_prompts} prompts differ, first "
+                f"{'bug' if self.bugs else 'near-tie'}: prompt "
                 f"{first.prompt} token {first.position}, top-2 margin {margin:.3g}, "
                 f"verification {'exact' if first.verification_exact else 'NOT exact'}: "
                 f"{first.verdict.split(':')[0]}"
@@ -224,6 +259,8 @@ class EvalResult:
         return {
             "tau": self.tau,
             "lossless": self.lossless,
+            "identical": self.is_identical,
+            "near_ties": len(self.near_ties),
             "verification_exact": self.verification_exact,
             "num_tokens": self.num_tokens,
             "tokens_per_target_forward": self.tokens_per_target_forward,
@@ -239,6 +276,9 @@ class EvalResult:
         return {
             "tau": self.tau,
             "lossless": self.lossless,
+            "identical": self.is_identical,
+            "near_ties": len(self.near_ties),
+            "bugs": len(self.bugs),
             "verification_exact": self.verification_exact,
             "tokens": self.num_tokens,
             "tokens_per_target_forward": self.tokens_per_target_forward,
@@ -317,7 +357,8 @@ def evaluate(
                     "prompt": index,
                     "prompt_tokens": int(ids.shape[1]),
                     "tau": sum(lengths) / len(lengths) if lengths else 1.0,
-                    "lossless": found is None,
+                    "lossless": found is None or found.verdict.startswith("near-tie"),
+                    "identical": found is None,
                     "verification_exact": spec.verification_exact,
                     "acceptance_lengths": lengths,
                     "tokens": spec.tokens,
@@ -332,7 +373,8 @@ def evaluate(
         drafter.train(was_training)
     return EvalResult(
         tau=sum(steps) / len(steps) if steps else 1.0,
-        lossless=not divergences,
+        lossless=all(d.verdict.startswith("near-tie") for d in divergences),
+        identical=not divergences,
         num_tokens=num_tokens,
         tokens_per_target_forward=num_tokens / forwards,
         num_prompts=len(prompts),

@@ -252,6 +252,18 @@ class DFlashWorkload(Workload):
             if self.heldout:
                 what += f", {len(self.heldout)} of them held out for eval"
         self._notes.append(f"data: {what} in {time.perf_counter() - started:.1f} s")
+        if self.cfg.eval.enabled and data.source not in ("synthetic", "random"):
+            overlap = prompts_in_training(self.eval_prompts(), samples)
+            if overlap:
+                where = (
+                    f"eval.source {self.cfg.eval.source}" if self.cfg.eval.source else "held-out"
+                )
+                raise TrainConfigError(
+                    f"eval: {len(overlap)} of the {where} eval prompts (first: eval prompt "
+                    f"{overlap[0]}) are also prompts of training samples in {data.source}: the eval "
+                    "would measure what the drafter memorised, not what serving sees; remove them "
+                    "from one of the files (or deduplicate data.source)"
+                )
         return samples
 
     def _load_file(self, path: Path, not_a_file: str, no_tokenizer: str):
@@ -490,6 +502,23 @@ class DFlashWorkload(Workload):
         save_drafter_weights(
             weights, self.drafter_cfg, folder, dtype=DTYPES[self.cfg.train.export_dtype]
         )
+
+
+def prompts_in_training(prompts: list[list[int]], samples: list[Sample]) -> list[int]:
+    """Indices of eval prompts that begin some training sample: a prompt trained on.
+    One look-up per sample, keyed by as many first tokens as the shortest prompt has (chat
+    prompts share their template's opening, so a short key would match them all)."""
+    head = min(len(p) for p in prompts) if prompts else 1
+    by_head: dict[tuple[int, ...], list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_head.setdefault(tuple(prompt[:head]), []).append(index)
+    found: set[int] = set()
+    for sample in samples:
+        for index in by_head.get(tuple(sample.input_ids[:head]), ()):
+            prompt = prompts[index]
+            if sample.input_ids[: len(prompt)] == prompt:
+                found.add(index)
+    return sorted(found)
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -172,12 +172,12 @@ class StepMeter:
                 }
             )
 
-    def record_eval(self, fields: dict) -> None:
-        """The end-of-run evaluation (main thread, after the drafters were joined)."""
+    def record_eval(self, fields: dict, step: int | None = None) -> None:
+        """An evaluation: every eval.every steps (drafter-0, between steps) and at the end
+        (main thread, after the drafters were joined)."""
         if self.writer is not None:
-            self.writer.write(
-                {"kind": "eval", "step": self.last_step, "time": round(time.time(), 3), **fields}
-            )
+            at = self.last_step if step is None else step
+            self.writer.write({"kind": "eval", "step": at, "time": round(time.time(), 3), **fields})
 
     def close(self) -> None:
         if self.writer is not None:

@@ -311,6 +311,23 @@ def _train(
 
     ctx.on_checkpoint = save_periodic
 
+    def eval_periodic(step: int, drafter) -> None:
+        """Speculative decoding of the held-out prompts with the live drafter (drafter-0's
+        thread, between steps): where serving acceptance goes while tau~ rises."""
+        was_training = drafter.training
+        drafter.eval()
+        try:
+            evaluation = workload.evaluate(drafter)
+        finally:
+            drafter.train(was_training)
+        if evaluation is None:
+            return
+        log.line(f"eval at step {step} | " + evaluation.format_line().removeprefix("eval | "))
+        ctx.meter.record_eval({**evaluation.metrics(), "during_training": True}, step=step)
+        ctx.meter.restart_window()  # the eval's time is no training throughput
+
+    ctx.on_eval = eval_periodic
+
     if coordinator is not None and coordinator.vote("setup", int(term.is_set())):
         term.set()  # SIGTERM reached some rank during the set-up: every rank stops here
     if coordinator is not None and info.world_size > 1 and not term.is_set():
@@ -422,7 +439,7 @@ def _train(
         if evaluation is not None:
             result.eval_line = evaluation.format_line() + where
             log.line(result.eval_line)
-            ctx.meter.record_eval(evaluation.metrics())
+            ctx.meter.record_eval(evaluation.metrics(), step=lead.completed_steps)
     if result.checkpoint is not None:
         log.line(f"drafter checkpoint: {_written_where(result.checkpoint, info)}")
     log.line("training complete")

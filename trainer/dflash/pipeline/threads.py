@@ -80,6 +80,7 @@ class RunContext:
     hang_point: FailurePoint | None = None  # debug.hang_in
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
     on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
+    on_eval: object = None  # callable(step, drafter) used by drafter-0 every eval.every steps
     dist: DistInfo = field(default_factory=DistInfo)
     coordinator: Any = None  # distributed.Coordinator under torchrun
     warmup_started: float = 0.0  # perf_counter when the drafters began warming up
@@ -522,6 +523,16 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
     ):
         if step_number < ctx.total_steps and ctx.on_checkpoint is not None:
             ctx.on_checkpoint(step_number)
+    if (
+        replica.rank == 0
+        and ctx.is_lead
+        and cfg.eval.enabled
+        and cfg.eval.every
+        and step_number % cfg.eval.every == 0
+        and step_number < ctx.total_steps  # the last step's eval is the end-of-run one
+        and ctx.on_eval is not None
+    ):
+        ctx.on_eval(step_number, replica.model)
     return ctx.averager.stop_after_step
 
 

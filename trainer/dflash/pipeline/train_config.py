@@ -242,6 +242,26 @@ class EvalSection(Section):
     holdout: Amount | None = None  # data-file samples kept from training; None: num_prompts
     source: Text | None = None  # .jsonl/.txt of eval prompts instead of held-out samples
     prompt_tokens: Count = 32  # plain text: prompt with a document's first tokens (<= half)
+    # Also evaluate every this many steps during training (0: only at the end). Drafter-0
+    # pauses for it; under torchrun the other ranks wait in the next all-reduce, so one
+    # eval must take less than runtime.dist_timeout_s (fewer/shorter prompts, or raise it).
+    every: Amount = 0
+
+
+class RegenerateSection(Section):
+    """python -m dflash.regenerate: the target answers the prompts of a chat JSONL."""
+
+    input: Text | None = None  # chat JSONL whose prompts (messages before the last answer) are used
+    output: Text | None = None  # chat JSONL to write (appended; the trainer's data.source)
+    max_new_tokens: Count = 1024
+    batch_size: Count = 32  # prompts per generate call on one device
+    sample: bool | None = None  # None: the target's generation_config (do_sample)
+    temperature: Number | None = None  # None: the generation config's
+    top_p: Number | None = None
+    top_k: Amount | None = None
+    seed: int | None = 0  # sampling seed (plus the rank)
+    device: Text | None = None  # None: cuda:LOCAL_RANK when there is a GPU, else cpu
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)  # e.g. {enable_thinking: false}
 
 
 class LoggingSection(Section):
@@ -306,6 +326,7 @@ class TrainConfig(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    regenerate: RegenerateSection = Field(default_factory=RegenerateSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     debug: DebugSection = Field(default_factory=DebugSection)
 

@@ -1,0 +1,39 @@
+"""bench/bench_quality.py at tiny scale on CPU: the whole path runs and reports every number."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_quality.py"
+
+
+def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path):
+    shrink = ["train_convs=8", "steps=4", "eval_every=2", "regen_tokens=8", "eval_tokens=8"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--scale", "tiny", "--out", str(tmp_path)]
+        + [arg for item in shrink for arg in ("--set", item)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for name in ("a-data-file", "b-regenerated"):
+        run = results[name]
+        assert run["eval_tau"] >= 1.0 and run["train_tau"] >= 1.0
+        assert [step for step, _ in run["eval_curve"]] == [2, 4]  # eval.every, then the end
+        assert run["lossless"] is True
+    assert results["prompt_lookup"]["tau"] >= 1.0
+    assert results["regenerate"]["prompts"] > 0 and results["regenerate"]["tokens_per_s"] > 0
+    regenerated = [json.loads(x) for x in (tmp_path / "regenerated.jsonl").read_text().splitlines()]
+    assert all(r["messages"][-1]["role"] == "assistant" and r["prompt_id"] for r in regenerated)
+    out = done.stdout
+    assert "eval tau train tau~" in out and "prompt lookup" in out and "lossless yes" in out
+    assert "eval curve (step, tau): [(2, " in out
+    # Held-out prompts are never training prompts.
+    train = {json.loads(x)["messages"][0]["content"] for x in (tmp_path / "data.jsonl").open()}
+    held = {json.loads(x)["messages"][0]["content"] for x in (tmp_path / "eval.jsonl").open()}
+    assert held and not train & held

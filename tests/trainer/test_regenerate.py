@@ -1,0 +1,107 @@
+"""python -m dflash.regenerate: the target's own answers, batched, sharded and resumable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from dflash import build_tiny_target
+from dflash.data import build_tiny_tokenizer, load_samples
+from dflash.regenerate import main, prompt_id
+
+QUESTIONS = [
+    "what is two plus two?",
+    "name three colours",
+    "write a short answer about lists",
+    "hello",
+    "def main(): return sum(range(10))",
+    "please write code for numbers and lists and a short answer about them",
+]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("target")
+    build_tiny_target(seed=0).save_pretrained(folder)
+    build_tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _setup(tmp_path, target_dir, **regenerate):
+    data = tmp_path / "chat.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "old"}]}
+        for q in QUESTIONS
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    config = tmp_path / "regen.yaml"
+    section = {"input": str(data), "output": str(tmp_path / "regen.jsonl"), "max_new_tokens": 8}
+    section.update({"device": "cpu", "batch_size": 4, **regenerate})
+    config.write_text(yaml.safe_dump({"target": {"path": str(target_dir)}, "regenerate": section}))
+    return config, tmp_path / "regen.jsonl"
+
+
+def _answers(path):
+    return [
+        (r["prompt_id"], r["messages"][-1]["content"])
+        for r in map(json.loads, path.read_text().splitlines())
+    ]
+
+
+def test_the_target_answers_every_prompt_and_the_trainer_reads_it(tmp_path, target_dir, capsys):
+    config, output = _setup(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["messages"][0]["content"] for r in records] == QUESTIONS  # input order
+    assert all(r["messages"][-1]["role"] == "assistant" for r in records)
+    assert all(r["messages"][-1]["content"] != "old" for r in records)
+    assert records[0]["prompt_id"] == prompt_id(records[0]["messages"][:1])
+    assert "greedy" in capsys.readouterr().out
+    tokenizer = build_tiny_tokenizer()
+    samples, stats = load_samples(output, tokenizer, max_length=64, block_size=2)
+    assert stats.unrenderable == 0 and stats.kept + stats.too_few_loss_tokens == len(QUESTIONS)
+
+    # Batched with left padding gives what one prompt at a time gives (greedy).
+    (tmp_path / "one").mkdir()
+    single, single_out = _setup(tmp_path / "one", target_dir, batch_size=1)
+    assert main(["--config", str(single)]) == 0
+    assert _answers(single_out) == _answers(output)
+
+
+def test_a_rerun_answers_only_what_is_missing(tmp_path, target_dir, capsys):
+    config, output = _setup(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    full = output.read_text().splitlines()
+    output.write_text("\n".join(full[:3]) + "\n" + full[3][:10])  # interrupted mid-line
+    capsys.readouterr()
+    assert main(["--config", str(config)]) == 0
+    assert "3 already answered, 3 to answer" in capsys.readouterr().out
+    assert output.read_text().splitlines() == full
+    assert main(["--config", str(config)]) == 0
+    assert "6 already answered, 0 to answer" in capsys.readouterr().out
+
+
+def test_ranks_take_their_shares_and_the_last_one_merges(tmp_path, target_dir, monkeypatch):
+    config, output = _setup(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    whole = output.read_text()
+    output.unlink()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["--config", str(config)]) == 0
+    assert not output.exists()  # rank 0 has not finished: nothing merged yet
+    part = (tmp_path / "regen.jsonl.parts" / "rank-1-of-2.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["messages"][0]["content"] for x in part) == sorted(QUESTIONS[1::2])
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(config)]) == 0
+    assert output.read_text() == whole and not (tmp_path / "regen.jsonl.parts").exists()
+
+
+def test_bad_input_is_a_clear_error(tmp_path, target_dir, capsys):
+    config, _ = _setup(tmp_path, target_dir, input=str(tmp_path / "missing.jsonl"))
+    assert main(["--config", str(config)]) == 2
+    assert "regenerate.input" in capsys.readouterr().err
+    config.write_text(yaml.safe_dump({"regenerate": {"input": str(config), "output": "x.jsonl"}}))
+    assert main(["--config", str(config)]) == 2
+    assert "target.path" in capsys.readouterr().err
