@@ -136,7 +136,7 @@ def test_the_follower_takes_the_agents_judgement_before_a_live_step_line():
     ("hang", "says"),
     [
         ({"factor": 1}, "run.hang.factor: must be more than 1"),
-        ({"factor": ".nan"}, "run.hang.factor: must be more than 1"),
+        ({"factor": ".nan"}, "run.hang.factor: expected a finite number"),
         ({"min_s": 0}, "run.hang.min_s: must be more than 0 seconds"),
         ({"min_s": "soon"}, "run.hang.min_s"),
         ({"after": 3}, "run.hang.after"),
