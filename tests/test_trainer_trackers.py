@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from dflash.pipeline.trackers import flatten_config, scalars
 from dflash.pipeline.train_config import TrainConfigError, config_from_dict
 
@@ -100,8 +99,9 @@ def wandb_records(path):
     return records
 
 
-def test_mlflow_file_store_holds_the_metrics_and_the_params(tmp_path):
+def test_mlflow_file_store_holds_the_metrics_and_the_params(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for the reading client here
     run = _tracked_run(tmp_path, "--set", "logging.mlflow={experiment: tiny}")
     store = run.run_dir / "mlruns"
     import mlflow
