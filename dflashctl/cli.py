@@ -15,6 +15,7 @@ import typer
 
 from dflashctl import __version__, terminal
 from dflashctl.errors import EXIT_INTERRUPTED, DflashError
+from dflashctl.json_output import command_in
 
 # Order is the order of `dflashctl --help`.
 COMMAND_MODULES = ("init", "doctor", "status", "deploy", "restart", "stop", "runs", "logs")
@@ -67,14 +68,18 @@ def main() -> None:
     except DflashError as exc:
         terminal.error(exc.message, exc.hint)
         if as_json:
-            terminal.print_json_error(exc.message, exc.exit_code, exc.hint)
+            terminal.print_json_error(
+                exc.message, exc.exit_code, exc.hint, command_in(sys.argv[1:])
+            )
         if debug:
             raise
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         terminal.err.print("[yellow]interrupted[/yellow]")
         if as_json:
-            terminal.print_json_error("interrupted", EXIT_INTERRUPTED)
+            terminal.print_json_error(
+                "interrupted", EXIT_INTERRUPTED, command=command_in(sys.argv[1:])
+            )
         sys.exit(EXIT_INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -87,7 +92,7 @@ def main() -> None:
             exc.show()
             if as_json:
                 message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-                terminal.print_json_error(message, 2, "see --help")
+                terminal.print_json_error(message, 2, "see --help", command_in(sys.argv[1:]))
             sys.exit(2)
         raise
     if isinstance(code, int) and code:
