@@ -22,6 +22,7 @@ from dflashctl.config import load_config
 from dflashctl.connect import connect, open_target
 from dflashctl.errors import HostError
 from dflashctl.transport.base import CommandResult
+from tests.json_answers import flat
 from tests.test_deploy_support import write_trainer
 from tests.test_proxmox_pct import push as push_checked
 
@@ -146,7 +147,7 @@ def test_a_failed_push_fails_the_deploy_and_keeps_the_previous_release_and_run(
     with small_tmp(container, "160k"):
         first = cli("deploy", "--detach", "--json", "-c", str(path))
         assert first.returncode == 0, first.stderr
-        first = json.loads(first.stdout)
+        first = flat(json.loads(first.stdout))
         (source / "weights.bin").write_bytes(os.urandom(200 * 1024))
         result = cli("deploy", "--detach", "--json", "-c", str(path))
         assert result.returncode == 3, result.stderr
@@ -157,7 +158,7 @@ def test_a_failed_push_fails_the_deploy_and_keeps_the_previous_release_and_run(
         releases = [p.name for p in (workdir / "releases").iterdir() if p.is_dir()]
         assert releases == [first["release"]]  # no new (or partial) release
         runs = cli("runs", "--json", "-c", str(path))
-        states = {run["id"]: run["state"] for run in json.loads(runs.stdout)["runs"]}
+        states = {run["id"]: run["state"] for run in flat(json.loads(runs.stdout))["runs"]}
         assert states == {first["run_id"]: "running"}
         assert not list(container.tmp.glob("*dflashctl-upload-*"))
 
@@ -205,7 +206,7 @@ def test_python3_in_usr_local_bin_and_the_login_environment(
         },
     )
     doctor = cli("doctor", "--json", "-c", str(path))
-    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    checks = {c["name"]: c for c in flat(json.loads(doctor.stdout))["checks"]}
     assert doctor.returncode == 0, checks
     assert checks["python"]["status"] == "pass"
     assert checks["python"]["detail"].endswith("(/usr/local/bin/python3)")
@@ -286,7 +287,7 @@ def test_doctor_goes_on_past_a_failing_version_call(pve_host, container, write_c
     path = write_config(tmp_path)
     with failing_pvesh_path(pve_host, "version", "ipcc_send_rec[1] failed: Connection refused"):
         result = cli("doctor", "--json", "-c", str(path))
-    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    checks = {c["name"]: c for c in flat(json.loads(result.stdout))["checks"]}
     assert result.returncode == 3
     assert checks["Proxmox API answers"]["status"] == "fail"
     assert "ipcc_send_rec" in checks["Proxmox API answers"]["detail"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import socket
 
+from tests.json_answers import flat
 from tests.test_doctor import dflashctl
 
 
 def status_json(capsys, monkeypatch, config_path) -> tuple[int, dict]:
     code, out, err = dflashctl(capsys, monkeypatch, "status", "--json", "-c", str(config_path))
     assert code == 0, err
-    return code, json.loads(out)
+    return code, flat(json.loads(out))
 
 
 def write_run(container, run_id: str, *, exit_code: int | None, pid: int | None = None) -> None:
@@ -141,4 +142,4 @@ def test_a_broken_python_still_shows_the_container_then_exits_3(
     assert "error: /opt/nowhere/python3: cannot run it on CT 200 on " in err
     code, out, _ = dflashctl(capsys, monkeypatch, "status", "--json", "-c", str(path))
     assert code == 3
-    assert json.loads(out)["active_run_error"]["message"].startswith("/opt/nowhere/python3")
+    assert flat(json.loads(out))["active_run_error"]["message"].startswith("/opt/nowhere/python3")

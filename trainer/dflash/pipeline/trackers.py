@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,42 +99,59 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    def __init__(self, settings: Any, folder: Path) -> None:
-        import mlflow
+    """Through MlflowClient with the run's id: mlflow's module-level active run is per
+    thread, and the step records come from the drafter thread, the start and the eval
+    from the main thread."""
 
-        self._mlflow = mlflow
+    def __init__(self, settings: Any, folder: Path) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self._client_class = MlflowClient
         self._settings = settings
         self._folder = folder
-        self._run = None
+        self._client = None
+        self._run_id: str | None = None
         self._params_logged = False
 
     def start(self, config: dict[str, Any]) -> None:
-        mlflow, settings = self._mlflow, self._settings
-        if self._run is None:
+        from mlflow.entities import Param
+
+        settings = self._settings
+        if self._client is None:
             uri = settings.tracking_uri or (self._folder / "mlruns").resolve().as_uri()
             if uri.startswith("file:"):
                 # MLflow 3 refuses its file store unless told it is wanted; a file store in
                 # the run folder is what works offline with mlflow-skinny (no database).
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            mlflow.set_tracking_uri(uri)
-            mlflow.set_experiment(settings.experiment)
-            self._run = mlflow.start_run(run_name=settings.run_name or self._folder.name)
+            client = self._client_class(tracking_uri=uri)
+            experiment = client.get_experiment_by_name(settings.experiment)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else client.create_experiment(settings.experiment)
+            )
+            run = client.create_run(experiment_id, run_name=settings.run_name or self._folder.name)
+            self._client, self._run_id = client, run.info.run_id
         if not self._params_logged:  # MLflow params are write-once: a resume keeps them
-            params = flatten_config(config)
-            # MLflow caps a value at 6000 characters (and 100 params a batch).
-            items = [(k, str(v)[:6000]) for k, v in params.items()]
-            for start in range(0, len(items), 100):
-                mlflow.log_params(dict(items[start : start + 100]))
+            # MLflow caps a value at 6000 characters, and a batch at 100 params.
+            params = [Param(k, str(v)[:6000]) for k, v in flatten_config(config).items()]
+            for at in range(0, len(params), 100):
+                self._client.log_batch(self._run_id, params=params[at : at + 100])
             self._params_logged = True
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        if self._run is not None and values:
-            self._mlflow.log_metrics(values, step=step)
+        if self._client is None or not values:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(name, value, now, step) for name, value in values.items()]
+        self._client.log_batch(self._run_id, metrics=metrics)
 
     def close(self) -> None:
-        if self._run is not None:
-            self._mlflow.end_run()
-            self._run = None
+        if self._client is not None:
+            self._client.set_terminated(self._run_id, "FINISHED")
+            self._client = None
 
 
 def open_trackers(logging_section: Any, folder: Path) -> list[Any]:
