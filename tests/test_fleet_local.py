@@ -313,8 +313,10 @@ def test_prune_asks_once_for_every_node_and_runs_show_reads_the_first_node(two):
 
     shown = dflashctl(two, "runs", "show", run_id, "--json")
     assert shown.returncode == 0, shown.stderr
-    answer = flat(json.loads(shown.stdout))
-    assert answer["node"] == "gpu-a" and answer["target"] == "gpu-a (this machine)"
+    whole = json.loads(shown.stdout)
+    assert [node["node"] for node in whole["nodes"]] == ["gpu-a"]  # the node it read
+    answer = flat(whole)
+    assert answer["target"] == "gpu-a (this machine)"
     assert answer["note"].startswith("metrics from the first node, gpu-a: rank 0 writes them")
     text = dflashctl(two, "runs", "show", run_id)
     assert "metrics from the first node, gpu-a" in text.stderr

@@ -126,7 +126,7 @@ def test_without_a_container_status_shows_the_host(
 ):
     path = write_config(tmp_path, vmid=None, **{"container.workdir": str(tmp_path / "wd")})
     _, report = status_json(capsys, monkeypatch, path)
-    assert report["container"] is None and report["node"] is None
+    assert report["container"] is None and report["proxmox_node"] is None
     assert report["active_run"] is None
     code, out, _ = dflashctl(capsys, monkeypatch, "status", "-c", str(path))
     assert out.splitlines()[0] == f"host       root@127.0.0.1:{pve_host.port} (no container)"
