@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps test test-min demo demo-crash demo-recover bench lint clean
+.PHONY: install system-deps test test-min demo demo-crash demo-recover bench lint clean schemas
 
 install: $(STAMP)
 
@@ -89,3 +89,7 @@ lint: install
 
 clean:
 	rm -rf $(VENV) $(MIN_VENV) demo .pytest_cache .ruff_cache *.egg-info
+
+# The JSON Schemas of the --json answers, made from dflashctl/json_schemas.py's models.
+schemas: install
+	$(BIN)/python -m dflashctl.json_schemas

@@ -19,6 +19,7 @@ import typer
 from dflashctl import __version__, help, terminal
 from dflashctl.errors import EXIT_INTERRUPTED, DflashError
 from dflashctl.help import RootHelpGroup
+from dflashctl.json_output import command_in
 
 # Order is the order of `dflashctl --help`.
 COMMAND_MODULES = (
@@ -150,7 +151,7 @@ def _interrupted(as_json: bool) -> None:
     _sigint_raises(False)  # a second Ctrl-C must not cut the one line short
     terminal.err.print("[yellow]interrupted[/yellow]")
     if as_json:
-        terminal.print_json_error("interrupted", EXIT_INTERRUPTED)
+        terminal.print_json_error("interrupted", EXIT_INTERRUPTED, command=command_in(sys.argv[1:]))
     sys.exit(EXIT_INTERRUPTED)
 
 
@@ -162,7 +163,9 @@ def _run(as_json: bool) -> None:
     except DflashError as exc:
         terminal.error(exc.message, exc.hint)
         if as_json:
-            terminal.print_json_error(exc.message, exc.exit_code, exc.hint)
+            terminal.print_json_error(
+                exc.message, exc.exit_code, exc.hint, command_in(sys.argv[1:])
+            )
         if debug:
             raise
         sys.exit(exc.exit_code)
@@ -179,7 +182,7 @@ def _run(as_json: bool) -> None:
             exc.show()
             if as_json:
                 message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-                terminal.print_json_error(message, 2, "see --help")
+                terminal.print_json_error(message, 2, "see --help", command_in(sys.argv[1:]))
             sys.exit(2)
         raise
     if isinstance(code, int) and code:

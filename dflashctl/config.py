@@ -168,7 +168,9 @@ class ProxmoxConfig(Section):
     url: str | None = None
     token_id: str | None = None
     token_secret_env: str = "PVE_TOKEN_SECRET"
-    verify_tls: bool = True
+    # true | false | a CA bundle path | sha256:AB:CD:... (the certificate pinned, as
+    # `pvenode cert info` prints its fingerprint); see proxmox_tls.py
+    verify_tls: bool | str = True
     # A container start can wait on storage, hooks and GPU set-up; an HA start on the
     # cluster resource manager. pvesh's own 60 s is too short for some of those.
     start_timeout_s: float = 300.0
@@ -185,6 +187,17 @@ class ProxmoxConfig(Section):
     def _api(cls, value: str) -> str:
         if value not in ("ssh", "https"):
             raise invalid(f"expected 'ssh' or 'https', got {value!r}")
+        return value
+
+    @field_validator("verify_tls")
+    @classmethod
+    def _verify_tls(cls, value: bool | str) -> bool | str:
+        from dflashctl.proxmox_tls import parse_verify_tls
+
+        try:
+            parse_verify_tls(value)
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
         return value
 
     @field_validator("token_secret_env")

@@ -87,23 +87,33 @@ def https_api(config: ProxmoxConfig) -> ProxmoxResource:
         ) from None
     from proxmoxer import ProxmoxAPI
 
-    if not config.verify_tls:  # the user turned verification off: no warning per request
-        import urllib3
+    from dflashctl.proxmox_tls import parse_verify_tls, pin_session
+
+    try:
+        check = parse_verify_tls(config.verify_tls)
+    except ValueError as exc:  # a CA bundle removed since the config was loaded
+        raise ConfigError(f"proxmox.verify_tls: {exc}") from None
+    if check.kind in ("off", "pin"):  # no warning per request: off was asked for, a pin
+        import urllib3  # is checked in the handshake instead
 
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
     url = urlsplit(config.url or "")
+    host, port = url.hostname or "", url.port or 8006
     user, _, token_name = (config.token_id or "").partition("!")
-    return ProxmoxAPI(
-        url.hostname,
-        port=url.port or 8006,
+    api = ProxmoxAPI(
+        host,
+        port=port,
         backend="https",
         user=user,
         token_name=token_name,
         token_value=secret,
-        verify_ssl=config.verify_tls,
+        verify_ssl=check.requests_verify,
         timeout=PVESH_TIMEOUT_S,
     )
+    if check.kind == "pin":
+        pin_session(api._store["session"], check, config.url or "", host, port)
+    return api
 
 
 # --------------------------------------------------------------------------- calls
@@ -143,14 +153,23 @@ def _api_error(exc: Exception, node: str, vmid: int | None, doing: str) -> HostE
         return ContainerNotFound(f"container {vmid} does not exist on node {node}")
     if isinstance(exc, ResourceException) and exc.status_code == 401:
         return HostError(
-            "the Proxmox API refused the API token (401)",
+            f"the Proxmox API refused the API token (401 {exc.content or 'Unauthorized'})",
             hint="check proxmox.token_id and the secret in the variable named by "
             "proxmox.token_secret_env, and the token's privileges",
+        )
+    if isinstance(exc, ResourceException) and exc.status_code == 403:
+        return HostError(
+            f"the Proxmox API token lacks a privilege: {exc.content}",
+            hint="grant the token (or, with privilege separation off, its user) a role "
+            "with that privilege on that path, e.g. `pveum acl modify /vms/<vmid> --tokens "
+            "'user@realm!token' --roles PVEVMUser` on the node",
         )
     if type(exc).__module__.startswith("requests"):  # the https API could not be reached
         return HostError(
             f"cannot reach the Proxmox API: {_network_reason(text)}",
-            hint="check proxmox.url, the network, and proxmox.verify_tls",
+            hint="check proxmox.url and the network; for PVE's self-signed certificate "
+            "pin it: proxmox.verify_tls: sha256:AB:CD:... as `pvenode cert info` prints it "
+            "on the node (or a CA bundle path)",
         )
     unknown = _UNKNOWN_NODE.search(text)
     if unknown:

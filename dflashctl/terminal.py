@@ -36,20 +36,32 @@ def set_quiet_stdout(quiet: bool) -> None:
 _json_printed = False
 
 
-def print_json(data: object, *, indent: int | None = None) -> None:
-    """The one JSON object of `--json`, on the real stdout (everything human went to
-    stderr), flushed so that a script reading it sees it at once."""
+def print_json(data: dict, *, command: str, node: str | None = None) -> None:
+    """The one JSON object of `--json`, in the shape of json_output.py (schema_version,
+    nodes, run-level keys), on one line of the real stdout (everything human went to
+    stderr), flushed so that a script reading it sees it at once. `node`: the one node's
+    name when `data` is one node's answer."""
+    from dflashctl.json_output import document
+
+    _write_json(document(command, data, node))
+
+
+def _write_json(data: dict) -> None:
     global _json_printed
     _json_printed = True
-    sys.stdout.write(json.dumps(data, indent=indent) + "\n")
+    sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
-def print_json_error(message: str, exit_code: int, hint: str | None = None) -> None:
+def print_json_error(
+    message: str, exit_code: int, hint: str | None = None, command: str | None = None
+) -> None:
     """A `--json` command that failed still answers with one JSON object on stdout
     (unless it already printed its own)."""
+    from dflashctl.json_output import error_document
+
     if not _json_printed:
-        print_json({"error": message, "exit_code": exit_code, "hint": hint})
+        _write_json(error_document(message, exit_code, hint, command))
 
 
 _quiet = False  # -q: no step, info or success lines (errors, warnings and results stay)

@@ -21,6 +21,7 @@ from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import ConfigError, HostError, UsageError
 from dflashctl.runs import list_runs, run_state
 from dflashctl.stop_restart import restart
+from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,
@@ -262,7 +263,7 @@ def test_cli_deploy_json_with_extra_trainer_args(project):
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)
+    summary = flat(json.loads(result.stdout))
     assert summary["command"][-2:] == ["--steps", "2"]
     assert "launched run" in result.stderr
     [run] = list_runs(target(project), str(project.workdir), python=sys.executable)

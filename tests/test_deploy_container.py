@@ -20,6 +20,7 @@ from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, run_state
 from dflashctl.stop_restart import stop
+from tests.json_answers import flat
 from tests.test_deploy_support import snapshot, write_trainer
 
 pytestmark = pytest.mark.slow
@@ -225,7 +226,7 @@ def test_stopped_container_is_an_error_unless_asked_to_start_it(
     assert result.returncode == 0, result.stderr
     assert "started container 201" in result.stderr
     assert container.is_running()
-    first = json.loads(result.stdout)
+    first = flat(json.loads(result.stdout))
     assert first["files_sent"] == 3
 
     # Stopped again: a redeploy (which would skip asking the container) starts it too.
@@ -319,7 +320,7 @@ def test_cli_stop_restart_and_runs_in_the_container(setup):
         timeout=60,
     )
     assert restarted.returncode == 0, restarted.stderr
-    second = json.loads(restarted.stdout)
+    second = flat(json.loads(restarted.stdout))
     wait_started(container, second)
     assert second["release"] == first["release"]
     assert [s["pid"] for s in second["runs_stopped"]] == [first["pid"]]
@@ -331,13 +332,13 @@ def test_cli_stop_restart_and_runs_in_the_container(setup):
         timeout=60,
     )
     assert stopped.returncode == 0, stopped.stderr
-    [item] = json.loads(stopped.stdout)["stopped"]
+    [item] = flat(json.loads(stopped.stdout))["stopped"]
     assert item["run_id"] == second["run_id"]
 
     listed = subprocess.run(
         [*run, "runs", "-c", str(path), "--json"], capture_output=True, text=True, timeout=60
     )
-    runs = {r["id"]: r for r in json.loads(listed.stdout)["runs"]}
+    runs = {r["id"]: r for r in flat(json.loads(listed.stdout))["runs"]}
     # Both checkpointed on SIGTERM and exited 0, and both read as stopped: by whom,
     # when, for which run (a stopped run is never "finished").
     first_state, second_state = runs[first["run_id"]], runs[second["run_id"]]
@@ -374,14 +375,14 @@ def test_runs_prune_removes_ended_runs_and_never_the_running_one(setup):
     assert "--yes" in refused.stderr
     dry = prune("0", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
-    plan = json.loads(dry.stdout)
+    plan = flat(json.loads(dry.stdout))
     assert plan["dry_run"] and [r["id"] for r in plan["removed"]] == [first, second]
     assert plan["spared"] == [third] and plan["bytes"] > 300_000
     assert sorted(p.name for p in runs_dir.iterdir()) == sorted([first, second, third])
 
     kept_two = prune("2", "--yes", "--json")
     assert kept_two.returncode == 0, kept_two.stderr
-    assert [r["id"] for r in json.loads(kept_two.stdout)["removed"]] == [first]
+    assert [r["id"] for r in flat(json.loads(kept_two.stdout))["removed"]] == [first]
     assert not (runs_dir / first).exists() and (runs_dir / second).exists()
 
     # KEEP 0: every ended run goes, the running (active) one stays and keeps running.

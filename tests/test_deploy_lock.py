@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from dflashctl.deploy import DeployOptions, deploy
+from tests.json_answers import flat
 from tests.test_deploy_support import project, wait_for, write_local_config  # noqa: F401
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
@@ -77,7 +78,7 @@ def test_a_second_deploy_is_refused_naming_the_holder_and_wait_queues(project):
     code, second = done["r"]
     assert code == 0
     assert queued.returncode == 0, err
-    third = json.loads(out)
+    third = flat(json.loads(out))
     assert [s["run_id"] for s in third["runs_stopped"]] == [second["run_id"]]
 
 
@@ -96,6 +97,6 @@ def test_json_errors_are_one_object_on_stdout(project, tmp_path):
             [*DFLASHCTL, *argv], cwd=project.root, capture_output=True, text=True, timeout=60
         )
         assert done.returncode in (2, 3), (argv, done.stderr)
-        answer = json.loads(done.stdout)
+        answer = flat(json.loads(done.stdout))
         assert answer["exit_code"] == done.returncode, argv
         assert answer["error"] and "hint" in answer, argv

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.json_answers import flat
 from tests.test_deploy_support import kill_runs, pid_alive, wait_for, write_trainer
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
@@ -101,7 +102,7 @@ def environ(pid: int) -> dict[str, str]:
 def deployed(project: TwoNodes, *extra: str) -> dict:
     result = project.cli("deploy", "--detach", "--json", *extra)
     assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout)
+    return flat(json.loads(result.stdout))
 
 
 def test_deploy_launches_one_torchrun_job_on_every_node(nodes):
@@ -184,7 +185,7 @@ def test_restart_relaunches_the_same_release_everywhere(nodes):
     first = deployed(nodes)
     result = nodes.cli("restart", "--detach", "--json")
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)
+    summary = flat(json.loads(result.stdout))
     assert summary["release"] == first["release"] and summary["run_id"] != first["run_id"]
     for name in ("a", "b"):
         assert nodes.meta(name, summary["run_id"])["node"]["name"] == name

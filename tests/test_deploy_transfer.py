@@ -15,6 +15,7 @@ from rich.console import Console
 
 from dflashctl import terminal
 from dflashctl.config import DEFAULT_EXCLUDE
+from tests.json_answers import flat
 from tests.test_deploy_support import project, release_manifest, wait_for  # noqa: F401
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
@@ -55,12 +56,12 @@ def test_more_than_confirm_above_mb_off_a_terminal_needs_yes_and_sends_nothing(p
 
     sent = cli_deploy(project, "--yes", "--json")
     assert sent.returncode == 0, sent.stderr
-    assert json.loads(sent.stdout)["files_sent"] == 4
+    assert flat(json.loads(sent.stdout))["files_sent"] == 4
     # A redeploy with nothing to send asks nothing.
     set_trainer(project, confirm_above_mb=0)
     again = cli_deploy(project, "--json")
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["bytes_sent"] == 0
+    assert flat(json.loads(again.stdout))["bytes_sent"] == 0
 
 
 def test_default_excludes_leave_out_weights_and_data_and_say_so_in_one_line(project):
@@ -72,7 +73,7 @@ def test_default_excludes_leave_out_weights_and_data_and_say_so_in_one_line(proj
         (project.source / folder / "x.jsonl").write_text("{}\n")
     result = cli_deploy(project, "--json")
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)  # nothing but the summary on stdout
+    summary = flat(json.loads(result.stdout))  # nothing but the summary on stdout
     assert summary["files_total"] == 3
     lines = [line for line in result.stderr.splitlines() if "left out" in line]
     assert lines == [
@@ -135,14 +136,14 @@ def test_any_file_name_deploys_manifest_json_included(project):
     (project.source / "MANIFEST.json").write_text('{"shards": 8}')
     again = cli_deploy(project, "--json")
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["files_sent"] == 1
+    assert flat(json.loads(again.stdout))["files_sent"] == 1
     assert (project.current() / "MANIFEST.json").read_text() == '{"shards": 8}'
 
 
 def test_the_run_writes_its_bytecode_outside_its_release(project):
     first = cli_deploy(project, "--json")
     assert first.returncode == 0, first.stderr
-    run_dir = project.run_dir(json.loads(first.stdout)["run_id"])
+    run_dir = project.run_dir(flat(json.loads(first.stdout))["run_id"])
     # The fake trainer imports helpers.py: its bytecode goes to the workdir's shared
     # cache, at the release's own path (removed with the release), not the run's folder.
     cache = run_dir.parent.parent / "pycache"
@@ -167,7 +168,7 @@ def test_bytecode_written_into_a_release_breaks_no_later_deploy(project):
     )
     again = cli_deploy(project, "--json")
     assert again.returncode == 0, again.stderr
-    summary = json.loads(again.stdout)
+    summary = flat(json.loads(again.stdout))
     # One round trip (the remembered manifest still matches), one file sent, and the
     # previous release keeps what its run wrote.
     assert "inspected" not in again.stderr

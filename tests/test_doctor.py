@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from dflashctl import cli
+from tests.json_answers import flat
 
 
 def dflashctl(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
@@ -26,7 +27,7 @@ def dflashctl(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
 
 def doctor_json(capsys, monkeypatch, config_path) -> tuple[int, dict[str, dict]]:
     code, out, _ = dflashctl(capsys, monkeypatch, "doctor", "--json", "-c", str(config_path))
-    answer = json.loads(out)
+    answer = flat(json.loads(out))
     assert answer["exit_code"] == code
     return code, {check["name"]: check for check in answer["checks"]}
 

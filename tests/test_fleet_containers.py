@@ -16,6 +16,7 @@ import pytest
 from dflashctl.config import load_config
 from dflashctl.deploy import DeployOptions, deploy
 from tests.host.fixtures import CONTAINER_KIND
+from tests.json_answers import flat
 from tests.test_deploy_container import ct_pid_alive
 from tests.test_deploy_support import write_trainer
 
@@ -79,7 +80,7 @@ def test_stop_and_status_on_both_containers_then_with_one_stopped(two_cts):
 
     status = cli(path, "status", "--json")
     assert status.returncode == 0, status.stderr
-    nodes = json.loads(status.stdout)["nodes"]
+    nodes = flat(json.loads(status.stdout))["nodes"]
     assert [(n["node"], n["container"]["vmid"], n["active_run"]["id"]) for n in nodes] == [
         ("a", 200, run_a["run_id"]),
         ("b", 201, run_b["run_id"]),
@@ -125,7 +126,7 @@ def test_an_unreachable_host_is_named_and_the_other_node_still_answers(two_cts):
 
     status = cli(path, "status", "--json")
     assert status.returncode == 3
-    a, b = json.loads(status.stdout)["nodes"]
+    a, b = flat(json.loads(status.stdout))["nodes"]
     assert a["active_run"]["id"] == run_a["run_id"] and a["error"] is None
     assert b["error"]["message"] == f"127.0.0.1 port {port} refused the connection"
     assert (
@@ -140,13 +141,13 @@ def test_an_unreachable_host_is_named_and_the_other_node_still_answers(two_cts):
 
     done = cli(path, "stop", "--json")
     assert done.returncode == 3
-    a, b = json.loads(done.stdout)["nodes"]
+    a, b = flat(json.loads(done.stdout))["nodes"]
     assert [s["run_id"] for s in a["stopped"]] == [run_a["run_id"]]
     assert b["stopped"] == [] and "refused the connection" in b["error"]["message"]
 
     doctor = cli(path, "doctor", "--json")
     assert doctor.returncode == 3
-    checks = {(c.get("node"), c["name"]): c for c in json.loads(doctor.stdout)["checks"]}
+    checks = {(c.get("node"), c["name"]): c for c in flat(json.loads(doctor.stdout))["checks"]}
     assert checks[("a", "torch")]["status"] == "pass"
     assert checks[("b", "SSH reachable")]["detail"] == (
         f"127.0.0.1 port {port} refused the connection"
@@ -160,7 +161,7 @@ def test_doctor_checks_every_container_and_the_rendezvous(two_cts):
     port = closed_port()
     path = write(torchrun={"address": "127.0.0.1", "port": port})
     done = cli(path, "doctor", "--json")
-    checks = json.loads(done.stdout)["checks"]
+    checks = flat(json.loads(done.stdout))["checks"]
     by_node: dict[str | None, dict[str, str]] = {}
     for check in checks:
         by_node.setdefault(check.get("node"), {})[check["name"]] = check
@@ -195,7 +196,7 @@ def test_doctor_without_an_address_to_rendezvous_at_says_to_set_one(two_cts):
     write, _ = two_cts
     done = cli(write(), "doctor", "--json")
     assert done.returncode == 3
-    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"] if "node" not in c}
+    checks = {c["name"]: c for c in flat(json.loads(done.stdout))["checks"] if "node" not in c}
     address = checks["rendezvous address"]
     assert checks["rendezvous port"]["detail"] == "skipped: needs the rendezvous address"
     assert address["status"] == "fail"
@@ -233,7 +234,7 @@ def test_doctor_and_status_across_two_hosts_on_one_network(
         **{"host.known_hosts": str(shared_known_hosts), "trainer.entry": "train.py"},
     )
     done = cli(path, "doctor", "--json")
-    checks = {(c.get("node"), c["name"]): c for c in json.loads(done.stdout)["checks"]}
+    checks = {(c.get("node"), c["name"]): c for c in flat(json.loads(done.stdout))["checks"]}
     assert done.returncode == 0, done.stdout
     a_address = container_network[0].address
     assert checks[(None, "rendezvous address")]["detail"] == (
@@ -248,7 +249,7 @@ def test_doctor_and_status_across_two_hosts_on_one_network(
 
     status = cli(path, "status", "--json")
     assert status.returncode == 0, status.stderr
-    nodes = json.loads(status.stdout)["nodes"]
+    nodes = flat(json.loads(status.stdout))["nodes"]
     assert [(n["node"], n["proxmox_node"], n["container"]["status"]) for n in nodes] == [
         ("a", "pve", "running"),
         ("b", pve_host2.node, "running"),

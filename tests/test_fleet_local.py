@@ -18,6 +18,7 @@ from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.launching import launch_params, stop_and_launch, trainer_command
 from dflashctl.nodes import node_sessions
 from dflashctl.runs import new_id
+from tests.json_answers import flat
 from tests.test_deploy_support import kill_runs, pid_alive, wait_for, write_trainer
 
 NAMES = ("gpu-a", "gpu-b")
@@ -124,7 +125,7 @@ def test_stop_stops_the_run_on_every_node(two):
 
     done = dflashctl(two, "stop", "--json")
     assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    answer = flat(json.loads(done.stdout))
     assert [n["node"] for n in answer["nodes"]] == list(NAMES)
     for index, node in enumerate(answer["nodes"]):
         [stopped] = node["stopped"]
@@ -172,7 +173,7 @@ def test_runs_lists_a_shared_run_once_with_a_row_per_node(two):
     assert all(line.endswith("running") for _, line in groups[f"* {run_id}"])
     assert "stopped by restart" in groups[first_a["run_id"]][0][1]
 
-    as_json = json.loads(dflashctl(two, "runs", "--json").stdout)
+    as_json = flat(json.loads(dflashctl(two, "runs", "--json").stdout))
     per_node = {n["node"]: [r["id"] for r in n["runs"]] for n in as_json["nodes"]}
     assert per_node == {"gpu-a": [first_a["run_id"], run_id], "gpu-b": [first_b["run_id"], run_id]}
     assert as_json["nodes"][1]["runs"][1]["meta"]["node"]["rank"] == 1
@@ -183,7 +184,7 @@ def test_runs_prune_on_every_node(two):
     run_id = two.launch_shared()
     done = dflashctl(two, "runs", "--prune", "0", "--yes", "--json")
     assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    answer = flat(json.loads(done.stdout))
     for node in answer["nodes"]:
         assert [r["status"] for r in node["removed"]] == ["stopped"]
         assert node["spared"] == [run_id]  # the active run always stays
@@ -202,7 +203,7 @@ def test_status_has_a_row_per_node(two):
     for line in rows:
         assert run_id in line and line.endswith("running")
         assert "this machine" in line
-    report = json.loads(dflashctl(two, "status", "--json").stdout)
+    report = flat(json.loads(dflashctl(two, "status", "--json").stdout))
     assert all(n["release"] for n in report["nodes"])
     assert [n["active_run"]["id"] for n in report["nodes"]] == [run_id, run_id]
 
@@ -222,7 +223,7 @@ def test_a_node_whose_python_fails_is_named_and_the_other_still_answers(two):
 
     runs = dflashctl(two, "runs", "--json")
     assert runs.returncode == 3
-    answer = json.loads(runs.stdout)
+    answer = flat(json.loads(runs.stdout))
     assert [r["id"] for r in answer["nodes"][0]["runs"]] == [run_id]
     assert answer["nodes"][1]["error"]["message"].startswith("/opt/nowhere/python3")
     assert "error: node gpu-b (this machine) listing runs:" in runs.stderr
@@ -243,7 +244,7 @@ def free_port() -> int:
 def doctor_checks(project: TwoNodes) -> tuple[int, dict[str | None, dict[str, dict]]]:
     done = dflashctl(project, "doctor", "--json")
     by_node: dict[str | None, dict[str, dict]] = {}
-    for check in json.loads(done.stdout)["checks"]:
+    for check in flat(json.loads(done.stdout))["checks"]:
         by_node.setdefault(check.get("node"), {})[check["name"]] = check
     return done.returncode, by_node
 
@@ -312,8 +313,10 @@ def test_prune_asks_once_for_every_node_and_runs_show_reads_the_first_node(two):
 
     shown = dflashctl(two, "runs", "show", run_id, "--json")
     assert shown.returncode == 0, shown.stderr
-    answer = json.loads(shown.stdout)
-    assert answer["node"] == "gpu-a" and answer["target"] == "gpu-a (this machine)"
+    whole = json.loads(shown.stdout)
+    assert [node["node"] for node in whole["nodes"]] == ["gpu-a"]  # the node it read
+    answer = flat(whole)
+    assert answer["target"] == "gpu-a (this machine)"
     assert answer["note"].startswith("metrics from the first node, gpu-a: rank 0 writes them")
     text = dflashctl(two, "runs", "show", run_id)
     assert "metrics from the first node, gpu-a" in text.stderr
@@ -326,17 +329,17 @@ def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_every
     two.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()})
     deployed = dflashctl(two, "deploy", "--detach", "--json")
     assert deployed.returncode == 0, deployed.stderr
-    run_id = json.loads(deployed.stdout)["run_id"]
+    run_id = flat(json.loads(deployed.stdout))["run_id"]
     for index in range(2):
         wait_started(two, index, run_id)  # past the rendezvous: the trainer runs
 
-    runs = json.loads(dflashctl(two, "runs", "--json").stdout)["nodes"]
+    runs = flat(json.loads(dflashctl(two, "runs", "--json").stdout))["nodes"]
     assert [[(r["id"], r["status"]) for r in n["runs"]] for n in runs] == [
         [(run_id, "running")],
         [(run_id, "running")],
     ]
     assert [n["runs"][0]["meta"]["node"]["rank"] for n in runs] == [0, 1]
-    status = json.loads(dflashctl(two, "status", "--json").stdout)["nodes"]
+    status = flat(json.loads(dflashctl(two, "status", "--json").stdout))["nodes"]
     assert [n["active_run"]["id"] for n in status] == [run_id, run_id]
     # The running job's rendezvous store holds the port: doctor says so, not a failure.
     code, checks = doctor_checks(two)
@@ -347,7 +350,7 @@ def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_every
 
     done = dflashctl(two, "stop", "--json")
     assert done.returncode == 0, done.stderr
-    for index, node in enumerate(json.loads(done.stdout)["nodes"]):
+    for index, node in enumerate(flat(json.loads(done.stdout))["nodes"]):
         # The run's process group (torchrun), and its rank: torchrun starts each rank in
         # a session of its own, so the agent finds it as a process of the same run.
         assert {s["run_id"] for s in node["stopped"]} == {run_id}
@@ -355,5 +358,5 @@ def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_every
         assert not pid_alive(two.pid(index, run_id))
         # torchrun passed the SIGTERM on to its rank, which wrote its checkpoint.
         assert (two.run_dir(index, run_id) / "checkpointed").read_text() == "yes\n"
-    runs = json.loads(dflashctl(two, "runs", "--json").stdout)["nodes"]
+    runs = flat(json.loads(dflashctl(two, "runs", "--json").stdout))["nodes"]
     assert [n["runs"][0]["status"] for n in runs] == ["stopped", "stopped"]

@@ -25,6 +25,7 @@ from dflashctl.crash import load_rules
 from dflashctl.follow.multinode import follow_nodes
 from dflashctl.follow.nodes_report import report_nodes_result
 from dflashctl.nodes import node_sessions
+from tests.json_answers import flat
 from tests.test_follow_support import kill_run, launch_argv, wait_for
 
 pytestmark = pytest.mark.slow
@@ -223,7 +224,7 @@ def test_a_rank_killed_by_hand_is_reported_while_the_other_still_runs(two_contai
             proc.kill()
     errors.join(10)
     assert proc.returncode == 1, errors.text()
-    data = json.loads(out)
+    data = flat(json.loads(out))
     assert data["status"] == "crashed"
     assert data["root_cause"]["node"] == "b" and data["root_cause"]["category"] == "killed"
     [then] = data["consequences"]

@@ -20,6 +20,7 @@ from dflashctl.connect import open_target
 from dflashctl.crash import load_rules
 from dflashctl.errors import HostError
 from dflashctl.follow import follow_run
+from tests.json_answers import flat
 from tests.test_follow_support import expected_lines, launch_argv, trainer_argv, wait_for
 
 pytestmark = pytest.mark.slow
@@ -178,7 +179,7 @@ def test_cli_follow_across_drops_with_json(setup, pve_host):
     )
     dropper.join(timeout=PATIENCE_S)
     assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
+    data = flat(json.loads(done.stdout))
     assert {k: data[k] for k in ("run", "status", "exit_code", "crashes")} == {
         "run": "ssh-cli",
         "status": "finished",

@@ -12,7 +12,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ["init", "doctor", "status", "deploy", "restart", "stop", "logs", "exec", "shell", "pull", "stacks", "runs", "runs show"]
+COMMANDS = [
+    "init",
+    "doctor",
+    "status",
+    "deploy",
+    "restart",
+    "stop",
+    "logs",
+    "exec",
+    "shell",
+    "pull",
+    "stacks",
+    "runs",
+    "runs show",
+]
 TYPE_LABEL = re.compile(r"<(bool|str|int|float|path|list\[[^\]]*\])[^>]*>|\[x>=")
 
 

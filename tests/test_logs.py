@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.json_answers import flat
 from tests.test_follow_support import (
     expected_lines,
     kill_run,
@@ -102,7 +103,7 @@ def test_file_names_the_crash_and_exits_1(tmp_path):
 def test_file_json_from_stdin(tmp_path):
     done = dflashctl("logs", "--file", "-", "--json", cwd=tmp_path, stdin=CRASH_LOG)
     assert done.returncode == 1, done.stderr
-    answer = json.loads(done.stdout)
+    answer = flat(json.loads(done.stdout))
     assert answer["status"] == "crashed" and answer["exit_code"] is None
     root = answer["crashes"][0]
     assert (root["category"], root["thread"], root["device"]) == (
@@ -136,7 +137,7 @@ def test_file_weighs_the_exit_code(tmp_path):
     assert dflashctl("logs", "--file", str(log), cwd=tmp_path).returncode == 0
     done = dflashctl("logs", "--file", str(log), "--exit-code", "137", "--json", cwd=tmp_path)
     assert done.returncode == 1
-    answer = json.loads(done.stdout)
+    answer = flat(json.loads(done.stdout))
     assert answer["exit_code"] == 137 and answer["crashes"][0]["category"] == "killed"
 
 
@@ -183,7 +184,7 @@ def test_follow_a_crash_exits_1_with_json(project):
     project.launch("20261129-100002-cccc", lines=4, delay=0.03, mode="thread-crash")
     done = dflashctl("logs", "-f", "--json", cwd=project.root)
     assert done.returncode == 1, done.stderr
-    answer = json.loads(done.stdout)  # stdout holds the JSON object only
+    answer = flat(json.loads(done.stdout))  # stdout holds the JSON object only
     assert answer["run"] == "20261129-100002-cccc"
     assert (answer["status"], answer["exit_code"]) == ("crashed", 1)
     assert answer["crashes"][0]["thread"] == "drafter-2"
@@ -234,7 +235,7 @@ def test_a_run_killed_by_a_signal_is_a_crash_named_by_its_signal(project):
     wait_for(lambda: (rundir / "exit_code").exists(), what="the exit code")
     done = dflashctl("logs", "--json", cwd=project.root)
     assert done.returncode == 1
-    answer = json.loads(done.stdout)
+    answer = flat(json.loads(done.stdout))
     assert (answer["status"], answer["exit_code"]) == ("crashed", 143)
     done = dflashctl("logs", cwd=project.root)
     assert done.returncode == 1 and "killed by SIGTERM" in done.stderr

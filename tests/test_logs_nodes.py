@@ -14,6 +14,7 @@ import threading
 import pytest
 import yaml
 
+from tests.json_answers import flat
 from tests.test_follow_support import (
     expected_lines,
     kill_run,
@@ -220,6 +221,6 @@ def test_torchrun_stopping_a_nodes_other_ranks_is_reported_before_it_names_the_r
             proc.kill()
     reader.join(10)
     assert proc.returncode == 1, "".join(errors)
-    cause = json.loads(out)["root_cause"]
+    cause = flat(json.loads(out))["root_cause"]
     assert (cause["node"], cause["rank"], cause["summary"]) == ("b", 3, "killed by SIGKILL, pid 44")
     assert any(e.startswith("✗ node b, rank 3: killed by SIGKILL, pid 44") for e in errors)

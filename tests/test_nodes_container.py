@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.host.fixtures import build_config
+from tests.json_answers import flat
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +129,7 @@ def test_two_nodes_train_continue_and_name_a_killed_rank(two_nodes):
     # deploy, following both nodes until the run finished on both
     first = cli(path, "deploy", "--json", "--", "--set", "train.steps=30")
     assert first.returncode == 0, first.stdout + first.stderr
-    summary = json.loads(first.stdout)
+    summary = flat(json.loads(first.stdout))
     run_id = summary["run_id"]
     assert summary["rendezvous"] == f"{a.address}:29400"
     assert [n["node"] for n in summary["nodes"]] == ["gpu-a", "gpu-b"]
@@ -139,7 +140,7 @@ def test_two_nodes_train_continue_and_name_a_killed_rank(two_nodes):
     # a redeploy continues it: rank 0's checkpoint on gpu-a, handed to rank 1 on gpu-b
     second = cli(path, "deploy", "--detach", "--json", "--", "--set", "train.steps=100000")
     assert second.returncode == 0, second.stdout + second.stderr
-    resumed = json.loads(second.stdout)
+    resumed = flat(json.loads(second.stdout))
     new_run = resumed["run_id"]
     assert (resumed["resumed_from"], resumed["resumed_step"]) == (run_id, 30)
     wait_for_line(log_of(a, new_run), r"step 35/100000")

@@ -123,7 +123,7 @@ def test_queue_depth_in_the_step_line(tmp_path):
     steps = [line for line in log.lines if line.startswith("step ")]
     assert len(steps) == 2
     assert re.fullmatch(
-        r"step 5/10 \| loss \d+\.\d{4} \| acc \d\.\d\d \| tau~ \d\.\d\d \| lr \d\.\de-\d+ \| \d+ tok/s \| "
+        r"step 5/10 \| loss \d+\.\d{4} \| acc \d\.\d\d \| tau~ \d\.\d\d \| lr \d\.\de-\d+ \| grad_norm \S+ \| \d+ tok/s \| "
         r"mfu n/a \| queue [0-3]/3 \| eta \d+s",
         steps[0],
     )

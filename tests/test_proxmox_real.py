@@ -21,6 +21,7 @@ from dflashctl.config import load_config
 from dflashctl.connect import connect, open_target
 from dflashctl.errors import HostError
 from dflashctl.transport.base import CommandResult
+from tests.json_answers import flat
 from tests.test_deploy_support import write_trainer
 from tests.test_proxmox_pct import push as push_checked
 
@@ -145,7 +146,9 @@ def test_a_container_with_a_small_tmp_still_takes_a_big_archive(
     with small_tmp(container, "160k"):
         result = cli("deploy", "--detach", "--json", "-c", str(path))
         assert result.returncode == 0, result.stderr
-        release = container.host_path(f"{WORKDIR}/releases/{json.loads(result.stdout)['release']}")
+        release = container.host_path(
+            f"{WORKDIR}/releases/{flat(json.loads(result.stdout))['release']}"
+        )
         assert (release / "weights.bin").read_bytes() == (source / "weights.bin").read_bytes()
 
 
@@ -192,7 +195,7 @@ def test_python3_in_usr_local_bin_and_the_login_environment(
         },
     )
     doctor = cli("doctor", "--json", "-c", str(path))
-    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    checks = {c["name"]: c for c in flat(json.loads(doctor.stdout))["checks"]}
     assert doctor.returncode == 0, checks
     assert checks["python"]["status"] == "pass"
     assert checks["python"]["detail"].endswith("(/usr/local/bin/python3)")
@@ -273,7 +276,7 @@ def test_doctor_goes_on_past_a_failing_version_call(pve_host, container, write_c
     path = write_config(tmp_path)
     with failing_pvesh_path(pve_host, "version", "ipcc_send_rec[1] failed: Connection refused"):
         result = cli("doctor", "--json", "-c", str(path))
-    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    checks = {c["name"]: c for c in flat(json.loads(result.stdout))["checks"]}
     assert result.returncode == 3
     assert checks["Proxmox API answers"]["status"] == "fail"
     assert "ipcc_send_rec" in checks["Proxmox API answers"]["detail"]

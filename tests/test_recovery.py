@@ -20,6 +20,7 @@ from dflashctl.agent.supervisor import backoff_s, decide
 from dflashctl.crash import load_rules
 from dflashctl.follow.lines import LineSink
 from dflashctl.runs import describe_attempts
+from tests.json_answers import flat
 from tests.test_deploy_support import kill_runs, pid_alive, wait_for
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
@@ -384,7 +385,7 @@ def test_a_crash_a_restart_fixes_is_followed_across_the_restart_and_ends_well(fl
     assert (run_dir / "notified").read_text() == "0 2\n"  # on_exit once, at the real end
     runs = cli("runs", "-c", str(path))
     assert "finished (exit 0), attempt 2/4, after recovering from killed" in runs.stdout
-    listed = json.loads(cli("runs", "-c", str(path), "--json").stdout)["runs"][0]
+    listed = flat(json.loads(cli("runs", "-c", str(path), "--json").stdout))["runs"][0]
     assert [a["exit_code"] for a in listed["attempts"]] == [137, 0]
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from dflashctl.run_summary import RunSummary
+from tests.json_answers import flat
 
 TAIL = """\
 drafter-0 on cpu: ready (warm-up 0.0 s)
@@ -64,7 +65,7 @@ def test_logs_file_json_carries_the_summary(tmp_path):
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
+    data = flat(json.loads(result.stdout))
     assert data["status"] == "finished"
     assert data["summary"]["tau"] == 1.28
     assert data["summary"]["checkpoint"].endswith("step-000240")

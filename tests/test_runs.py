@@ -17,6 +17,7 @@ from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, active_run, get_run, list_runs, new_id, run_state
 from dflashctl.stop_restart import restart
+from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,
@@ -145,7 +146,7 @@ def test_cli_runs_table_and_json(quick):
     assert table.returncode == 0, table.stderr
     assert summary["run_id"] in table.stdout and "crashed (exit 3)" in table.stdout
     as_json = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=60)
-    [run] = json.loads(as_json.stdout)["runs"]
+    [run] = flat(json.loads(as_json.stdout))["runs"]
     assert (run["id"], run["state"], run["exit_code"]) == (summary["run_id"], "crashed (exit 3)", 3)
     assert run["release"] == summary["release"]
 

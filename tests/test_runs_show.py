@@ -17,6 +17,7 @@ from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import UsageError
 from dflashctl.plots import Series, chart, compact
 from dflashctl.run_metrics import join_records, read_curves
+from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     kill_runs,
     project,
@@ -177,7 +178,7 @@ def test_cli_json_and_png(project, lineage, tmp_path):
     png = tmp_path / "curves.png"
     shown = cli(project, first, second, "--json", "--png", str(png))
     assert shown.returncode == 0, shown.stderr
-    answer = json.loads(shown.stdout)
+    answer = flat(json.loads(shown.stdout))
     assert [r["run"]["id"] for r in answer["runs"]] == [first, second]
     assert answer["runs"][1]["lineage"] == [first, second]
     assert [r["step"] for r in answer["runs"][0]["steps"]] == [10, 20, 30, 40]

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.json_answers import flat
 from tests.tiny_run import QUICK
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def test_runs_show_reads_the_trainers_metrics_in_the_container(
 
     shown = dflashctl("runs", "show", "-c", path, "--json")
     assert shown.returncode == 0, shown.stderr
-    (run,) = json.loads(shown.stdout)["runs"]
+    (run,) = flat(json.loads(shown.stdout))["runs"]
     assert run["run"]["state"] == "finished (exit 0)" and run["lineage"] == [run["run"]["id"]]
     assert [r["step"] for r in run["steps"]] == [10, 20, 30, 40]
     for line, record in zip(step_lines, run["steps"], strict=True):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import socket
 
+from tests.json_answers import flat
 from tests.test_doctor import dflashctl
 
 
 def status_json(capsys, monkeypatch, config_path) -> tuple[int, dict]:
     code, out, err = dflashctl(capsys, monkeypatch, "status", "--json", "-c", str(config_path))
     assert code == 0, err
-    return code, json.loads(out)
+    return code, flat(json.loads(out))
 
 
 def write_run(container, run_id: str, *, exit_code: int | None, pid: int | None = None) -> None:
@@ -125,7 +126,7 @@ def test_without_a_container_status_shows_the_host(
 ):
     path = write_config(tmp_path, vmid=None, **{"container.workdir": str(tmp_path / "wd")})
     _, report = status_json(capsys, monkeypatch, path)
-    assert report["container"] is None and report["node"] is None
+    assert report["container"] is None and report["proxmox_node"] is None
     assert report["active_run"] is None
     code, out, _ = dflashctl(capsys, monkeypatch, "status", "-c", str(path))
     assert out.splitlines()[0] == f"host       root@127.0.0.1:{pve_host.port} (no container)"
@@ -141,4 +142,4 @@ def test_a_broken_python_still_shows_the_container_then_exits_3(
     assert "error: /opt/nowhere/python3: cannot run it on CT 200 on " in err
     code, out, _ = dflashctl(capsys, monkeypatch, "status", "--json", "-c", str(path))
     assert code == 3
-    assert json.loads(out)["active_run_error"]["message"].startswith("/opt/nowhere/python3")
+    assert flat(json.loads(out))["active_run_error"]["message"].startswith("/opt/nowhere/python3")

@@ -17,6 +17,7 @@ import pytest
 from dflashctl.agent import processes
 from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.stop_restart import stop
+from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     LocalProject,
     kill_runs,
@@ -114,7 +115,7 @@ def test_a_run_that_ignores_sigterm_is_killed_after_the_grace_period(project):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    answer = flat(json.loads(done.stdout))
     assert answer["status"] == "stopped" and answer["stopped"]["by"] == "stop"
     assert answer["crashes"] == []
 

@@ -29,7 +29,7 @@ def test_metrics_jsonl_matches_the_step_lines(tiny_runs):
     assert [r["step"] for r in steps] == [10, 20, 30, 40]
     for line, record in zip(step_lines, steps, strict=True):
         fields = re.fullmatch(
-            r"step (\d+)/40 \| loss (\S+) \| acc (\S+) \| tau~ (\S+) \| lr \S+ \| (\d+) tok/s \| "
+            r"step (\d+)/40 \| loss (\S+) \| acc (\S+) \| tau~ (\S+) \| lr \S+ \| grad_norm \S+ \| (\d+) tok/s \| "
             r"mfu n/a \| queue (\d+)/4 \| eta (\S+)",
             line,
         )

@@ -16,6 +16,7 @@ from dflashctl.commands.common import (
     WaitOption,
 )
 from dflashctl.config import load_config
+from dflashctl.json_output import node_name_of
 
 
 def deploy(
@@ -64,7 +65,7 @@ def deploy(
         from dflashctl.deploy_nodes import deploy_nodes as run_deploy
     code, summary = run_deploy(cfg, options)
     if json_output:
-        terminal.print_json(summary)
+        terminal.print_json(summary, command="deploy", node=node_name_of(cfg))
     if code:
         raise typer.Exit(code)
 

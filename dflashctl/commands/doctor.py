@@ -18,6 +18,7 @@ from rich.markup import escape
 from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import EXIT_HOST, EXIT_OK, EXIT_USAGE, ConfigError, DflashError, HostError
+from dflashctl.json_output import node_name_of
 
 if TYPE_CHECKING:
     from dflashctl.target import Target
@@ -442,14 +443,7 @@ def doctor(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     (on every node, then whether the nodes reach the rendezvous port and agree)."""
     result = run_checks(config, (lambda check: None) if as_json else GroupedPrinter())
     if as_json:
-        terminal.print_json(
-            {
-                "ok": result.exit_code == EXIT_OK,
-                "exit_code": result.exit_code,
-                "checks": [_check_json(c) for c in result.checks],
-            },
-            indent=2,
-        )
+        terminal.print_json(_doctor_json(result, config), command="doctor")
     else:
         failed = sum(c.status == FAIL for c in result.checks)
         if failed:
@@ -459,11 +453,45 @@ def doctor(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     raise typer.Exit(result.exit_code)
 
 
+def _doctor_json(result, config_path) -> dict[str, Any]:
+    """Each node's checks in its entry of `nodes`; the checks across the nodes (the
+    rendezvous port, agreement) and the config's own at the top level."""
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    across: list[dict[str, Any]] = []
+    names = {c.node for c in result.checks if c.node is not None}
+    single = _single_node_name(config_path) if not names else None
+    for check in result.checks:
+        data = _check_json(check)
+        name = check.node if check.node is not None else single
+        if name is None or (check.node is None and names):
+            across.append(data)
+        else:
+            per_node.setdefault(name, []).append(data)
+    if single is not None and not per_node:
+        per_node[single] = []
+    return {
+        "ok": result.exit_code == EXIT_OK,
+        "exit_code": result.exit_code,
+        "checks": across,
+        "nodes": [{"node": name, "checks": checks} for name, checks in per_node.items()],
+    }
+
+
+def _single_node_name(config_path) -> str:
+    """The one node's name, or what to call it when the config cannot be read."""
+    from dflashctl.config import load_config
+    from dflashctl.errors import DflashError
+
+    try:
+        return node_name_of(load_config(config_path)) or "local"
+    except DflashError:
+        return "local"
+
+
 def _check_json(check: Check) -> dict[str, Any]:
     data = asdict(check)
     data.pop("config_problem")
-    if check.node is None:
-        data.pop("node")  # one node (or a check across the nodes): as it always was
+    data.pop("node")  # where it ran is its entry of `nodes`
     data["seconds"] = round(check.seconds, 3)
     return data
 

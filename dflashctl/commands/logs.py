@@ -26,6 +26,7 @@ import typer
 from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
+from dflashctl.json_output import node_name_of
 
 DEFAULT_LINES = 50
 
@@ -82,16 +83,17 @@ def logs(
         if run_id is not None or follow:
             raise UsageError("--file classifies a local log: it takes no RUN_ID and no --follow")
         result = _classify_file(file, exit_code, lines, config, show_lines=not json_output)
+        node = None  # a local file: no node
     else:
         if exit_code is not None:
             raise UsageError(
                 "--exit-code goes with --file",
                 hint="for a run, the exit code is read from the run itself",
             )
-        result = _follow(run_id, follow, lines, reconnect_timeout, config, json_output)
+        result, node = _follow(run_id, follow, lines, reconnect_timeout, config, json_output)
     if isinstance(result, NodesFollowResult):
         raise typer.Exit(report_nodes_result(result, json_mode=json_output))
-    raise typer.Exit(report_result(result, json_mode=json_output))
+    raise typer.Exit(report_result(result, json_mode=json_output, node=node))
 
 
 def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
@@ -104,7 +106,10 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
     config = load_config(config_path)
     rules = rules_for(config)  # a bad crash rule is a config error, before any contact
     if config.multi_node:
-        return _follow_nodes(config, rules, run_id, follow, lines, reconnect_timeout, json_output)
+        followed = _follow_nodes(
+            config, rules, run_id, follow, lines, reconnect_timeout, json_output
+        )
+        return followed, None
     workdir, python = config.container.workdir, config.container.python
     with session(config) as target:
         if run_id is None:
@@ -115,7 +120,7 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
                     hint=f"start one with {hints.command('deploy')}",
                 )
             run_id = active.id
-        return follow_run(
+        result = follow_run(
             lambda: open_target(config),
             workdir,
             run_id,
@@ -130,6 +135,7 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
             waiting_notice=not json_output,
             hang=(config.run.hang.factor, config.run.hang.min_s),
         )
+    return result, node_name_of(config)
 
 
 def _follow_nodes(config, rules, run_id, follow, lines, reconnect_timeout, json_output):

@@ -73,13 +73,19 @@ def pull(
     if json_output:
         terminal.print_json(
             {
+                # The nodes the files came from (rank 0's node for the checkpoint).
+                "nodes": [
+                    {"node": name, "files": sum(1 for f in files if f.node.name == name)}
+                    for name in dict.fromkeys(f.node.name for f in files)
+                ],
                 "run_id": run_id,
                 "to": str(dest),
                 "checkpoint": checkpoint,
                 "export": str(export) if export else None,
                 "files": [{"path": f.rel, "size": f.size, "sha256": f.sha256} for f in files],
                 **counts,
-            }
+            },
+            command="pull",
         )
 
 

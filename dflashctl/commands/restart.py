@@ -14,6 +14,7 @@ from dflashctl.commands.common import (
     WaitOption,
 )
 from dflashctl.config import load_config
+from dflashctl.json_output import node_name_of
 
 
 def restart(
@@ -34,7 +35,7 @@ def restart(
         cfg, detach=detach, extra_args=list(trainer_args or []), fresh=fresh, wait=wait
     )
     if json_output:
-        terminal.print_json(summary)
+        terminal.print_json(summary, command="restart", node=node_name_of(cfg))
     if code:
         raise typer.Exit(code)
 

@@ -12,6 +12,7 @@ from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.config import load_config
 from dflashctl.errors import UsageError
+from dflashctl.json_output import node_name_of
 
 PruneOption = Annotated[
     int | None,
@@ -77,7 +78,15 @@ def runs(
         )
         place = target.describe()
     if json_output:
-        terminal.print_json({"target": place, "runs": [r.to_json() for r in found]})
+        terminal.print_json(
+            {
+                "target": place,
+                "workdir": cfg.container.workdir,
+                "runs": [r.to_json() for r in found],
+            },
+            command="runs",
+            node=node_name_of(cfg),
+        )
         return
     if not found:
         terminal.info(f"no runs in {cfg.container.workdir} on {place} yet")
@@ -188,7 +197,9 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
                 "removed": plan.removed,
                 "bytes": plan.bytes,
                 "spared": plan.spared,
-            }
+            },
+            command="runs",
+            node=node_name_of(cfg),
         )
 
 

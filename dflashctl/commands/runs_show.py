@@ -14,6 +14,7 @@ from rich.text import Text
 from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
+from dflashctl.json_output import node_name_of
 
 RunsArgument = Annotated[
     list[str] | None,
@@ -72,7 +73,7 @@ def show(
         answer: dict[str, Any] = {"target": place, "runs": [c.to_json() for c in curves]}
         if note is not None:
             answer.update(node=first, note=note)
-        terminal.print_json(answer)
+        terminal.print_json(answer, command="runs show", node=node_name_of(cfg))
         return
     if note is not None:
         terminal.info(note)

@@ -9,6 +9,7 @@ import typer
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
+from dflashctl.json_output import node_name_of
 
 
 def stacks(
@@ -47,7 +48,11 @@ def stacks(
         with session(cfg) as target:
             answers.append(ask_stacks(target, cfg, run_id, wait))
     if json_output:
-        terminal.print_json({"nodes": answers} if cfg.multi_node else answers[0])
+        terminal.print_json(
+            {"nodes": answers} if cfg.multi_node else answers[0],
+            command="stacks",
+            node=node_name_of(cfg),
+        )
         return
     for answer in answers:
         print_answer(answer, answer.get("node"))

@@ -10,6 +10,7 @@ from rich.markup import escape
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import EXIT_HOST, HostError
+from dflashctl.json_output import node_name_of
 
 
 def collect_status(config: Any) -> dict[str, Any]:
@@ -109,7 +110,10 @@ def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
         return
     report = collect_status(loaded)
     if as_json:
-        terminal.print_json(report, indent=2)
+        # `node` names the node, as with several; the Proxmox node is `proxmox_node`.
+        one = {k: v for k, v in report.items() if k != "node"}
+        one["proxmox_node"] = report["node"]
+        terminal.print_json(one, command="status", node=node_name_of(loaded))
     else:
         print_status(report)
     if report["active_run_error"]:

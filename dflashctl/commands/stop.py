@@ -10,6 +10,7 @@ from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.config import load_config
 from dflashctl.errors import UsageError
+from dflashctl.json_output import node_name_of
 
 
 def stop(
@@ -39,7 +40,7 @@ def stop(
     else:
         summary, failure = run_stop(cfg, grace_s=grace), None
     if json_output:
-        terminal.print_json(summary)
+        terminal.print_json(summary, command="stop", node=node_name_of(cfg))
     if failure is not None:
         raise failure
 

@@ -130,7 +130,7 @@ def list_command(config: Config, *, json_output: bool) -> BaseException | None:
     """`runs` on a multi-node config; the failure (naming its node) to raise after."""
     outcomes = list_every_node(config)
     if json_output:
-        terminal.print_json(runs_json(outcomes))
+        terminal.print_json(runs_json(outcomes), command="runs")
     else:
         print_runs(config, outcomes)
     return first_failure(outcomes, "listing runs")
@@ -209,6 +209,7 @@ def prune_command(
                     }
                     for o in outcomes
                 ]
-            }
+            },
+            command="runs",
         )
     return first_failure(outcomes, "pruning runs")

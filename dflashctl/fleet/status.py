@@ -115,10 +115,7 @@ def _node_json(outcome: NodeOutcome[dict[str, Any]]) -> dict[str, Any]:
 def status_command(config: Config, *, as_json: bool) -> None:
     outcomes = collect(config)
     if as_json:
-        terminal.print_json(
-            {"nodes": [_node_json(o) for o in outcomes]},
-            indent=2,
-        )
+        terminal.print_json({"nodes": [_node_json(o) for o in outcomes]}, command="status")
     else:
         print_rows(outcomes)
     failure = first_failure(outcomes, "status")

@@ -85,7 +85,7 @@ def report_nodes_result(result: NodesFollowResult, *, json_mode: bool = False) -
     """Print the closing word (or the JSON object on stdout); return the exit code."""
     run = result.run_id
     if json_mode:
-        terminal.print_json(result.to_json())
+        terminal.print_json(result.to_json(), command="logs")
     if result.interrupted:
         terminal.info(
             f"stopped following; run {run} keeps running on its {len(result.nodes)} nodes. "

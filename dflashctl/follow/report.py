@@ -138,11 +138,11 @@ def stopped_cleanly(stop: dict[str, Any] | None) -> bool:
 # --------------------------------------------------------------------------- the report
 
 
-def report_result(result: FollowResult, *, json_mode: bool = False) -> int:
+def report_result(result: FollowResult, *, json_mode: bool = False, node: str | None = None) -> int:
     """Print the closing word (or the JSON object on stdout); return the exit code."""
     run = result.run_id
     if json_mode:
-        terminal.print_json(result.to_json())
+        terminal.print_json(result.to_json(), command="logs", node=node)
     if result.interrupted:
         terminal.info(
             f"stopped following; run {run} keeps running. Resume with {hints.command(f'logs -f {run}')}"

@@ -385,3 +385,22 @@ def write_config(pve_host):
         return path
 
     return write
+
+
+TOKEN_ID, TOKEN_SECRET = "root@pam!dflash", "5e1f2a3b-token-secret"
+
+
+@pytest.fixture(scope="session")
+def pve_https(pve_host, tmp_path_factory):
+    """The Proxmox REST API over HTTPS on 127.0.0.1 (https_api.py), over pve_host's state
+    (a container started through it runs for pct), with a self-signed certificate made
+    now (`.certificate`, `.fingerprint`) and the token root@pam!dflash (TOKEN_SECRET)."""
+    from .https_api import HttpsApi
+
+    server = HttpsApi(pve_host.state_dir, tmp_path_factory.mktemp("pve-https")).start()
+    user, _, name = TOKEN_ID.partition("!")
+    server.add_token(user, name, TOKEN_SECRET)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -107,7 +107,7 @@ def _dispatch(root, method: str, path: str, params: dict[str, str]):
         ct = state.load_container(root, tail[1])
         action = tail[3]
         if action == "current" and method == "get":
-            return _current(ct)
+            return current_status(ct)
         if action == "start" and method == "create":
             return _start(root, ct)
         if action == "stop" and method == "create":
@@ -245,7 +245,7 @@ def _summary(ct: state.Container) -> dict:
     return entry
 
 
-def _current(ct: state.Container) -> dict:
+def current_status(ct: state.Container) -> dict:
     """GET /nodes/<node>/lxc/<vmid>/status/current: the summary plus HA state."""
     entry = _summary(ct)
     entry["ha"] = {"managed": 1, "state": "started"} if ct.conf().get("ha") else {"managed": 0}

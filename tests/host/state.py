@@ -424,15 +424,25 @@ def destroy_container(ct: Container) -> None:
     shutil.rmtree(ct.dir, ignore_errors=True)
 
 
-def record_task(root: Path, kind: str, vmid: int, exitstatus: str = "OK") -> str:
-    """A finished task; returns its UPID in the real format
+def record_task(
+    root: Path,
+    kind: str,
+    vmid: int,
+    exitstatus: str = "OK",
+    *,
+    user: str = "root@pam",
+    running: bool = False,
+    pid: int | None = None,
+) -> str:
+    """A finished task (or, with `running`, one still running: finish_task ends it);
+    returns its UPID in the real format
     UPID:<node>:<pid hex8>:<pstart hex8>:<starttime hex8>:<type>:<id>:<user>:"""
     node = node_name(root)
-    pid = os.getpid()
+    pid = pid or os.getpid()
     started = int(time.time())
     upid = (
         f"UPID:{node}:{pid:08X}:{process_start_time(pid) or 0:08X}:{started:08X}:"
-        f"{kind}:{vmid}:root@pam:"
+        f"{kind}:{vmid}:{user}:"
     )
     tasks = root / "tasks"
     tasks.mkdir(exist_ok=True)
@@ -444,20 +454,37 @@ def record_task(root: Path, kind: str, vmid: int, exitstatus: str = "OK") -> str
         "starttime": started,
         "type": kind,
         "id": str(vmid),
-        "user": "root@pam",
-        "status": "stopped",
-        "exitstatus": exitstatus,
+        "user": user,
+        "status": "running" if running else "stopped",
     }
-    (tasks / f"{pid}-{started}-{kind}-{vmid}.json").write_text(json.dumps(record))
+    if not running:  # the real API has no exitstatus while a task runs
+        record["exitstatus"] = exitstatus
+    name = f"{pid}-{started}-{kind}-{vmid}-{time.monotonic_ns()}.json"
+    (tasks / name).write_text(json.dumps(record))
     return upid
+
+
+def finish_task(root: Path, upid: str, exitstatus: str) -> None:
+    """A running task's end: `stopped` with its exit status (`OK`, `WARNINGS: N`, an error)."""
+    for path in (root / "tasks").glob("*.json"):
+        record = json.loads(path.read_text())
+        if record["upid"] == upid:
+            record.update(status="stopped", exitstatus=exitstatus, endtime=int(time.time()))
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(record))
+            temporary.rename(path)  # a reader never sees half a record
+            return
 
 
 def find_task(root: Path, upid: str) -> dict | None:
     tasks = root / "tasks"
     if not tasks.exists():
         return None
-    for path in tasks.iterdir():
-        record = json.loads(path.read_text())
+    for path in tasks.glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:  # replaced by finish_task while we listed
+            continue
         if record["upid"] == upid:
             return record
     return None

@@ -2,7 +2,7 @@
 
 The line formats are a contract with the crash detector that follows the log:
 ``drafter-0 on cpu: ready (warm-up 1.2 s)``, ``drafter-0 failed:`` + traceback,
-``step 120/10000 | loss 2.31 | acc 0.52 | tau~ 3.1 | lr 5.9e-4 | 1830 tok/s | mfu 41.2% | queue 3/8 | eta 1h05m``
+``step 120/10000 | loss 2.31 | acc 0.52 | tau~ 3.1 | lr 5.9e-4 | grad_norm 0.84 | 1830 tok/s | mfu 41.2% | queue 3/8 | eta 1h05m``
 (dflashctl's run summary reads the step and loss; the fields after them may grow).
 """
 
@@ -66,14 +66,23 @@ def format_step_line(
     queue_depth: int,
     queue_size: int,
     eta_s: float | None = None,
+    grad_norm: float | None = None,
 ) -> str:
+    norm_text = f"grad_norm {format_norm(grad_norm)} | " if grad_norm is not None else ""
     mfu_text = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
     eta_text = f" | eta {format_eta(eta_s)}" if eta_s is not None else ""
     return (
         f"step {step}/{total} | loss {loss:.4f} | acc {acc:.2f} | tau~ {tau:.2f} | "
-        f"lr {format_lr(lr)} | {tokens_per_s:.0f} tok/s | mfu {mfu_text} | queue {queue_depth}/{queue_size}"
+        f"lr {format_lr(lr)} | {norm_text}{tokens_per_s:.0f} tok/s | mfu {mfu_text} | queue {queue_depth}/{queue_size}"
         f"{eta_text}"
     )
+
+
+def format_norm(norm: float) -> str:
+    """`0.842`, `12.3`, `3.1e+04`, `nan`: three significant digits."""
+    if not math.isfinite(norm):
+        return "nan" if math.isnan(norm) else "inf"
+    return f"{norm:.3g}"
 
 
 def format_eta(seconds: float) -> str:

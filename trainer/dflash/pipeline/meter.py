@@ -30,6 +30,9 @@ class _Window:
     tau: float = 0.0
     tokens: int = 0
     acc_per_slot: list[float] = field(default_factory=list)
+    grad_norm: float = 0.0  # sum over the steps that reported one
+    grad_norm_max: float = 0.0
+    grad_norm_steps: int = 0
 
     def add(self, loss: float, acc: float, tau: float, tokens: int, per_slot: list[float]) -> None:
         self.steps += 1
@@ -91,6 +94,7 @@ class StepMeter:
         lr: float,
         queue_depth: int,
         queue_size: int,
+        grad_norm: float | None = None,
     ) -> int:
         """A finished step with a finite loss (``tokens``: over all replicas); prints the
         step line when one is due and returns how many steps that line covers (else 0)."""
@@ -100,6 +104,13 @@ class StepMeter:
         if isinstance(acc, list):
             acc = sum(acc) / max(1, len(acc))
         self._window.add(loss, float(acc), tau, tokens, per_slot)
+        if grad_norm is not None:
+            window = self._window
+            window.grad_norm += grad_norm
+            # max() would keep a NaN only when it comes first: a NaN norm always shows.
+            if grad_norm != grad_norm or not grad_norm <= window.grad_norm_max:
+                window.grad_norm_max = grad_norm
+            window.grad_norm_steps += 1
         self.last_step = step
         if step % self.log_every and step != self.total_steps:
             return 0
@@ -130,6 +141,11 @@ class StepMeter:
             "acc_per_slot": [round(a / n, 4) for a in window.acc_per_slot],
             "tau": window.tau / n,
             "lr": lr,
+            # total norm of the gradients before clipping (mean of the window, and its max)
+            "grad_norm": window.grad_norm / window.grad_norm_steps
+            if window.grad_norm_steps
+            else None,
+            "grad_norm_max": window.grad_norm_max if window.grad_norm_steps else None,
             "tokens_per_s": round(window.tokens / n * steps_per_s, 1),
             "steps_per_s": round(steps_per_s, 4),
             "mfu": mfu,
@@ -147,6 +163,7 @@ class StepMeter:
                 acc=record["acc"],
                 tau=record["tau"],
                 lr=lr,
+                grad_norm=record["grad_norm"],
                 tokens_per_s=record["tokens_per_s"],
                 mfu=mfu,
                 queue_depth=queue_depth,

@@ -11,7 +11,9 @@ TensorBoard event files.
     {"kind": "eval", "step": 600, "time": ..., "tau": 1.63, "lossless": true, ...}
 
 and first, at each start, ``{"kind": "start", "step": <first step - 1>, "config": {...}}``
-with the resolved config.
+with the resolved config. ``grad_norm`` is the window's mean total gradient norm before
+clipping (``grad_norm_max`` its largest). TensorBoard and the trackers (trackers.py) get
+the same numbers, and the config as hyperparameters.
 
 It lives in the run folder dflashctl made (``$DFLASH_RUN_DIR``), where ``dflashctl runs
 show`` reads it; run by hand, in ``output_dir``. A resumed run appends to the same file
@@ -26,6 +28,8 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+from dflash.pipeline.trackers import flatten_config, scalars
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -46,8 +50,11 @@ class MetricsWriter:
     """Appends records to metrics.jsonl (and scalars to TensorBoard). Used by one thread
     at a time: drafter-0 while training, the main thread after it has been joined."""
 
-    def __init__(self, folder: Path, *, tensorboard: bool = False) -> None:
+    def __init__(
+        self, folder: Path, *, tensorboard: bool = False, trackers: list[Any] | None = None
+    ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
+        self.trackers = list(trackers or [])
         self.path = folder / METRICS_FILE
         self._file = self.path.open("a", encoding="utf-8")
         self._board = None
@@ -61,27 +68,33 @@ class MetricsWriter:
             return
         self._file.write(json.dumps(_finite(record), separators=(", ", ": ")) + "\n")
         self._file.flush()
-        if self._board is not None:
-            self._to_board(record)
-
-    def _to_board(self, record: dict[str, Any]) -> None:
         if record.get("kind") == "start":
+            self._start(record.get("config") or {})
             return
-        prefix = "train" if record.get("kind") == "step" else str(record.get("kind"))
+        values = scalars(record)
         step = int(record["step"])
-        for key, value in record.items():
-            if key in ("kind", "step", "total_steps", "time", "queue_size"):
-                continue
-            if isinstance(value, bool):
-                value = float(value)
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                self._board.add_scalar(f"{prefix}/{key}", value, step, walltime=record.get("time"))
-            elif isinstance(value, list):
-                for slot, item in enumerate(value, start=1):
-                    self._board.add_scalar(f"{prefix}/{key}/{slot}", item, step)
-        self._board.flush()
+        if self._board is not None:
+            for name, value in values.items():
+                self._board.add_scalar(name, value, step, walltime=record.get("time"))
+            self._board.flush()
+        for tracker in self.trackers:
+            tracker.log(step, values)
+
+    def _start(self, config: dict[str, Any]) -> None:
+        """The resolved config as hyperparameters: a TensorBoard text table (its HPARAMS
+        tab wants a metric per run, which a running job does not have yet), W&B's config,
+        MLflow's params."""
+        if self._board is not None:
+            rows = [f"| {key} | {value} |" for key, value in flatten_config(config).items()]
+            self._board.add_text("config", "\n".join(["| key | value |", "|---|---|", *rows]))
+            self._board.flush()
+        for tracker in self.trackers:
+            tracker.start(config)
 
     def close(self) -> None:
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close()
         if self._board is not None:
             self._board.close()
             self._board = None

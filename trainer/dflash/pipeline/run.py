@@ -31,6 +31,7 @@ from dflash.pipeline.threads import (
     run_prefetcher,
     run_target_loop,
 )
+from dflash.pipeline.trackers import open_trackers
 from dflash.pipeline.train_config import TrainConfig, TrainConfigError, parse_fail_in
 from dflash.pipeline.warmup import WarmupGate
 from dflash.pipeline.workload import Workload
@@ -117,8 +118,13 @@ def train(
     interrupts = interrupts or Interrupts(log)
     if handle_signals:
         interrupts.install()
+    folder = metrics_dir(cfg.resolved_output_dir())
+    lead = coordinator is None or coordinator.info.is_lead
     metrics = MetricsWriter(
-        metrics_dir(cfg.resolved_output_dir()), tensorboard=cfg.logging.tensorboard
+        folder,
+        tensorboard=cfg.logging.tensorboard,
+        # One tracker run per job: rank 0's (the others log nothing either).
+        trackers=open_trackers(cfg.logging, folder) if lead else [],
     )
     try:
         result = _train(

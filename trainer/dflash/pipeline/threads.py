@@ -495,7 +495,7 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
             return True
     else:
         lr = optimizer.lr
-        optimizer.step()
+        grad_norm = optimizer.step()  # before clipping
         replica.completed_steps = step_number
         if replica.rank == 0:
             stacks.step_done(step_number, ctx.total_steps)
@@ -511,6 +511,7 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
                     lr=lr,
                     queue_depth=replica.inputs.qsize(),
                     queue_size=replica.inputs.maxsize,
+                    grad_norm=grad_norm,
                 )
                 # Per-part times feed the GPU layout table; a CPU demo need not read them.
                 if logged and (replica.device.type == "cuda" or ctx.coordinator is not None):

@@ -264,10 +264,63 @@ class RegenerateSection(Section):
     template_kwargs: dict[str, Any] = Field(default_factory=dict)  # e.g. {enable_thinking: false}
 
 
+def _tracker_switch(value: Any) -> Any:
+    """`wandb: true` is the tracker with its defaults; `false` or nothing, no tracker."""
+    if value is True:
+        return {}
+    if value is False:
+        return None
+    return value
+
+
+def _tracker_installed(package: str, setting: str, extra: str):
+    def check(value: Any) -> Any:
+        if value is not None and importlib.util.find_spec(package) is None:
+            from dflash.pipeline.trackers import missing_package
+
+            raise invalid(missing_package(package, setting, extra))
+        return value
+
+    return AfterValidator(check)
+
+
+class WandbSection(Section):
+    project: Text = "dflash"
+    entity: Text | None = None
+    name: Text | None = None  # None: the run folder's name (dflashctl's run id)
+    # online | offline (files under the run folder's wandb/, `wandb sync` them later) |
+    # disabled; None: WANDB_MODE, else online
+    mode: Annotated[Text, _one_of("online", "offline", "disabled")] | None = None
+
+
+class MlflowSection(Section):
+    # None: MLFLOW_TRACKING_URI, else a file store in the run folder (file:.../mlruns)
+    tracking_uri: Text | None = None
+    experiment: Text = "dflash"
+    run_name: Text | None = None  # None: the run folder's name (dflashctl's run id)
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _from_environment(cls, value: str | None) -> str | None:
+        return value or os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
 class LoggingSection(Section):
     # TensorBoard event files next to metrics.jsonl (`tensorboard --logdir runs/`);
     # needs the tensorboard package (in the trainer extra)
     tensorboard: bool = False
+    # Weights & Biases (`true` or its settings); needs the wandb package (wandb extra)
+    wandb: Annotated[
+        WandbSection | None,
+        BeforeValidator(_tracker_switch),
+        _tracker_installed("wandb", "logging.wandb", "wandb"),
+    ] = None
+    # MLflow (`true` or its settings); needs the mlflow package (mlflow extra)
+    mlflow: Annotated[
+        MlflowSection | None,
+        BeforeValidator(_tracker_switch),
+        _tracker_installed("mlflow", "logging.mlflow", "mlflow"),
+    ] = None
 
     @field_validator("tensorboard")
     @classmethod
