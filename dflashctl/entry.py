@@ -23,7 +23,17 @@ EXIT_INTERRUPTED = 130  # as dflashctl.errors says, not imported: that is after 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
     mine = sys.argv[1 : sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
     if "--json" in mine:
-        os.write(1, b'{"error": "interrupted", "exit_code": 130, "hint": null}\n')
+        # json_output's error envelope, written by hand: nothing more is imported here.
+        words = [w for w in mine if not w.startswith("-")]
+        command = "runs show" if words[:2] == ["runs", "show"] else (words or [None])[0]
+        name = f'"{command}"' if command else "null"
+        os.write(
+            1,
+            (
+                f'{{"schema_version":1,"command":{name},"nodes":[],"error":"interrupted",'
+                '"exit_code":130,"hint":null}\n'
+            ).encode(),
+        )
     os.write(2, b"interrupted\n")
     os._exit(EXIT_INTERRUPTED)
 

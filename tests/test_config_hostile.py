@@ -13,6 +13,7 @@ import pytest
 from dflashctl.config import parse_config
 from dflashctl.errors import ConfigError
 from tests.config_fuzz import alias_bomb
+from tests.json_answers import flat
 
 MINIMAL = "host:\n  address: local\ncontainer:\n  vmid: null\n  workdir: /srv/dflash-test\n"
 
@@ -136,7 +137,7 @@ def test_doctor_refuses_the_crash_rules_deploy_refuses(tmp_path, rule):
     doctor = cli(tmp_path, text, "doctor", "--json")
     deploy = cli(tmp_path, text, "deploy", "--dry-run")
     assert doctor.returncode == deploy.returncode == 2, (doctor.stdout, deploy.stderr)
-    report = json.loads(doctor.stdout)
+    report = flat(json.loads(doctor.stdout))
     check = next(c for c in report["checks"] if c["name"] == "config valid")
     assert check["status"] == "fail"
     assert "line 7, column 5: crash_patterns[0]" in check["detail"]

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.json_answers import flat
 from tests.tiny_run import QUICK
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def wait_for(what, check, patience=PATIENCE_S):
 def active_run(path):
     shown = dflashctl("status", "-c", path, "--json")
     assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)["active_run"]
+    return flat(json.loads(shown.stdout))["active_run"]
 
 
 def test_a_deadlocked_trainer_is_named_hanging_and_its_stacks_show_where(
@@ -71,7 +72,7 @@ def test_a_deadlocked_trainer_is_named_hanging_and_its_stacks_show_where(
         timeout=300,
     )
     assert deployed.returncode == 0, deployed.stderr[-3000:]
-    run_id = json.loads(deployed.stdout)["run_id"]
+    run_id = flat(json.loads(deployed.stdout))["run_id"]
     follower = subprocess.Popen(
         [*DFLASHCTL, "logs", "-f", run_id, "-c", path, "--json"],
         stdout=subprocess.PIPE,
@@ -92,13 +93,13 @@ def test_a_deadlocked_trainer_is_named_hanging_and_its_stacks_show_where(
         )
 
         listed = dflashctl("runs", "-c", path, "--json")
-        (row,) = json.loads(listed.stdout)["runs"]
+        (row,) = flat(json.loads(listed.stdout))["runs"]
         assert row["hanging"] is True and row["progress"]["last_step"] == 6
         assert "hanging" in dflashctl("runs", "-c", path).stdout
 
         stacks = dflashctl("stacks", run_id, "-c", path, "--json")
         assert stacks.returncode == 0, stacks.stderr
-        answer = json.loads(stacks.stdout)
+        answer = flat(json.loads(stacks.stdout))
         assert answer["status"] == "running" and answer["asked"] == [0] and answer["missing"] == []
         (rank0,) = answer["answers"]
         threads = {t["name"]: t for t in rank0["threads"]}
@@ -109,7 +110,7 @@ def test_a_deadlocked_trainer_is_named_hanging_and_its_stacks_show_where(
         # The trainer's own watchdog dumped too, once its steps stopped.
         def watchdog_dumps():
             asked = dflashctl("stacks", run_id, "-c", path, "--json")
-            return json.loads(asked.stdout)["watchdog"] if asked.returncode == 0 else None
+            return flat(json.loads(asked.stdout))["watchdog"] if asked.returncode == 0 else None
 
         (dumped,) = wait_for("the watchdog's dump", watchdog_dumps)
         assert dumped["reason"] == "watchdog" and dumped["last_step"] == 6
@@ -121,7 +122,7 @@ def test_a_deadlocked_trainer_is_named_hanging_and_its_stacks_show_where(
         follower.send_signal(signal.SIGINT)
         out, err = follower.communicate(timeout=60)
         assert f"run {run_id} is hanging: no step line for " in err
-        result = json.loads(out)
+        result = flat(json.loads(out))
         assert result["status"] == "running" and result["hanging"]["hanging"] is True
     finally:
         if follower.poll() is None:

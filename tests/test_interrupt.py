@@ -69,7 +69,14 @@ def test_ctrl_c_while_importing_with_json_still_answers_json(project):
     said, out = interrupt_after(proc, lambda line: imported(line, "pydantic"))
     assert proc.returncode == 130
     assert said == ["interrupted"]
-    assert json.loads(out) == {"error": "interrupted", "exit_code": 130, "hint": None}
+    assert json.loads(out) == {
+        "schema_version": 1,
+        "command": "status",
+        "nodes": [],
+        "error": "interrupted",
+        "exit_code": 130,
+        "hint": None,
+    }
 
 
 def test_ctrl_c_while_following_the_run_says_it_without_a_traceback(project):

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.host.fixtures import build_config
+from tests.json_answers import flat
 from tests.setup_support import CHECKPOINT_TRAINER
 
 pytestmark = pytest.mark.slow
@@ -70,7 +71,7 @@ def test_pull_copies_the_latest_checkpoint_export_and_metrics(finished, tmp_path
     dest = tmp_path / "pulled"
     done = cli(path, "pull", run_id, "--to", str(dest), "--json")
     assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
+    summary = flat(json.loads(done.stdout))
     ckpt = dest / "checkpoints" / "step-000002"
     for rel in ("state.pt", "drafter/config.json", "drafter/model.safetensors"):
         there = remote(container, run_id, f"outputs/checkpoints/step-000002/{rel}")
@@ -85,8 +86,8 @@ def test_pull_copies_the_latest_checkpoint_export_and_metrics(finished, tmp_path
     assert not list(dest.rglob("*.partial"))
     # again: nothing moves, everything is checked
     again = cli(path, "pull", run_id, "--to", str(dest), "--json")
-    assert json.loads(again.stdout)["already"] == len(summary["files"])
-    assert json.loads(again.stdout)["bytes"] == 0
+    assert flat(json.loads(again.stdout))["already"] == len(summary["files"])
+    assert flat(json.loads(again.stdout))["bytes"] == 0
 
 
 def test_pull_a_step_and_the_default_folder(finished, tmp_path):
@@ -117,7 +118,7 @@ def test_pull_resumes_partial_files_and_verifies_them(finished, tmp_path):
     (ckpt / "drafter" / "model.safetensors.partial").write_bytes(b"\0" * 50_000)
     done = cli(path, "pull", run_id, "--to", str(dest), "--json")
     assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
+    summary = flat(json.loads(done.stdout))
     assert summary["resumed"] == 2
     assert (ckpt / "state.pt").read_bytes() == state
     assert sha(ckpt / "drafter" / "model.safetensors") == sha(model)
@@ -166,7 +167,7 @@ def test_pull_continues_after_it_was_cut(finished, tmp_path):
     assert cut_at is not None and 0 < cut_at < big.stat().st_size, "the pull was not cut"
     done = cli(path, "pull", run_id, "--to", str(dest), "--json")
     assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
+    summary = flat(json.loads(done.stdout))
     assert summary["resumed"] >= 1
     assert sha(dest / "checkpoints" / "step-000002" / "big.bin") == sha(big)
     assert not partial.exists()

@@ -26,6 +26,8 @@ TRAINER = ROOT / "trainer"
 sys.path.insert(0, str(TRAINER))
 from dflash.pipeline import checkpointing as ckpt  # noqa: E402
 
+from tests.json_answers import flat  # noqa: E402
+
 STEPS = 8
 # The demo's recipe, smaller: seconds of data making, not a minute.
 QUICK = [
@@ -93,7 +95,7 @@ def test_the_demo_runs_again_and_again_in_any_order(demo_config, tmp_path):
     said = f"starts a new training at step 0, as run {first_id} finished at step {STEPS}"
     assert said in plan.stdout
     planned = dflashctl(demo_config, "deploy", "--dry-run", "--json")
-    continues = json.loads(planned.stdout)["continues"]
+    continues = flat(json.loads(planned.stdout))["continues"]
     assert (continues["run_id"], continues["step"], continues["finished"]) == (
         first_id,
         STEPS,

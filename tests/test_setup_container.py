@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.json_answers import flat
 from tests.setup_support import IMPORTING_TRAINER, build_wheel
 
 pytestmark = pytest.mark.slow
@@ -68,7 +69,7 @@ def run_log(container, run_id: str, want: str) -> str:
 def runs_json(path: Path) -> dict:
     done = cli(path, "runs", "--json")
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return flat(json.loads(done.stdout))
 
 
 def deployed(path: Path, done: subprocess.CompletedProcess) -> str:
@@ -115,7 +116,7 @@ def test_setup_installs_into_a_venv_once_and_the_trainer_runs_from_it(project):
 
     # doctor checks the venv of the current release: it imports hello_pkg.
     doctor = cli(path, "doctor", "--json")
-    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    checks = {c["name"]: c for c in flat(json.loads(doctor.stdout))["checks"]}
     assert checks["setup venv"]["status"] == "pass", checks["setup venv"]
     assert "hello-pkg" in checks["setup venv"]["detail"]
 
@@ -147,7 +148,10 @@ def test_a_failing_setup_names_the_package_and_stops_nothing(project):
 
     with_json = cli(path, "deploy", "--detach", "--json")
     assert with_json.returncode == 3
-    assert "no-such-package-xyz" in json.loads(with_json.stdout.strip().splitlines()[-1])["error"]
+    assert (
+        "no-such-package-xyz"
+        in flat(json.loads(with_json.stdout.strip().splitlines()[-1]))["error"]
+    )
 
 
 def test_doctor_fails_when_the_venv_lost_a_package(project):
@@ -159,7 +163,7 @@ def test_doctor_fails_when_the_venv_lost_a_package(project):
     assert found.returncode == 0
     doctor = cli(path, "doctor", "--json")
     assert doctor.returncode == 3
-    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    checks = {c["name"]: c for c in flat(json.loads(doctor.stdout))["checks"]}
     assert checks["setup venv"]["status"] == "fail"
     assert "hello-pkg" in checks["setup venv"]["detail"]
 

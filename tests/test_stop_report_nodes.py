@@ -13,6 +13,7 @@ import pytest
 
 from dflashctl.config import load_config
 from dflashctl.deploy import DeployOptions, deploy
+from tests.json_answers import flat
 from tests.test_deploy_support import pid_alive
 from tests.test_fleet_local import dflashctl, free_port, two  # noqa: F401
 
@@ -42,7 +43,7 @@ def test_the_error_after_a_stop_says_what_was_stopped_on_each_node(small_b):
     project.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()})
     done = dflashctl(project, "deploy", "--detach", "--json")
     assert done.returncode == 3, done.stdout + done.stderr
-    error = json.loads(done.stdout)["error"] if done.stdout.strip() else done.stderr
+    error = flat(json.loads(done.stdout))["error"] if done.stdout.strip() else done.stderr
     text = error if isinstance(error, str) else json.dumps(error)
     assert "nothing was stopped;" not in text and "); nothing was stopped" not in text
     assert "what was stopped, node by node:" in text

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.json_answers import flat
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +78,7 @@ def test_the_failure_is_recorded_for_torchrun_and_read_back_by_logs(tmp_path):
         timeout=120,
     )
     assert logs.returncode == 1, logs.stderr
-    [root] = json.loads(logs.stdout)["crashes"]
+    [root] = flat(json.loads(logs.stdout))["crashes"]
     assert root["category"] == "data_error" and root["root_cause"]
     assert root["details"]["error_file"] == str(run_dir / "error.json")
     assert root["details"]["file"] == str(data) and root["details"]["line"] == 2

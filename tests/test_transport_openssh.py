@@ -18,6 +18,7 @@ import pytest
 
 from dflashctl.transport import openssh
 from dflashctl.transport.remote import RemoteTransport
+from tests.json_answers import flat
 from tests.ssh_support import host_config
 from tests.test_deploy_container import ct_pid_alive
 from tests.test_deploy_support import write_trainer
@@ -66,7 +67,7 @@ def test_a_big_file_goes_through_the_master_and_a_redeploy_needs_no_paramiko(set
     (source / "weights.bin").write_bytes(os.urandom(24 << 20))
     code, out, err = finished(cli(path))
     assert code == 0, err
-    first = json.loads(out)
+    first = flat(json.loads(out))
     release = container.host_path(f"{WORKDIR}/releases/{first['release']}")
     assert sha256(release / "weights.bin") == sha256(source / "weights.bin")
     # The master the deploy started is up, for the next command to reuse.
@@ -80,7 +81,7 @@ def test_a_big_file_goes_through_the_master_and_a_redeploy_needs_no_paramiko(set
     (source / "helpers.py").write_text("def greeting():\n    return 'again'\n")
     code, out, err = finished(cli(path, python_flags=["-X", "importtime"]))
     assert code == 0, err
-    again = json.loads(out)
+    again = flat(json.loads(out))
     assert again["files_sent"] == 1 and again["previous_release"] == first["release"]
     assert "paramiko" not in err
     new = container.host_path(f"{WORKDIR}/releases/{again['release']}")
@@ -93,7 +94,7 @@ def test_paramiko_carries_the_archive_when_told_to(setup):
     (source / "weights.bin").write_bytes(os.urandom(8 << 20))
     code, out, err = finished(cli(path, env={openssh.CLIENT_ENV: "paramiko"}))
     assert code == 0, err
-    release = container.host_path(f"{WORKDIR}/releases/{json.loads(out)['release']}")
+    release = container.host_path(f"{WORKDIR}/releases/{flat(json.loads(out))['release']}")
     assert sha256(release / "weights.bin") == sha256(source / "weights.bin")
 
 
@@ -141,7 +142,7 @@ def test_killing_ssh_mid_transfer_leaves_no_partial_release_and_the_old_run_runn
     path, source, container = setup
     code, out, err = finished(cli(path))
     assert code == 0, err
-    first = json.loads(out)
+    first = flat(json.loads(out))
     (source / "weights.bin").write_bytes(os.urandom(64 << 20))
     releases = container.host_path(f"{WORKDIR}/releases")
     process = cli(path)

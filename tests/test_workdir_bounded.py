@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 
+from tests.json_answers import flat
 from tests.test_deploy_support import project, wait_for  # noqa: F401
 from tests.test_deploy_transfer import DFLASHCTL, cli_deploy
 
@@ -28,7 +29,7 @@ def test_bytecode_is_shared_and_goes_with_its_release(project):
         train.write_text(train.read_text() + f"# edit {number}\n")  # a new release each time
         done = cli_deploy(project, "--json")
         assert done.returncode == 0, done.stderr
-        summary = json.loads(done.stdout)
+        summary = flat(json.loads(done.stdout))
         release = project.current().name
         seen.append(release)
         wait_for(lambda r=release: r in release_caches(project), what="the release's bytecode")
@@ -43,14 +44,14 @@ def test_bytecode_is_shared_and_goes_with_its_release(project):
 def test_runs_shows_each_runs_size(project):
     done = cli_deploy(project, "--json")
     assert done.returncode == 0, done.stderr
-    run_id = json.loads(done.stdout)["run_id"]
+    run_id = flat(json.loads(done.stdout))["run_id"]
     (project.run_dir(run_id) / "blob").write_bytes(b"x" * 3 * 1024 * 1024)
     listed = subprocess.run(
         [*DFLASHCTL, "runs", "-c", str(project.config_path), "--json"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
-    (run,) = json.loads(listed.stdout)["runs"]
+    (run,) = flat(json.loads(listed.stdout))["runs"]
     assert run["bytes"] >= 3 * 1024 * 1024
     table = subprocess.run(
         [*DFLASHCTL, "runs", "-c", str(project.config_path)],
