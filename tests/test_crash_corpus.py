@@ -15,6 +15,7 @@ import pytest
 
 from dflashctl.crash import load_rules
 from dflashctl.follow import classify_log
+from tests.json_answers import flat
 
 LOG_DIR = Path(__file__).parent / "data" / "logs"
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +161,7 @@ def test_logs_file_json_carries_rank_node_and_host():
         timeout=120,
     )
     assert run.returncode == 1, run.stderr
-    data = json.loads(run.stdout)
+    data = flat(json.loads(run.stdout))
     root, *rest = data["crashes"]
     assert (root["category"], root["rank"], root["local_rank"]) == ("killed", 1, 1)
     assert root["message"] == "rank 1 killed (SIGKILL)" and root["root_cause"]

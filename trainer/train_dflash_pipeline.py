@@ -182,6 +182,7 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
         exit_without_teardown(EXIT_FAILED)
     finally:
         interrupts.restore()
+        stacks.uninstall()
     if coordinator is not None and (result.exit_code != EXIT_OK or result.stuck_threads):
         distributed.abort_collectives()
     if result.failure is not None:

@@ -123,6 +123,10 @@ class StackWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        # Joined: a clean finish exits through the interpreter's own teardown only
+        # when no other thread is left (train_dflash_pipeline.main).
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * POLL_S)
         if self._fault_file is not None:
             try:
                 faulthandler.unregister(signal.SIGUSR1)

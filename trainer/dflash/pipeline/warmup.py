@@ -13,8 +13,8 @@ import threading
 from collections import Counter
 
 from dflash.pipeline import tls
-from dflash.pipeline.supervisor import POLL_S, Supervisor
 from dflash.pipeline.config_errors import TrainConfigError
+from dflash.pipeline.supervisor import POLL_S, Supervisor
 
 CUDAGRAPH_MODES = ("reduce-overhead",)
 
