@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -34,6 +30,12 @@ from pydantic import (
 )
 
 from dflashctl import hints
+from dflashctl.config_base import (
+    Section,
+    TextList,
+    TextMapping,
+    resolve_path,
+)
 from dflashctl.config_errors import (
     Problem,
     config_error,
@@ -48,6 +50,7 @@ from dflashctl.config_nodes import (
     no_duplicate_nodes,
 )
 from dflashctl.config_rules import rule_problems
+from dflashctl.config_run import RunConfig
 from dflashctl.errors import ConfigError
 from dflashctl.setup_config import SetupConfig
 from dflashctl.yaml_source import MAX_FILE_BYTES, YamlRefused, load_yaml
@@ -59,48 +62,6 @@ LOCAL_ADDRESS = "local"
 _PROXY_JUMP = re.compile(r"^(?:[^@\s]+@)?[^@:\s]+(?::\d{1,5})?$")
 _TOKEN_ID = re.compile(r"^[^@\s]+@[^!\s]+![^\s]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _scalar_text(value: Any) -> Any:
-    """true/2/1.5 -> "true"/"2"/"1.5"; anything else is left for the type check."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    return value
-
-
-def _texts(value: Any) -> Any:
-    # Numbers in an args list are a common slip (`args: [--steps, 100]`).
-    return [_scalar_text(v) for v in value] if isinstance(value, list) else value
-
-
-def _text_mapping(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _scalar_text(v) for k, v in value.items()}
-    return value
-
-
-TextList = Annotated[list[str], BeforeValidator(_texts)]
-TextMapping = Annotated[dict[str, str], BeforeValidator(_text_mapping)]
-
-
-def _resolve(value: str, info: ValidationInfo) -> str:
-    """A path from the file, made absolute against the config's folder (when loading one)."""
-    base = (info.context or {}).get("base")
-    expanded = Path(value).expanduser()
-    if base is None or expanded.is_absolute():
-        return os.path.normpath(expanded) if base is not None else value
-    return os.path.normpath(base / expanded)
-
-
-class Section(BaseModel):
-    # Defaults go through the validators too: a default path is resolved like a written one.
-    # No .nan or .inf anywhere: every comparison with them is false, so a check such as
-    # `value < 0` lets them through to a sleep, a timeout or a vmid.
-    model_config = ConfigDict(
-        strict=True, extra="forbid", validate_default=True, allow_inf_nan=False
-    )
 
 
 class HostConfig(Section):
@@ -138,7 +99,7 @@ class HostConfig(Section):
     @field_validator("known_hosts", "identity_file")
     @classmethod
     def _local_path(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else _resolve(value, info)
+        return None if value is None else resolve_path(value, info)
 
     @field_validator("proxy_jump")
     @classmethod
@@ -275,7 +236,7 @@ class TrainerConfig(Section):
     @field_validator("source")
     @classmethod
     def _source(cls, value: str, info: ValidationInfo) -> str:
-        return _resolve(value, info)
+        return resolve_path(value, info)
 
     @field_validator("entry")
     @classmethod
@@ -290,98 +251,6 @@ class TrainerConfig(Section):
         for name in value:
             if not _ENV_NAME.match(name):
                 raise invalid("not a valid environment variable name", key=name)
-        return value
-
-
-class RetryConfig(Section):
-    """Automatic recovery: the run's supervisor restarts the trainer after a crash a
-    restart fixes, resuming from the run's latest checkpoint (dflashctl/recovery.py)."""
-
-    max_restarts: int = 3  # 0: off
-    # Categories to retry; None: those whose crash rule says `retryable: true`.
-    categories: list[str] | None = None
-    backoff_s: float = 10.0  # the first wait, doubled for each restart within the window
-    max_backoff_s: float = 300.0
-    window_s: float = 3600.0  # restarts counted within this window (0: the whole run)
-    resume_args: TextList = Field(default_factory=lambda: ["--resume"])
-
-    @field_validator("max_restarts")
-    @classmethod
-    def _restarts(cls, value: int) -> int:
-        if value < 0:
-            raise invalid(f"must be 0 (off) or more, got {value}")
-        return value
-
-    @field_validator("backoff_s", "max_backoff_s", "window_s")
-    @classmethod
-    def _seconds(cls, value: float) -> float:
-        if value < 0:
-            raise invalid(f"must be 0 or more seconds, got {value}")
-        return value
-
-    @field_validator("categories")
-    @classmethod
-    def _categories(cls, value: list[str] | None) -> list[str] | None:
-        for category in value or []:
-            if not re.match(r"^[a-z][a-z0-9_]*$", category):
-                raise invalid(
-                    f"{category!r} is not a crash category (lower_snake_case)",
-                    "see the categories in templates/crash_patterns.yaml",
-                )
-        return value
-
-
-class HangConfig(Section):
-    """When a running run is said to hang: no step line for `factor` times its own
-    recent interval between step lines, and at least `min_s` (dflashctl/agent/progress.py).
-    The trainer's own watchdog dumps every thread's stack at the same threshold."""
-
-    factor: float = 4.0
-    min_s: float = 60.0
-
-    @field_validator("factor")
-    @classmethod
-    def _factor(cls, value: float) -> float:
-        if not (value > 1 and math.isfinite(value)):
-            raise invalid(
-                f"must be more than 1 (times the run's recent step interval), got {value}",
-                "e.g. 4: hanging after 4 times the usual time between step lines",
-            )
-        return value
-
-    @field_validator("min_s")
-    @classmethod
-    def _min_s(cls, value: float) -> float:
-        if not (value > 0 and math.isfinite(value)):
-            raise invalid(
-                f"must be more than 0 seconds, got {value}",
-                "e.g. 60: never hanging before a minute without a step line",
-            )
-        return value
-
-
-class RunConfig(Section):
-    stop_grace_s: float = 20.0
-    keep_releases: int = 5
-    # A shell command run where the trainer ran once it has ended (exit_code written),
-    # with DFLASH_RUN_ID, DFLASH_RUN_DIR and DFLASH_EXIT_CODE set: a notification
-    # that works with nobody following the log.
-    on_exit: str | None = None
-    retry: RetryConfig = Field(default_factory=RetryConfig)
-    hang: HangConfig = Field(default_factory=HangConfig)
-
-    @field_validator("stop_grace_s")
-    @classmethod
-    def _grace(cls, value: float) -> float:
-        if value < 0:
-            raise invalid(f"must be 0 or more seconds, got {value}")
-        return value
-
-    @field_validator("keep_releases")
-    @classmethod
-    def _keep(cls, value: int) -> int:
-        if value < 1:
-            raise invalid(f"must be at least 1 (the current release), got {value}")
         return value
 
 
@@ -535,9 +404,9 @@ def _checked_container(
     # A local workdir (no container on this machine) is a local path too, and
     # `python: ../.venv/bin/python` names a file next to this config, not a command.
     if host.is_local and ct.vmid is None:
-        update = {"workdir": _resolve(ct.workdir, info)}
+        update = {"workdir": resolve_path(ct.workdir, info)}
         if "/" in ct.python:
-            update["python"] = _resolve(ct.python, info)
+            update["python"] = resolve_path(ct.python, info)
         ct = ct.model_copy(update=update)
     if not ct.workdir.startswith("/"):
         raise invalid(f"must be an absolute path, got {ct.workdir!r}", key=(*where, "workdir"))

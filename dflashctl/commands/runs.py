@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -13,6 +12,7 @@ from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.config import load_config
 from dflashctl.errors import UsageError
 from dflashctl.json_output import node_name_of
+from dflashctl.runs_view import confirm_prune, continues, show_prune_plan
 
 PruneOption = Annotated[
     int | None,
@@ -140,14 +140,6 @@ def runs(
     terminal.info("* the active run (launched last)")
 
 
-def continues(meta: dict) -> str:
-    """`<run>@<step>` for a run that continued another's training, `-` for step 0."""
-    if not meta.get("resumed_from"):
-        return "-"
-    step = meta.get("resumed_step")
-    return str(meta["resumed_from"]) + ("" if step is None else f"@{step}")
-
-
 _STYLES = {"running": "cyan", "exited": "green", "stopped": "yellow"}
 
 
@@ -180,15 +172,15 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
         else:
             plan = run_records.prune_runs(target, workdir, keep, dry=True, python=python)
             if plan.removed:
-                _show(plan, place, keep, dry=True)
-                if not _confirmed(plan):
+                show_prune_plan(plan, place, keep, dry=True)
+                if not confirm_prune(plan):
                     terminal.info("nothing removed")
                     return
                 ids = [r["id"] for r in plan.removed]
                 plan = run_records.prune_runs(
                     target, workdir, keep, dry=False, only=ids, python=python
                 )
-        _show(plan, place, keep, dry=plan.dry)
+        show_prune_plan(plan, place, keep, dry=plan.dry)
     if json_output:
         terminal.print_json(
             {
@@ -201,33 +193,6 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
             command="runs",
             node=node_name_of(cfg),
         )
-
-
-def _confirmed(plan) -> bool:
-    if not (sys.stdin.isatty() and terminal.interactive()):
-        raise UsageError(
-            f"--prune would remove {len(plan.removed)} run folders; nothing was removed",
-            hint="add --yes to remove them, or --dry-run to only list them",
-        )
-    size = terminal.human_bytes(plan.bytes)
-    return typer.confirm(f"remove {len(plan.removed)} runs ({size})?", err=True)
-
-
-def _show(plan, place: str, keep: int, *, dry: bool) -> None:
-    """On stderr, like every human line: stdout stays free for --json."""
-    if not plan.removed:
-        spared = f" ({len(plan.spared)} older ones are active or running)" if plan.spared else ""
-        terminal.info(f"nothing to prune: {plan.runs} runs on {place}, keeping {keep}{spared}")
-        return
-    verb = "would remove" if dry else "removed"
-    for run in plan.removed:
-        state = run["status"] + (f" {run['exit_code']}" if run.get("exit_code") is not None else "")
-        terminal.info(f"  {run['id']}  {state:<10}  {terminal.human_bytes(int(run['bytes']))}")
-    total = terminal.human_bytes(plan.bytes)
-    message = f"{verb} {len(plan.removed)} of {plan.runs} runs ({total}) on {place}"
-    if plan.spared:
-        message += f"; kept {len(plan.spared)} older active or running ones"
-    (terminal.info if dry else terminal.success)(message)
 
 
 def register(app: typer.Typer) -> None:

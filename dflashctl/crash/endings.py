@@ -4,15 +4,16 @@ nothing of its own). Standard library only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from dflashctl.crash.events import CrashEvent
 from dflashctl.crash.ordering import is_consequence
 from dflashctl.crash.stops import STOP_SIGNALS
 from dflashctl.crash.torchrun import signal_name
 
-if TYPE_CHECKING:
-    from dflashctl.crash.detector import CrashDetector
+# detector.py's CrashDetector, which calls these with itself: named, not imported, so
+# that the two modules do not import each other.
+CrashDetector = Any
 
 NONZERO_EXIT_HINT = (
     "The run exited with a non-zero status but printed no failure dflashctl recognises. "

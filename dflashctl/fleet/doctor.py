@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dflashctl import agent_client, hints
-from dflashctl.commands.doctor import FAIL, NODE_CHECKS, PASS, WARN, Check, Doctor, check_target
 from dflashctl.config import Config
+from dflashctl.doctor_checks import FAIL, NODE_CHECKS, PASS, WARN, Check, Doctor, check_target
 from dflashctl.errors import ConfigError, DflashError
 from dflashctl.target import Target
 

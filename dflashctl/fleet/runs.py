@@ -14,6 +14,7 @@ from dflashctl.config import Config
 from dflashctl.fleet.errors import error_json, error_text, first_failure
 from dflashctl.nodes import NodeOutcome, node_sessions, on_every_node
 from dflashctl.runs import PruneResult, RunInfo
+from dflashctl.runs_view import confirm_prune, continues, show_prune_plan
 
 HEADERS = ("  run", "node", "release", "started (UTC)", "continues", "state")
 WIDE_TABLE = 110  # terminal columns: narrower, the table leaves out the start time
@@ -66,8 +67,6 @@ def grouped_rows(outcomes: list[NodeOutcome[list[RunInfo]]]) -> list[tuple[str, 
 
 
 def print_runs(config: Config, outcomes: list[NodeOutcome[list[RunInfo]]]) -> None:
-    from dflashctl.commands.runs import continues
-
     answered = [o for o in outcomes if o.ok]
     for outcome in outcomes:
         if not outcome.ok:
@@ -165,8 +164,6 @@ def prune_command(
     """`runs --prune KEEP` on every node (KEEP per node): with --yes or --dry-run one
     round trip each; otherwise every node's list, one question, then exactly the runs
     listed are removed. A node that cannot be reached: the others are still pruned."""
-    from dflashctl.commands import runs as command
-
     with node_sessions(config) as nodes:
         places = {n.name: f"{n.name} ({n.target.describe()})" for n in nodes}
         dry = dry_run or not yes
@@ -176,8 +173,8 @@ def prune_command(
             if any(p.removed for p in plans):
                 for outcome in outcomes:
                     if outcome.value is not None and outcome.value.removed:
-                        command._show(outcome.value, places[outcome.node.name], keep, dry=True)
-                if not command._confirmed(_combined(plans, True)):
+                        show_prune_plan(outcome.value, places[outcome.node.name], keep, dry=True)
+                if not confirm_prune(_combined(plans, True)):
                     terminal.info("nothing removed")
                     return first_failure(outcomes, "pruning runs")
                 listed = {
@@ -191,7 +188,9 @@ def prune_command(
                 )
         for outcome in outcomes:
             if outcome.value is not None:
-                command._show(outcome.value, places[outcome.node.name], keep, dry=outcome.value.dry)
+                show_prune_plan(
+                    outcome.value, places[outcome.node.name], keep, dry=outcome.value.dry
+                )
             else:
                 terminal.info(f"{outcome.node.describe()}: not pruned: {error_text(outcome.error)}")
     if json_output:

@@ -18,8 +18,8 @@ HEADERS = ("node", "where", "container", "release", "active run", "state")
 
 
 def _node_status(node: Node) -> dict[str, Any]:
-    from dflashctl.commands.status import node_status
     from dflashctl.connect import open_proxmox
+    from dflashctl.status_info import node_status
 
     api = open_proxmox(node.config, node.target.transport)
     return node_status(node.config, api, node.target)

@@ -1,0 +1,104 @@
+"""dflash.yaml's `run:` section: how the trainer's run is stopped, kept, retried after a
+crash (run.retry) and judged to hang (run.hang)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pydantic import Field, field_validator
+
+from dflashctl.config_base import Section, TextList
+from dflashctl.config_errors import invalid
+
+
+class RetryConfig(Section):
+    """Automatic recovery: the run's supervisor restarts the trainer after a crash a
+    restart fixes, resuming from the run's latest checkpoint (dflashctl/recovery.py)."""
+
+    max_restarts: int = 3  # 0: off
+    # Categories to retry; None: those whose crash rule says `retryable: true`.
+    categories: list[str] | None = None
+    backoff_s: float = 10.0  # the first wait, doubled for each restart within the window
+    max_backoff_s: float = 300.0
+    window_s: float = 3600.0  # restarts counted within this window (0: the whole run)
+    resume_args: TextList = Field(default_factory=lambda: ["--resume"])
+
+    @field_validator("max_restarts")
+    @classmethod
+    def _restarts(cls, value: int) -> int:
+        if value < 0:
+            raise invalid(f"must be 0 (off) or more, got {value}")
+        return value
+
+    @field_validator("backoff_s", "max_backoff_s", "window_s")
+    @classmethod
+    def _seconds(cls, value: float) -> float:
+        if value < 0:
+            raise invalid(f"must be 0 or more seconds, got {value}")
+        return value
+
+    @field_validator("categories")
+    @classmethod
+    def _categories(cls, value: list[str] | None) -> list[str] | None:
+        for category in value or []:
+            if not re.match(r"^[a-z][a-z0-9_]*$", category):
+                raise invalid(
+                    f"{category!r} is not a crash category (lower_snake_case)",
+                    "see the categories in templates/crash_patterns.yaml",
+                )
+        return value
+
+
+class HangConfig(Section):
+    """When a running run is said to hang: no step line for `factor` times its own
+    recent interval between step lines, and at least `min_s` (dflashctl/agent/progress.py).
+    The trainer's own watchdog dumps every thread's stack at the same threshold."""
+
+    factor: float = 4.0
+    min_s: float = 60.0
+
+    @field_validator("factor")
+    @classmethod
+    def _factor(cls, value: float) -> float:
+        if not (value > 1 and math.isfinite(value)):
+            raise invalid(
+                f"must be more than 1 (times the run's recent step interval), got {value}",
+                "e.g. 4: hanging after 4 times the usual time between step lines",
+            )
+        return value
+
+    @field_validator("min_s")
+    @classmethod
+    def _min_s(cls, value: float) -> float:
+        if not (value > 0 and math.isfinite(value)):
+            raise invalid(
+                f"must be more than 0 seconds, got {value}",
+                "e.g. 60: never hanging before a minute without a step line",
+            )
+        return value
+
+
+class RunConfig(Section):
+    stop_grace_s: float = 20.0
+    keep_releases: int = 5
+    # A shell command run where the trainer ran once it has ended (exit_code written),
+    # with DFLASH_RUN_ID, DFLASH_RUN_DIR and DFLASH_EXIT_CODE set: a notification
+    # that works with nobody following the log.
+    on_exit: str | None = None
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    hang: HangConfig = Field(default_factory=HangConfig)
+
+    @field_validator("stop_grace_s")
+    @classmethod
+    def _grace(cls, value: float) -> float:
+        if value < 0:
+            raise invalid(f"must be 0 or more seconds, got {value}")
+        return value
+
+    @field_validator("keep_releases")
+    @classmethod
+    def _keep(cls, value: int) -> int:
+        if value < 1:
+            raise invalid(f"must be at least 1 (the current release), got {value}")
+        return value

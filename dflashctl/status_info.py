@@ -1,0 +1,49 @@
+"""What `status` says of one target: its container, the release `current` names and
+the active run; for one node (commands/status.py) and for each of several
+(fleet/status.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflashctl.errors import HostError
+
+
+def collect_status(config: Any) -> dict[str, Any]:
+    """What `status` reports, as one JSON-ready dict (one SSH connection)."""
+    from dflashctl.connect import connect
+
+    with connect(config) as (_, api, target):
+        return node_status(config, api, target)
+
+
+def node_status(config: Any, api: Any, target: Any) -> dict[str, Any]:
+    """The container's state, the release `current` names and the active run of the
+    one target `config` names (`api`: its Proxmox API, None without a container)."""
+    from dflashctl import proxmox, runs
+    from dflashctl.transport import ConnectionLost
+
+    container = None
+    if api is not None:
+        container = proxmox.container_status(api, config.proxmox.node, target.vmid)
+    run, release, run_error = None, None, None
+    # A stopped container has no running process to ask about; its files stay, but
+    # reading them needs the container up (pct exec).
+    if container is None or container.running:
+        try:
+            run, release = runs.active_run_and_release(
+                target, config.container.workdir, python=config.container.python
+            )
+        except ConnectionLost:
+            raise
+        except HostError as exc:  # still worth showing the container's state
+            run_error = {"message": exc.message, "hint": exc.hint}
+    return {
+        "target": target.describe(),
+        "node": config.proxmox.node if api is not None else None,
+        "container": container.to_json() if container else None,
+        "workdir": config.container.workdir,
+        "release": release,
+        "active_run": run.to_json() if run else None,
+        "active_run_error": run_error,
+    }
