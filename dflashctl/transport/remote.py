@@ -22,7 +22,7 @@ from dflashctl.transport.base import (
     Stream,
     Transport,
 )
-from dflashctl.transport.ssh_config import resolve
+from dflashctl.transport.ssh_config import resolve_host
 
 if TYPE_CHECKING:
     from dflashctl.transport.openssh import OpenSSH
@@ -32,13 +32,7 @@ if TYPE_CHECKING:
 class RemoteTransport(Transport):
     def __init__(self, host: HostConfig) -> None:
         self.host = host
-        self.destination = resolve(
-            host.address,
-            port=host.port,
-            user=host.user,
-            identity_file=host.identity_file,
-            proxy_jump=host.proxy_jump,
-        )
+        self.destination = resolve_host(host)
         self.description = str(self.destination)
         self._paramiko: SSHTransport | None = None
         self._openssh: OpenSSH | bool | None = None  # False: tried, not usable here

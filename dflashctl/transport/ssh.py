@@ -37,7 +37,7 @@ from dflashctl.transport.base import (
     trace,
 )
 from dflashctl.transport.identity import check_identity_file
-from dflashctl.transport.ssh_config import SSHDestination, resolve, resolve_jumps
+from dflashctl.transport.ssh_config import SSHDestination, resolve_host, resolve_jumps
 from dflashctl.transport.ssh_connect import (
     connect_one,
     open_socket,
@@ -178,13 +178,7 @@ class SSHStream(Stream):
 class SSHTransport(Transport):
     def __init__(self, host: HostConfig) -> None:
         self.host = host
-        self.destination = resolve(
-            host.address,
-            port=host.port,
-            user=host.user,
-            identity_file=host.identity_file,
-            proxy_jump=host.proxy_jump,
-        )
+        self.destination = resolve_host(host)
         self.description = str(self.destination)
         self.saved_host_keys: list[str] = []  # filled when accept_new_host_key saved one
         self._client: paramiko.SSHClient | None = None

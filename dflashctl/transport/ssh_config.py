@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflashctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dflashctl.config import HostConfig
 
 SSH_CONFIG_ENV = "DFLASHCTL_SSH_CONFIG"  # lets tests point at their own file
 DEFAULT_PORT = 22
@@ -117,3 +121,14 @@ def resolve_jumps(spec: str) -> list[SSHDestination]:
         hop.proxy_jump = hop.proxy_command = None
         hops.append(hop)
     return hops
+
+
+def resolve_host(host: HostConfig) -> SSHDestination:
+    """dflash.yaml's `host:` section (a HostConfig) resolved as ssh would."""
+    return resolve(
+        host.address,
+        port=host.port,
+        user=host.user,
+        identity_file=host.identity_file,
+        proxy_jump=host.proxy_jump,
+    )
