@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,6 @@ def upload_prefix(workdir: str, vmid: int | None) -> str:
     key = str(vmid) if vmid is not None else "host"
     digest = hashlib.sha256(workdir.encode()).hexdigest()[:8]
     return f"{UPLOAD_PREFIX}{key}-{digest}-"
-
-
-def upload_path(prefix: str, release_id: str, folder: str = "/tmp") -> str:
-    """Where the archive of changed files waits before it is unpacked (removed after)."""
-    return posixpath.join(folder, f"{prefix}{release_id}.tar")
 
 
 # --------------------------------------------------------------------------- last deploy

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import shlex
-
 import pytest
 
 from dflashctl import pct
@@ -121,27 +118,12 @@ def test_run_in_the_container_with_env_and_status(transport, container):
         target.run(["false"])
 
 
-def push(transport, vmid: int, data: bytes, dest: str, mode: int = 0o644):
-    """`pct push` as deploy runs it: a file staged on the host, pushed, what arrived
-    checked in the container (pct push exits 0 when its copy fails), errors mapped."""
-    check = pct.checked_argv(dest, len(data), hashlib.sha256(data).hexdigest(), ["true"])
-    script = (
-        'staged=$(mktemp) && cat > "$staged" || exit 1\n'
-        + pct.push_script(vmid, '"$staged"', dest, mode)
-        + f"exec {shlex.join(pct.raw_exec_argv(vmid, check))}\n"
-    )
-    result = transport.run(["sh", "-c", script], stdin=data, check=False)
-    pct.raise_for_push(result, vmid, dest, len(data), mode)
-
-
 def test_stopped_container_is_a_clear_error_everywhere(transport, make_container):
     make_container(201, running=False)
     target = Target(transport, 201)
     with pytest.raises(pct.ContainerNotRunning, match="container 201 is not running") as caught:
         target.run(["true"], check=False)
     assert "pct start 201" in caught.value.hint
-    with pytest.raises(pct.ContainerNotRunning):
-        push(transport, 201, b"x", "/root/x")
     stream = target.stream(["echo", "hi"])
     with pytest.raises(pct.ContainerNotRunning):
         while stream.read(10) != b"":
@@ -152,22 +134,6 @@ def test_stopped_container_is_a_clear_error_everywhere(transport, make_container
 def test_missing_vmid_is_a_clear_error(transport, pve_host):
     with pytest.raises(pct.ContainerNotFound, match="container 4242 does not exist on node pve"):
         Target(transport, 4242).run(["true"])
-
-
-def test_push_writes_one_file_with_its_mode(transport, container):
-    push(transport, 200, b"#!/bin/sh\necho pushed\n", "/root/run.sh", 0o755)
-    on_host = container.root / "run.sh"
-    assert on_host.read_bytes() == b"#!/bin/sh\necho pushed\n"
-    assert on_host.stat().st_mode & 0o777 == 0o755
-    assert Target(transport, 200).run(["/root/run.sh"]).stdout_text == "pushed\n"
-
-
-def test_push_to_a_missing_folder_names_the_path(transport, container):
-    with pytest.raises(pct.ContainerPathMissing) as caught:
-        push(transport, 200, b"x", "/root/missing/file")
-    assert caught.value.message == (
-        "cannot write /root/missing/file in container 200: its folder does not exist"
-    )
 
 
 def test_stream_in_the_container(transport, container):
