@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from dflashctl.config_errors import Problem
-from dflashctl.crash.rules import load_rules, parse_rule
 from dflashctl.errors import ConfigError
 from dflashctl.yaml_source import YamlSource
 
@@ -22,6 +21,10 @@ def rule_problems(items: Any, source: YamlSource) -> list[Problem]:
     """Every rule's first mistake (a list that is not a list is pydantic's to report)."""
     if not isinstance(items, list):
         return []
+    # Imported here: the crash engine compiles its patterns on import (a tenth of a
+    # second), which a config without crash_patterns never needs.
+    from dflashctl.crash.rules import load_rules, parse_rule
+
     found: list[Problem] = []
     names: dict[str, int] = {}
     for index, item in enumerate(items):
