@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from dflashctl import hints
+from dflashctl import config_cache, hints
 from dflashctl.config_base import (
     Section,
     TextList,
@@ -467,7 +467,12 @@ def load_config(explicit: str | os.PathLike | None = None) -> Config:
             f"{path}: not a text file (byte {exc.start + 1} is not UTF-8)",
             hint="a dflash.yaml is UTF-8 YAML text; write a fresh one with `dflashctl init`",
         ) from exc
-    return parse_config(text, path)
+    remembered = config_cache.load(path, text, Config)
+    if remembered is not None:
+        return remembered
+    config = parse_config(text, path)
+    config_cache.store(path, text, config)
+    return config
 
 
 def parse_config(text: str, path: Path) -> Config:

@@ -49,5 +49,9 @@ class Section(BaseModel):
     # No .nan or .inf anywhere: every comparison with them is false, so a check such as
     # `value < 0` lets them through to a sleep, a timeout or a vmid.
     model_config = ConfigDict(
-        strict=True, extra="forbid", validate_default=True, allow_inf_nan=False
+        strict=True,
+        extra="forbid",
+        validate_default=True,
+        allow_inf_nan=False,
+        defer_build=True,
     )

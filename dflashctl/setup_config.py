@@ -23,7 +23,11 @@ DEFAULT_REQUIREMENTS = "requirements.txt"
 
 class SetupConfig(BaseModel):
     model_config = ConfigDict(
-        strict=True, extra="forbid", validate_default=True, allow_inf_nan=False
+        strict=True,
+        extra="forbid",
+        validate_default=True,
+        allow_inf_nan=False,
+        defer_build=True,
     )
 
     # A pip requirements file inside trainer.source (travels with the release);
