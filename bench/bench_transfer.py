@@ -109,7 +109,9 @@ def deploy(config: Path, cache: Path, extra_env: dict | None = None) -> Deployed
     if result.returncode != 0:
         raise SystemExit(f"deploy failed ({result.returncode}):\n{result.stderr}")
     report = result.stderr.rsplit("peak-rss-kib=", 1)[1].split()
-    summary = json.loads(result.stdout)
+    document = json.loads(result.stdout)
+    # What the one node did (files sent, build times) sits in its entry of `nodes`.
+    summary = {**document, **(document.get("nodes") or [{}])[0]}
     return Deployed(
         seconds=elapsed,
         rss=int(report[0]) * 1024,
