@@ -11,6 +11,10 @@ container), and times the whole CLI process `dflashctl deploy --detach --yes`
                        the big file may travel; with the master the deploy left, and
                        without one
   many small files     a first deploy of --small-files files (5,000 by default)
+  one-file, at load 2  the fake trainer alone, helpers.py changed, the master up: on
+                       the machine as it is, and with 2 busy processes of the bench's
+                       own (load 2 on a 2-core machine that is otherwise idle), against
+                       scp + pct push of that one file and the by-hand loop for it
 
 Baselines, in the same run, by hand, each step its own `ssh`/`scp` process with strict
 host keys: the headline, `scp` of the big file to the host + `pct push` of it into the
@@ -18,7 +22,11 @@ container (the same bytes dflashctl sends); and the deploy loop of bench_deploy.
 the same files (`scp` + `pct push` per file, then relaunch). The cases alternate within
 each run, so that a change in the machine's load reaches all of them.
 
-    python bench/bench_transfer.py [--runs N] [--big-mb MB ...] [--small-files N] [--only big|small]
+    python bench/bench_transfer.py [--runs N] [--big-mb MB ...] [--small-files N]
+                                   [--only big|small|one-file]
+
+dflashctl's modules are byte-compiled first (as `pip install` does): with
+PYTHONDONTWRITEBYTECODE set, every CLI process would compile them from source again.
 
 Each case also gives the CPU time (user + sys) of the dflashctl process and of the agent
 in the container (by the end of its build, start-up included): unlike wall time, that
@@ -28,6 +36,8 @@ does not depend on how busy the machine is.
 from __future__ import annotations
 
 import argparse
+import compileall
+import contextlib
 import json
 import os
 import shutil
@@ -147,8 +157,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["big", "small"],
-        help="only the big-file cases (with their by-hand baselines) or the many-file one",
+        choices=["big", "small", "one-file"],
+        help="only the big-file cases (with their by-hand baselines), the many-file one, "
+        "or the one-file redeploy idle and at load 2",
     )
     args = parser.parse_args()
     why_not = loopback_problem()
@@ -186,6 +197,9 @@ def run(args, host) -> int:
     )
     results: dict = {"bench": "transfer", "load_before": round(os.getloadavg()[0], 1)}
     met = True
+    compileall.compile_dir(ROOT / "dflashctl", quiet=1)
+    if args.only in (None, "one-file"):
+        met &= one_file_case(args, host, results)
     if args.only in (None, "big"):
         met &= big_cases(args, host, results)
     if args.only in (None, "small"):
@@ -320,6 +334,93 @@ def big_cases(args, host, results: dict) -> bool:
     print("HEADLINE  size | dflashctl | scp + pct push | ratio")
     for megabytes, mine, theirs, ratio in headline:
         print(f"HEADLINE  {megabytes} MB | {mine:.2f} s | {theirs:.2f} s | {ratio:.2f}")
+    return met
+
+
+@contextlib.contextmanager
+def busy_processes(count: int):
+    """`count` processes that spin on a core each: the load the goal is stated at."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(2)  # let them reach the run queue before anything is timed
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait()
+
+
+def by_hand_one(by_hand: ByHand, file: Path) -> float:
+    """scp of the one changed file to the host + pct push of it into the container."""
+    start = time.perf_counter()
+    by_hand.scp(file, "/tmp/by-hand-one.py")
+    by_hand.ssh("pct", "push", str(VMID), "/tmp/by-hand-one.py", "/root/by-hand-one.py")
+    return time.perf_counter() - start
+
+
+def one_file_case(args, host, results: dict) -> bool:
+    """The one-file redeploy (helpers.py changed, master up), on the machine as it is
+    and under 2 busy processes of our own, each against scp + pct push of that file and
+    the by-hand loop for it (scp + push + stop + relaunch)."""
+    server, container, cache = host.server, host.container, host.base / "cache"
+    source = host.base / "one-file"
+    write_trainer(source)
+    shutil.rmtree(source / "__pycache__")
+    config, python = config_for(host, source, "one-file")
+    by_hand = ByHand(server, python)
+    wipe(container, cache)
+    deploy(config, cache)  # the first deploy: everything after sends one file
+    by_hand.deploy(
+        source, sorted(str(f.relative_to(source)) for f in source.rglob("*") if f.is_file())
+    )
+    met = True
+    for label, busy in (("as it is", 0), ("2 busy processes", 2)):
+        with busy_processes(busy):
+            load_at_start = os.getloadavg()[0]
+            mine, push, loop = [], [], []
+            for i in range(args.runs):
+                (source / "helpers.py").write_text(f"def greeting():\n    return '{label} {i}'\n")
+                deployed = deploy(config, cache)
+                assert deployed.summary["files_sent"] == 1, deployed.summary
+                mine.append(deployed)
+                push.append(by_hand_one(by_hand, source / "helpers.py"))
+                loop.append(by_hand.deploy(source, ["helpers.py"]))
+            load_at_end = os.getloadavg()[0]
+        case = median_of(mine)
+        push_s, loop_s = statistics.median(push), statistics.median(loop)
+        each = ", ".join(f"{r.seconds:.2f}" for r in mine)
+        print(
+            f"--- one-file redeploy, {label} (load average {load_at_start:.1f} -> "
+            f"{load_at_end:.1f}, {os.cpu_count()} cores; each run {each} s)"
+        )
+        print(
+            f"dflashctl deploy, one file          {case['seconds']:6.2f} s   RATIO to the "
+            f"{GOALS['one_file_s']:.0f} s goal: {case['seconds'] / GOALS['one_file_s']:.2f}; "
+            f"peak RSS {case['peak_rss_mib']} MiB; {cpu_note(case)}"
+        )
+        print(
+            f"scp + pct push of the file          {push_s:6.2f} s   ratio dflashctl / it: "
+            f"{case['seconds'] / push_s:.2f}"
+        )
+        print(
+            f"by-hand loop (push, stop, relaunch) {loop_s:6.2f} s   ratio dflashctl / it: "
+            f"{case['seconds'] / loop_s:.2f}"
+        )
+        key = "one_file_load2" if busy else "one_file_as_is"
+        results[key] = dict(
+            case,
+            busy_processes=busy,
+            load_start=round(load_at_start, 1),
+            load_end=round(load_at_end, 1),
+            ratio_goal=round(case["seconds"] / GOALS["one_file_s"], 2),
+            scp_push_s=round(push_s, 3),
+            by_hand_loop_s=round(loop_s, 3),
+            runs=[round(r.seconds, 3) for r in mine],
+        )
+        met &= case["seconds"] < GOALS["one_file_s"] and case["peak_rss_mib"] < GOALS["rss_mib"]
+    by_hand.ssh("sh", "-c", "rm -f /tmp/by-hand-*")
+    wipe(container, cache)
+    shutil.rmtree(source)
     return met
 
 
