@@ -46,7 +46,10 @@ from dflashctl.transport.base import (
 from dflashctl.transport.ssh_config import SSH_CONFIG_ENV, SSHDestination, ssh_config_path
 
 CLIENT_ENV = "DFLASHCTL_SSH_CLIENT"  # "paramiko": never use the system's ssh
-PERSIST_S = 60  # how long the master outlives its last use
+# How long the master outlives its last use: the edit-and-redeploy loop of a working
+# session (minutes apart) keeps reusing it, where 60 s made most redeploys pay a
+# handshake again. An idle master holds only a connection the key already allowed.
+PERSIST_S = 900
 PIPE_CHUNK = 1 << 20
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
