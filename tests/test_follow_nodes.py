@@ -22,8 +22,8 @@ from rich.console import Console
 from dflashctl import terminal
 from dflashctl.config import load_config
 from dflashctl.crash import load_rules
-from dflashctl.follow.multinode import follow_nodes
-from dflashctl.follow.nodes_report import report_nodes_result
+from dflashctl.follow.fleet import follow_fleet
+from dflashctl.follow.fleet_report import report_fleet
 from dflashctl.nodes import node_sessions
 from tests.json_answers import flat
 from tests.test_follow_support import kill_run, launch_argv, wait_for
@@ -275,7 +275,7 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
     try:
         config = load_config(path)
         with node_sessions(config) as nodes:
-            result = follow_nodes(
+            result = follow_fleet(
                 nodes,
                 RUN,
                 rules=load_rules(),
@@ -294,7 +294,7 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
     assert not any("node b: lost" in line for _, line in printed)
     during = [line for t, line in printed if lost[0] < t < back[0] and line.startswith("b | ")]
     assert during, "node b printed nothing while node a reconnected"
-    assert report_nodes_result(result) == 0
+    assert report_fleet(result) == 0
 
 
 def test_a_node_that_cannot_be_reached_is_named_while_the_other_is_followed_to_its_end(
