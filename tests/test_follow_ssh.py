@@ -198,7 +198,9 @@ def test_cli_follow_across_drops_with_json(setup, pve_host):
 
 def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     path, _, container = setup
-    host_rundir = launch_in(container, "ssh-int", lines=500, delay=0.02)
+    # The run logs its lines, then stays alive until killed: however slowly the
+    # follower starts on a busy machine, the run is still running when Ctrl-C comes.
+    host_rundir = launch_in(container, "ssh-int", lines=500, delay=0.02, mode="hang")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dflashctl", "logs", "-f", "ssh-int", "-c", str(path)],
         stdout=subprocess.PIPE,
@@ -215,10 +217,10 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     for collector in collectors:
         collector.start()
     try:
-        wait_for(lambda: log_has(host_rundir, "step 20/"), what="the log")
-        wait_for(lambda: readers_in(container), what="the log reader")
+        wait_for(lambda: log_has(host_rundir, "step 20/"), PATIENCE_S, "the log")
+        wait_for(lambda: readers_in(container), PATIENCE_S, "the log reader")
         # Interrupt once the last 50 lines are out and live lines follow.
-        wait_for(lambda: len(step_lines("".join(printed))) > 55, what="live lines")
+        wait_for(lambda: len(step_lines("".join(printed))) > 55, PATIENCE_S, "live lines")
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         for collector in collectors:
@@ -230,7 +232,7 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     assert proc.returncode == 130, err
     assert "dflashctl logs -f ssh-int" in err
     # The last 50 lines at the start, then every line until Ctrl-C: no gap, no repeat.
-    shown, everything = step_lines(out), expected_lines(500)
+    shown, everything = step_lines(out), expected_lines(500, "hang")
     first = everything.index(shown[0])
     assert len(shown) > 5 and shown == everything[first : first + len(shown)]
     assert not (host_rundir / "exit_code").exists()
@@ -241,10 +243,12 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
 
 def test_a_container_stopped_mid_run_ends_the_following_with_a_clear_error(setup):
     _, config, container = setup
-    host_rundir = launch_in(container, "ssh-stop", lines=300, delay=0.02)
+    host_rundir = launch_in(container, "ssh-stop", lines=300, delay=0.02, mode="hang")
 
     def stop_later():
-        wait_for(lambda: log_has(host_rundir, "step 20/"), what="the log")
+        # Under the follower's live stream: once its reader streams the log.
+        wait_for(lambda: log_has(host_rundir, "step 20/"), PATIENCE_S, "the log")
+        wait_for(lambda: readers_in(container), PATIENCE_S, "the log reader")
         container.stop()
 
     stopper = threading.Thread(target=stop_later)
