@@ -6,7 +6,7 @@ Each trial launches `torch.distributed.run --nnodes=2 --node-rank=k` in each nod
 workdir (the layout a deploy makes: runs/<id>/train.log, pid, exit_code), with
 `debug.fail_in=drafter-0@step:N` on rank 1 only (`--fail-kind sigkill`: the process
 killed, as the OOM killer does; `exception`: a Python exception in drafter-0), and
-follows both nodes with follow_nodes (the code behind `logs -f`). Latency = when the
+follows both nodes with follow_fleet (the code behind `logs -f`). Latency = when the
 report naming node b was printed - when rank 1's first word of its failure (its
 "injected SIGKILL ..." line, written just before it dies, or "drafter-0 failed:")
 reached the follower. Goal: under 2 s.
@@ -36,7 +36,7 @@ from rich.console import Console  # noqa: E402
 
 from dflashctl.config import load_config  # noqa: E402
 from dflashctl.crash import load_rules  # noqa: E402
-from dflashctl.follow.multinode import follow_nodes  # noqa: E402
+from dflashctl.follow.fleet import follow_fleet  # noqa: E402
 from dflashctl.nodes import node_sessions  # noqa: E402
 from tests.test_follow_support import kill_run, launch_argv  # noqa: E402
 
@@ -115,7 +115,7 @@ def trial(number: int, args: argparse.Namespace) -> dict:
     said: list[tuple[float, str]] = []
     try:
         with node_sessions(load_config(config_path)) as nodes:
-            result = follow_nodes(
+            result = follow_fleet(
                 nodes,
                 run_id,
                 rules=load_rules(),

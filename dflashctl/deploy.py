@@ -63,6 +63,7 @@ from dflashctl.launching import (
     stop_and_launch,
     trainer_command,
 )
+from dflashctl.nodes import lone_node
 from dflashctl.source_cache import SourceCache
 
 if TYPE_CHECKING:
@@ -331,7 +332,9 @@ def deploy(
                 confirm_size(config, plan, yes=options.yes)
                 summary = _execute(config, target, plan, meta, git, started, None)
             summary["left_out"] = skipped.names()
-            return follow_unless_detached(config, target, rules, summary, detach=options.detach)
+            return follow_unless_detached(
+                lone_node(config, target), rules, summary, detach=options.detach
+            )
 
 
 def plan_from(

@@ -41,7 +41,7 @@ from dflashctl.launch_nodes import (
     print_nodes_launched,
     rendezvous_endpoint,
 )
-from dflashctl.launching import follow_nodes_unless_detached, lock_holder, source_meta
+from dflashctl.launching import follow_unless_detached, lock_holder, source_meta
 from dflashctl.nodes import Node, node_sessions, on_every_node, values_or_raise
 
 
@@ -89,7 +89,7 @@ def deploy_nodes(config: Config, options: DeployOptions) -> tuple[int, dict[str,
             seconds=round(time.monotonic() - started, 3),
             dry_run=False,
         )
-        return follow_nodes_unless_detached(nodes, rules, summary, detach=options.detach)
+        return follow_unless_detached(nodes, rules, summary, detach=options.detach)
 
 
 def _plans(config: Config, nodes: list[Node], options: DeployOptions, manifest: Any) -> list[Plan]:

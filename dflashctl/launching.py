@@ -25,7 +25,7 @@ from dflashctl.config import Config
 from dflashctl.connect import open_target
 from dflashctl.crash import Rule
 from dflashctl.errors import HostError
-from dflashctl.follow import follow_run, report_result
+from dflashctl.follow import follow_fleet, report_fleet
 
 if TYPE_CHECKING:
     from dflashctl.nodes import Node
@@ -249,44 +249,18 @@ def lineage_summary(run: StartedRun) -> dict[str, Any]:
 
 
 def follow_unless_detached(
-    config: Config, target: Target, rules: list[Rule], summary: dict[str, Any], *, detach: bool
-) -> tuple[int, dict[str, Any]]:
-    """Follow the new run's log as `logs --follow` does; (exit code, summary with the
-    run's result)."""
-    run_id = summary["run_id"]
-    if detach:
-        terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
-        return 0, summary
-    result = follow_run(
-        lambda: open_target(config),
-        config.container.workdir,
-        run_id,
-        rules=rules,
-        target=target,
-        python=config.container.python,
-        from_offset=0,
-        hang=(config.run.hang.factor, config.run.hang.min_s),
-    )
-    summary["result"] = result.to_json()
-    return report_result(result), summary
-
-
-def follow_nodes_unless_detached(
     nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
 ) -> tuple[int, dict[str, Any]]:
-    """Several nodes (config.multi_node): follow the new run on every node at once, as
-    `logs -f` does (dflashctl/follow/multinode.py); (exit code, summary with the result:
-    each node's, and the root cause)."""
-    from dflashctl.follow.multinode import follow_nodes
-    from dflashctl.follow.nodes_report import report_nodes_result
-
+    """Follow the new run on every node as `logs --follow` does
+    (dflashctl/follow/fleet.py); (exit code, summary with the run's result: one node's,
+    or each node's and the root cause)."""
     run_id = summary["run_id"]
     if detach:
         terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
-    result = follow_nodes(nodes, run_id, rules=rules, from_offset=0)
+    result = follow_fleet(nodes, run_id, rules=rules, from_offset=0)
     summary["result"] = result.to_json()
-    return report_nodes_result(result), summary
+    return report_fleet(result), summary
 
 
 # --------------------------------------------------------------------------- Ctrl-C

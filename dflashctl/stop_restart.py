@@ -23,6 +23,7 @@ from dflashctl.launching import (
     stop_runs,
     trainer_command,
 )
+from dflashctl.nodes import lone_node
 
 
 def restart(
@@ -65,12 +66,11 @@ def restart(
             **lineage_summary(launched["run"]),
             "target": target.describe(),
         }
-        return follow_unless_detached(config, target, rules, summary, detach=detach)
+        return follow_unless_detached(lone_node(config, target), rules, summary, detach=detach)
 
 
 def _restart_nodes(config, rules, detach, extra_args, fresh, wait):
     from dflashctl.launch_nodes import restart_nodes
-    from dflashctl.launching import follow_nodes_unless_detached
     from dflashctl.nodes import node_sessions
 
     with node_sessions(config) as nodes:
@@ -78,7 +78,7 @@ def _restart_nodes(config, rules, detach, extra_args, fresh, wait):
         summary = restart_nodes(
             config, nodes, extra_args=extra_args, fresh=fresh, wait=wait, meta=meta
         )
-        return follow_nodes_unless_detached(nodes, rules, summary, detach=detach)
+        return follow_unless_detached(nodes, rules, summary, detach=detach)
 
 
 def stop(

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from rich.console import Console
@@ -74,6 +73,22 @@ def follow(runs, run_id, **kwargs):
         **kwargs,
     )
     return result, out.getvalue()
+
+
+def readers_of_mine() -> list[int]:
+    """This process's log readers (the agent's `log` verb, run by the local transport)."""
+    mine = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            parent = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"DFLASH-LOG" in argv and parent == os.getpid():
+            mine.append(int(entry))
+    return mine
 
 
 # --------------------------------------------------------------------------- pieces
@@ -157,7 +172,8 @@ def test_starts_before_the_log_exists(runs):
     (rundir / "pid").write_text(f"{placeholder.pid}\n")
 
     def launch_later():
-        time.sleep(0.4)
+        # Once the follower's reader waits for the log (not after a guessed delay).
+        wait_for(lambda: readers_of_mine(), timeout=120, what="the follower's log reader")
         (rundir / "pid").unlink()
         runs.start("r4", lines=4, delay=0.02)
 
@@ -207,14 +223,22 @@ def test_a_truncated_log_is_read_again_from_the_start(runs):
         (rundir / "pid").write_text(f"{sleeper.pid}\n")
         (rundir / "train.log").write_text("old 1\nold 2\n")
 
+        printed: list[str] = []
+
         def rotate():
-            time.sleep(0.5)
+            # Each step once the follower has printed what came before it: however slow
+            # the machine, the truncation comes after the old lines were read.
+            wait_for(lambda: "old 2" in printed, timeout=120, what="the old lines")
             (rundir / "train.log").write_text("new 1\n")  # truncates in place
-            time.sleep(0.5)
+            wait_for(lambda: "new 1" in printed, timeout=120, what="the new line")
             sleeper.kill()
 
-        threading.Thread(target=rotate).start()
-        result, out = follow(runs, "r7", reconnect=local_target)
+        rotator = threading.Thread(target=rotate, daemon=True)
+        rotator.start()
+        result, out = follow(
+            runs, "r7", reconnect=local_target, on_line=lambda text, _: printed.append(text)
+        )
+        rotator.join(10)
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -1,6 +1,7 @@
 """`logs -f` across nodes: two real containers of the test host (and this machine as a
 node of its own) run a stand-in trainer under the same run id; every line once, prefixed
-with its node; a rank killed by hand reported within 2 s with what the other node is
+with its node; a rank killed by hand reported (how fast: bench/bench_nodes_failure.py)
+with what the other node is
 doing; the first failure in time named as the root cause; one node's dropped connection
 while the other streams on."""
 
@@ -22,8 +23,8 @@ from rich.console import Console
 from dflashctl import terminal
 from dflashctl.config import load_config
 from dflashctl.crash import load_rules
-from dflashctl.follow.multinode import follow_nodes
-from dflashctl.follow.nodes_report import report_nodes_result
+from dflashctl.follow.fleet import follow_fleet
+from dflashctl.follow.fleet_report import report_fleet
 from dflashctl.nodes import node_sessions
 from tests.json_answers import flat
 from tests.test_follow_support import kill_run, launch_argv, wait_for
@@ -33,7 +34,9 @@ pytestmark = pytest.mark.slow
 WORKDIR = "/root/dflash"
 RUN = "20261130-210000-a1b2"
 
-# A rank of the job. argv: LINES DELAY MODE
+# A rank of the job. argv: LINES DELAY MODE [GATE]
+# GATE, a folder: step line i waits while GATE/hold-i exists (the test decides when the
+# run goes on, instead of racing it with the clock).
 #   finish  LINES step lines, then "training complete", exit 0
 #   split   like finish, each line written in two halves DELAY apart
 #   peer    step lines until a file peer-down appears in its run folder, then the
@@ -43,9 +46,12 @@ RUN = "20261130-210000-a1b2"
 NODE_TRAINER = r"""
 import os, sys, time
 lines, delay, mode = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+gate = sys.argv[4] if len(sys.argv) > 4 else None
 i = 0
 while mode in ("peer", "hang") or i < lines:
     i += 1
+    while gate and os.path.exists(os.path.join(gate, f"hold-{i}")):
+        time.sleep(0.01)
     if mode == "peer" and os.path.exists("peer-down"):
         for text in [
             "peers failed:",
@@ -89,8 +95,17 @@ os.rename("exit_code.tmp", "exit_code")
 """
 
 
-def trainer(lines: int, delay: float, mode: str) -> list[str]:
-    return [sys.executable, "-u", "-c", NODE_TRAINER, str(lines), str(delay), mode]
+def trainer(lines: int, delay: float, mode: str, gate: Path | None = None) -> list[str]:
+    argv = [sys.executable, "-u", "-c", NODE_TRAINER, str(lines), str(delay), mode]
+    return argv + ([str(gate)] if gate is not None else [])
+
+
+def held_at(gate: Path, step: int) -> Path:
+    """The run waits before step `step` until the returned file is removed."""
+    gate.mkdir(parents=True, exist_ok=True)
+    hold = gate / f"hold-{step}"
+    hold.write_text("")
+    return hold
 
 
 def steps(lines: int) -> list[str]:
@@ -105,9 +120,17 @@ def step_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith(("step ", "training complete"))]
 
 
-def launch_in(container, lines: int, delay: float, mode: str, *, quiet: bool = False) -> Path:
+def launch_in(
+    container, lines: int, delay: float, mode: str, *, quiet: bool = False, hold: int = 0
+) -> Path:
+    """Start a rank in the container; with `hold`, it waits before that step until the
+    container's /tmp/gate/hold-N is removed."""
     rundir = f"{WORKDIR}/runs/{RUN}"
-    argv = trainer(lines, delay, mode)
+    gate = None
+    if hold:
+        held_at(container.host_path("/tmp/gate"), hold)
+        gate = Path("/tmp/gate")
+    argv = trainer(lines, delay, mode, gate)
     if quiet:
         argv = ["sh", "-c", QUIET_LAUNCH, "sh", rundir, sys.executable, *argv]
     else:
@@ -241,7 +264,10 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
     tmp_path, container, write_config, pve_host, monkeypatch
 ):
     """Node a is a container over SSH, node b this machine: cutting the SSH connection
-    makes a reconnect (no line lost or repeated) while b's lines keep coming."""
+    makes a reconnect (no line lost or repeated) while b's lines keep coming. Each run
+    waits at a step of its own until the test lets it go on, and node a's reconnection
+    waits for a line of node b: however slow the machine, the drop cuts a live stream
+    and b's lines come while a reconnects."""
     b_workdir = tmp_path / "b-workdir"
     path = write_config(
         tmp_path,
@@ -250,9 +276,13 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
             {"name": "b", "host": "local", "container": {"vmid": None, "workdir": str(b_workdir)}},
         ],
     )
-    launch_in(container, 60, 0.03, "split")
+    launch_in(container, 60, 0.03, "split", hold=21)
+    a_hold = container.host_path("/tmp/gate/hold-21")
     b_rundir = b_workdir / "runs" / RUN
-    subprocess.run(launch_argv(str(b_rundir), trainer(150, 0.02, "split")), check=True)
+    b_hold = held_at(tmp_path / "b-gate", 31)
+    subprocess.run(
+        launch_argv(str(b_rundir), trainer(150, 0.02, "split", tmp_path / "b-gate")), check=True
+    )
     out = io.StringIO()
     printed: list[tuple[float, str]] = []
 
@@ -265,17 +295,43 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
     console = Console(file=Stamped(), width=200)
     monkeypatch.setattr(terminal, "err", Console(file=Stamped(), width=200))
 
+    def lost_at() -> int | None:
+        said = [i for i, (_, t) in enumerate(printed) if "node a: lost the log stream" in t]
+        return said[0] if said else None
+
+    def b_after_loss() -> bool:
+        at = lost_at()
+        return at is not None and any(t.startswith("b | ") for _, t in printed[at + 1 :])
+
+    from dflashctl import connect
+
+    real_open = connect.open_target
+
+    def open_target(config):
+        if config.container.vmid == 200 and lost_at() is not None:
+            wait_for(b_after_loss, 120, "a line of node b after node a's drop")
+        return real_open(config)
+
+    monkeypatch.setattr(connect, "open_target", open_target)
+
     def drop():
-        # Once node a's stream is live (its lines printed), cut it.
-        wait_for(lambda: any(t.startswith("a | step 20/") for _, t in printed), 120, "step 20")
-        pve_host.drop_connections()
+        # Both runs wait at their step (a before 21, b before 31): cut node a's live
+        # stream, then let both go on; b's lines come while a reconnects.
+        wait_for(lambda: any(t.startswith("a | step 20/") for _, t in printed), 120, "a's step 20")
+        wait_for(lambda: any(t.startswith("b | step 30/") for _, t in printed), 120, "b's step 30")
+        try:
+            pve_host.drop_connections()
+            wait_for(lambda: lost_at() is not None, 120, "node a's lost stream")
+        finally:
+            a_hold.unlink()
+            b_hold.unlink()
 
     dropper = threading.Thread(target=drop, daemon=True)
     dropper.start()
     try:
         config = load_config(path)
         with node_sessions(config) as nodes:
-            result = follow_nodes(
+            result = follow_fleet(
                 nodes,
                 RUN,
                 rules=load_rules(),
@@ -294,7 +350,7 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
     assert not any("node b: lost" in line for _, line in printed)
     during = [line for t, line in printed if lost[0] < t < back[0] and line.startswith("b | ")]
     assert during, "node b printed nothing while node a reconnected"
-    assert report_nodes_result(result) == 0
+    assert report_fleet(result) == 0
 
 
 def test_a_node_that_cannot_be_reached_is_named_while_the_other_is_followed_to_its_end(

@@ -171,7 +171,9 @@ def test_cli_follow_across_drops_with_json(setup, pve_host):
     dropper = Dropper(pve_host, container, host_rundir, marks, "ssh-cli")
     dropper.start()
     done = subprocess.run(
-        [sys.executable, "-m", "dflashctl", "logs", "-f", "--json", "-c", str(path)],
+        # -n past the log's length: a reader cut before its first frame came back (a
+        # busy machine) starts the backlog later, and the last 50 would begin mid-log.
+        [sys.executable, "-m", "dflashctl", "logs", "-f", "-n", "1000", "--json", "-c", str(path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -198,7 +200,9 @@ def test_cli_follow_across_drops_with_json(setup, pve_host):
 
 def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     path, _, container = setup
-    host_rundir = launch_in(container, "ssh-int", lines=500, delay=0.02)
+    # The run logs its lines, then stays alive until killed: however slowly the
+    # follower starts on a busy machine, the run is still running when Ctrl-C comes.
+    host_rundir = launch_in(container, "ssh-int", lines=10_000, delay=0.02, mode="hang")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dflashctl", "logs", "-f", "ssh-int", "-c", str(path)],
         stdout=subprocess.PIPE,
@@ -215,10 +219,14 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     for collector in collectors:
         collector.start()
     try:
-        wait_for(lambda: log_has(host_rundir, "step 20/"), what="the log")
-        wait_for(lambda: readers_in(container), what="the log reader")
+        wait_for(lambda: log_has(host_rundir, "step 20/"), PATIENCE_S, "the log")
+        wait_for(lambda: readers_in(container), PATIENCE_S, "the log reader")
         # Interrupt once the last 50 lines are out and live lines follow.
-        wait_for(lambda: len(step_lines("".join(printed))) > 55, what="live lines")
+        wait_for(lambda: step_lines("".join(printed)), PATIENCE_S, "the first lines")
+        shown_first = len(step_lines("".join(printed)))
+        wait_for(
+            lambda: len(step_lines("".join(printed))) > shown_first + 5, PATIENCE_S, "live lines"
+        )
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         for collector in collectors:
@@ -230,7 +238,7 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
     assert proc.returncode == 130, err
     assert "dflashctl logs -f ssh-int" in err
     # The last 50 lines at the start, then every line until Ctrl-C: no gap, no repeat.
-    shown, everything = step_lines(out), expected_lines(500)
+    shown, everything = step_lines(out), expected_lines(10_000, "hang")
     first = everything.index(shown[0])
     assert len(shown) > 5 and shown == everything[first : first + len(shown)]
     assert not (host_rundir / "exit_code").exists()
@@ -241,10 +249,12 @@ def test_ctrl_c_over_ssh_leaves_the_run_and_no_reader(setup):
 
 def test_a_container_stopped_mid_run_ends_the_following_with_a_clear_error(setup):
     _, config, container = setup
-    host_rundir = launch_in(container, "ssh-stop", lines=300, delay=0.02)
+    host_rundir = launch_in(container, "ssh-stop", lines=300, delay=0.02, mode="hang")
 
     def stop_later():
-        wait_for(lambda: log_has(host_rundir, "step 20/"), what="the log")
+        # Under the follower's live stream: once its reader streams the log.
+        wait_for(lambda: log_has(host_rundir, "step 20/"), PATIENCE_S, "the log")
+        wait_for(lambda: readers_in(container), PATIENCE_S, "the log reader")
         container.stop()
 
     stopper = threading.Thread(target=stop_later)

@@ -1,6 +1,7 @@
-"""`dflashctl logs` with two nodes on this machine (two workdirs, `host: local`): which
-run is followed (node 0's active run; another node's is said), a node without the run,
-a plain `logs` of both logs, and Ctrl-C leaving both runs alone."""
+"""`dflashctl logs` over a fleet on this machine (a workdir per node, `host: local`),
+for one node and for two: which run is followed (node 0's active run; another node's is
+said), a node without the run, a plain `logs` of every log (prefixed with the node only
+when there are several), the JSON, and Ctrl-C leaving the runs alone."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from tests.test_follow_support import (
 )
 
 
-class TwoNodes:
-    """Nodes a and b: two workdirs on this machine; runs started in them are killed after."""
+class Fleet:
+    """Nodes named by `names` (a, b, ...): a workdir each on this machine; runs started in
+    them are killed after."""
 
-    def __init__(self, tmp_path):
-        self.workdirs = {"a": tmp_path / "a", "b": tmp_path / "b"}
+    def __init__(self, tmp_path, names: str = "ab"):
+        self.workdirs = {name: tmp_path / name for name in names}
         self.config = tmp_path / "dflash.yaml"
         nodes = [
             {"name": name, "host": "local", "container": {"vmid": None, "workdir": str(path)}}
@@ -58,7 +60,15 @@ class TwoNodes:
 
 @pytest.fixture
 def two(tmp_path):
-    nodes = TwoNodes(tmp_path)
+    nodes = Fleet(tmp_path, "ab")
+    yield nodes
+    for rundir in nodes.rundirs:
+        kill_run(rundir)
+
+
+@pytest.fixture(params=["a", "ab"], ids=["1-node", "2-nodes"])
+def fleet(request, tmp_path):
+    nodes = Fleet(tmp_path, request.param)
     yield nodes
     for rundir in nodes.rundirs:
         kill_run(rundir)
@@ -77,6 +87,34 @@ def test_plain_logs_show_every_nodes_lines_prefixed(two):
     assert done.returncode == 0, done.stderr
     assert of_node(done.stdout, "a") == expected_lines(4) == of_node(done.stdout, "b")
     assert "run r1 finished on all 2 nodes" in done.stderr
+
+
+def test_one_node_or_two_the_same_lines_prefixed_only_for_two(fleet):
+    for node in fleet.workdirs:
+        rundir = fleet.start(node, "r1", 3, 0.0)
+        wait_for(lambda r=rundir: (r / "exit_code").exists(), what="the run's end")
+    done = fleet.logs("-f")
+    assert done.returncode == 0, done.stderr
+    if len(fleet.workdirs) == 1:
+        assert [line for line in done.stdout.splitlines() if line] == expected_lines(3)
+        assert "run r1 finished (exit code 0)" in done.stderr
+    else:
+        assert of_node(done.stdout, "a") == expected_lines(3) == of_node(done.stdout, "b")
+        assert "run r1 finished on all 2 nodes" in done.stderr
+
+
+def test_the_json_of_one_node_is_its_run_and_of_two_each_node(fleet):
+    for node in fleet.workdirs:
+        fleet.start(node, "r1", 2, 0.0, "thread-crash")
+    done = fleet.logs("-f", "--json", "r1")
+    assert done.returncode == 1, done.stderr
+    answer = flat(json.loads(done.stdout))
+    assert (answer["run"], answer["status"]) == ("r1", "crashed")
+    if len(fleet.workdirs) == 1:
+        assert "nodes" not in answer and answer["crashes"][0]["thread"] == "drafter-2"
+    else:
+        assert [n["node"] for n in answer["nodes"]] == ["a", "b"]
+        assert answer["root_cause"]["thread"] == "drafter-2"
 
 
 def test_the_active_run_of_node_0_is_followed_and_another_one_said(two):
@@ -112,12 +150,16 @@ def test_ctrl_c_stops_following_every_node_and_leaves_the_runs(two):
     reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
     reader.start()
     try:
+        # Live lines of both nodes: more of each after the first ones came (a follower
+        # that started late on a busy machine shows only the last lines of each first).
+        def counts():
+            return [sum(line.startswith(f"{n} | step ") for line in printed) for n in "ab"]
+
+        wait_for(lambda: all(counts()), timeout=120, what="lines of both nodes")
+        first = counts()
         wait_for(
-            lambda: (
-                any(line.startswith("a | step 60/") for line in printed)
-                and any(line.startswith("b | step 60/") for line in printed)
-            ),
-            timeout=30,
+            lambda: all(now > then for now, then in zip(counts(), first, strict=True)),
+            timeout=120,
             what="live lines of both nodes",
         )
         proc.send_signal(signal.SIGINT)
@@ -132,20 +174,41 @@ def test_ctrl_c_stops_following_every_node_and_leaves_the_runs(two):
     assert not any((rundir / "exit_code").exists() for rundir in rundirs)
 
 
+def test_deploy_follows_the_new_run_on_one_node_or_two(fleet, capsys):
+    """What deploy and restart call after launching, for a fleet of one node or two."""
+    from dflashctl.config import load_config
+    from dflashctl.crash import load_rules
+    from dflashctl.launching import follow_unless_detached
+    from dflashctl.nodes import node_sessions
+
+    for node in fleet.workdirs:
+        fleet.start(node, "r1", 2, 0.01)
+    with node_sessions(load_config(fleet.config)) as nodes:
+        code, summary = follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=False)
+    assert code == 0
+    result = summary["result"]
+    if len(fleet.workdirs) == 1:
+        assert (result["status"], result["exit_code"]) == ("finished", 0)
+        assert "nodes" not in result
+    else:
+        assert [n["status"] for n in result["nodes"]] == ["finished", "finished"]
+    out = capsys.readouterr().out
+    prefix = "a | " if len(fleet.workdirs) > 1 else ""
+    assert f"{prefix}{expected_lines(2)[-1]}" in out.splitlines()
+
+
 def test_deploy_follows_the_new_run_on_every_node(two, capsys):
     """What deploy and restart call after launching on several nodes."""
     from dflashctl.config import load_config
     from dflashctl.crash import load_rules
-    from dflashctl.launching import follow_nodes_unless_detached
+    from dflashctl.launching import follow_unless_detached
     from dflashctl.nodes import node_sessions
 
     two.start("a", "r1", 3, 0.01)
     two.start("b", "r1", 2, 0.01, "thread-crash")
     with node_sessions(load_config(two.config)) as nodes:
-        code, summary = follow_nodes_unless_detached(
-            nodes, load_rules(), {"run_id": "r1"}, detach=False
-        )
-        assert follow_nodes_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=True) == (
+        code, summary = follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=False)
+        assert follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=True) == (
             0,
             {"run_id": "r1"},
         )

@@ -4,7 +4,8 @@ joined by a network of our own, run the bundled trainer with gloo on CPU as 2 no
 
 deploy follows both nodes to completion; a redeploy continues that run's checkpoint
 (rank 0's, on the first node; the second node gets it from rank 0); a rank SIGKILLed by
-hand on the second node is reported within 2 s, naming the node.
+hand on the second node is reported, naming the node (how fast: bench/
+bench_nodes_failure.py; no test here asserts a time).
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def log_of(container, run_id: str) -> Path:
     return container.host_path(f"{WORKDIR}/runs/{run_id}/train.log")
 
 
+def wait_for(predicate, timeout: float, lines: list[str]) -> None:
+    """Until predicate() holds; a safety net of `timeout` s for a busy machine, failing
+    with the end of what `logs -f` printed."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "".join(lines)[-4000:]
+        time.sleep(0.05)
+
+
 def wait_for_line(path: Path, pattern: str, timeout: float = 120) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -146,7 +156,7 @@ def test_two_nodes_train_continue_and_name_a_killed_rank(two_nodes):
     wait_for_line(log_of(a, new_run), r"step 35/100000")
     wait_for_line(log_of(b, new_run), r"\[rank1\]: resum\w* .*step 30")
 
-    # a rank killed by hand: `logs -f` names the node within 2 s
+    # a rank killed by hand: `logs -f` names the node (how fast is the bench's question)
     follow = subprocess.Popen(
         [*DFLASHCTL, "logs", "-f", new_run, "-c", str(path)],
         stdout=subprocess.PIPE,
@@ -154,43 +164,32 @@ def test_two_nodes_train_continue_and_name_a_killed_rank(two_nodes):
         text=True,
         stdin=subprocess.DEVNULL,
     )
-    seen: list[tuple[float, str]] = []
-    reader = threading.Thread(
-        target=lambda: [seen.append((time.monotonic(), line)) for line in follow.stdout],
-        daemon=True,
-    )
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 300  # start-up on a busy machine: a safety net
-        while not any("step" in line and "gpu-a" in line for _, line in seen):
-            assert time.monotonic() < deadline, "".join(line for _, line in seen)
-            time.sleep(0.05)
-        killed_at = time.monotonic()
+        wait_for(lambda: any("step" in line and "gpu-a" in line for line in seen), 300, seen)
+        killed = len(seen)  # the report comes after this line: order, not time
         os.kill(rank_pid(new_run, "gpu-b"), signal.SIGKILL)
-        deadline = killed_at + 120  # how fast is bench/bench_nodes_failure.py's question
-        report = None
-        while report is None and time.monotonic() < deadline:
-            report = next(
-                (
-                    (t, line)
-                    for t, line in seen
-                    if t >= killed_at and "gpu-b" in line and REPORT.search(line)
-                ),
-                None,
-            )
-            time.sleep(0.02)
-        text = "".join(line for _, line in seen)
-        assert report is not None, text[-4000:]
-        # ... and says what the other node is doing at that moment
-        after = text[text.index(report[1]) :]
-        assert re.search(r"gpu-a: (running|stopping|ended)", after), after[:2000]
+
+        def reported():
+            return next((ln for ln in seen[killed:] if "gpu-b" in ln and REPORT.search(ln)), None)
+
+        wait_for(reported, 120, seen)  # how fast is bench/bench_nodes_failure.py's question
+        report = reported()
+
+        def doing():  # ... and says what the other node is doing at that moment
+            text = "".join(seen)
+            return re.search(r"gpu-a: (running|stopping|ended)", text[text.index(report) :])
+
+        wait_for(doing, 120, seen)
         # following goes on until every node's part ended: exit 1, the cause on gpu-b
-        assert follow.wait(timeout=120) == 1, text[-4000:]
+        assert follow.wait(timeout=120) == 1, "".join(seen)[-4000:]
     finally:
         if follow.poll() is None:
             follow.kill()
         cli(path, "stop", timeout=120)
-    text = "".join(line for _, line in seen)
+    text = "".join(seen)
     assert re.search(r"root cause \(the first failure in time\): node gpu-b, rank 1", text), text[
         -4000:
     ]

@@ -1,9 +1,9 @@
 """dflashctl logs: a run's log, live with --follow, with its crashes named.
 
-With several nodes in dflash.yaml, the run is followed on every node at once (lines
-prefixed with the node; the root cause is the first failure in time, see
-dflashctl/follow/multinode.py): exit 1 when any node crashed, 3 when a node could not
-be reached within --reconnect-timeout.
+The run is followed on every node of the fleet at once (dflashctl/follow/fleet.py);
+with several nodes in dflash.yaml, lines are prefixed with the node and the root cause
+is the first failure in time: exit 1 when any node crashed, 3 when a node could not be
+reached within --reconnect-timeout.
 
 Exit codes: 0 the run is running or finished cleanly, 1 it crashed (a detected crash, a
 non-zero exit or a signal; a crash found in the log of a run whose process still runs,
@@ -23,10 +23,9 @@ from typing import Annotated, BinaryIO
 
 import typer
 
-from dflashctl import hints, terminal
+from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
-from dflashctl.json_output import node_name_of
 
 DEFAULT_LINES = 50
 
@@ -74,8 +73,7 @@ def logs(
     config: ConfigOption = None,
 ) -> None:
     """Show a run's log and the crashes in it; --follow streams it until the run ends."""
-    from dflashctl.follow import report_result
-    from dflashctl.follow.nodes_report import NodesFollowResult, report_nodes_result
+    from dflashctl.follow import report_fleet, report_result
 
     if json_output:
         terminal.set_quiet_stdout(True)
@@ -83,75 +81,35 @@ def logs(
         if run_id is not None or follow:
             raise UsageError("--file classifies a local log: it takes no RUN_ID and no --follow")
         result = _classify_file(file, exit_code, lines, config, show_lines=not json_output)
-        node = None  # a local file: no node
-    else:
-        if exit_code is not None:
-            raise UsageError(
-                "--exit-code goes with --file",
-                hint="for a run, the exit code is read from the run itself",
-            )
-        result, node = _follow(run_id, follow, lines, reconnect_timeout, config, json_output)
-    if isinstance(result, NodesFollowResult):
-        raise typer.Exit(report_nodes_result(result, json_mode=json_output))
-    raise typer.Exit(report_result(result, json_mode=json_output, node=node))
+        raise typer.Exit(report_result(result, json_mode=json_output))  # a local file: no node
+    if exit_code is not None:
+        raise UsageError(
+            "--exit-code goes with --file",
+            hint="for a run, the exit code is read from the run itself",
+        )
+    followed = _follow(run_id, follow, lines, reconnect_timeout, config, json_output)
+    raise typer.Exit(report_fleet(followed, json_mode=json_output))
 
 
 def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
-    from dflashctl import runs
     from dflashctl.config import load_config
-    from dflashctl.connect import open_target, session
     from dflashctl.crash import rules_for
-    from dflashctl.follow import follow_run
+    from dflashctl.follow import follow_fleet, resolve_run
+    from dflashctl.nodes import node_sessions
 
     config = load_config(config_path)
     rules = rules_for(config)  # a bad crash rule is a config error, before any contact
-    if config.multi_node:
-        followed = _follow_nodes(
-            config, rules, run_id, follow, lines, reconnect_timeout, json_output
-        )
-        return followed, None
-    workdir, python = config.container.workdir, config.container.python
-    with session(config) as target:
-        if run_id is None:
-            active = runs.active_run(target, workdir, python=python)
-            if active is None:
-                raise UsageError(
-                    f"no runs in {workdir} on {target.describe()} yet",
-                    hint=f"start one with {hints.command('deploy')}",
-                )
-            run_id = active.id
-        result = follow_run(
-            lambda: open_target(config),
-            workdir,
-            run_id,
+    with node_sessions(config) as nodes:
+        return follow_fleet(
+            nodes,
+            resolve_run(nodes, run_id),
             rules=rules,
-            target=target,
-            python=python,
             follow=follow,
             lines=lines,
             # Scripts reading --json still see a followed run's progress, on stderr.
             show_lines=follow or not json_output,
             reconnect_timeout_s=reconnect_timeout,
             waiting_notice=not json_output,
-            hang=(config.run.hang.factor, config.run.hang.min_s),
-        )
-    return result, node_name_of(config)
-
-
-def _follow_nodes(config, rules, run_id, follow, lines, reconnect_timeout, json_output):
-    from dflashctl.follow.multinode import follow_nodes, resolve_run
-    from dflashctl.nodes import node_sessions
-
-    with node_sessions(config) as nodes:
-        run_id = resolve_run(nodes, run_id)
-        return follow_nodes(
-            nodes,
-            run_id,
-            rules=rules,
-            follow=follow,
-            lines=lines,
-            show_lines=follow or not json_output,
-            reconnect_timeout_s=reconnect_timeout,
         )
 
 

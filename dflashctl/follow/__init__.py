@@ -37,40 +37,42 @@ How it works:
   net; never by the stream ending alone. After the end the log is read to its last byte
   before the crash detector weighs the exit code.
 
-Several nodes (a `nodes:` list in dflash.yaml): follow_nodes runs one follow_run per
-node, each in its own thread, and report_nodes_result says how the run ended on each and
-its root cause across nodes, the first failure in time:
+Every node of the fleet (one, or a `nodes:` list in dflash.yaml): follow_fleet runs one
+follow_run per node (several nodes each in its own thread, their lines prefixed), and
+report_fleet says how the run ended (on each node, and its root cause across nodes, the
+first failure in time):
 
     with node_sessions(config) as nodes:
-        result = follow_nodes(nodes, resolve_run(nodes, None), rules=rules_for(config))
-    sys.exit(report_nodes_result(result, json_mode=json_mode))
+        result = follow_fleet(nodes, resolve_run(nodes, None), rules=rules_for(config))
+    sys.exit(report_fleet(result, json_mode=json_mode))
 
 Modules: reader.py (the reader's frames), lines.py (lines out of bytes,
 printed and fed to the crash detector), follower.py (follow_run: streaming, reconnecting,
 the end of the run), report.py (FollowResult, the closing word, classify_log for a copied
-log), multinode.py (follow_nodes: every node at once, the report when a node fails),
+log), fleet.py (follow_fleet: every node at once, the report when a node fails),
+fleet_report.py (FleetResult and its closing word),
 root_cause.py (the first failure across nodes; torchrun's failure summary), prefixed.py
 (each node's lines prefixed, whole, under one lock).
 """
 
+from dflashctl.follow.fleet import follow_fleet, resolve_run
+from dflashctl.follow.fleet_report import FleetResult, report_fleet
 from dflashctl.follow.follower import follow_run
 from dflashctl.follow.lines import LineSink, LineSplitter
-from dflashctl.follow.multinode import follow_nodes, resolve_run
-from dflashctl.follow.nodes_report import NodesFollowResult, report_nodes_result
 from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult, classify_log, report_result
 
 __all__ = [
+    "FleetResult",
     "FollowResult",
     "FrameParser",
     "LineSink",
     "LineSplitter",
-    "NodesFollowResult",
     "ReaderBroken",
     "classify_log",
-    "follow_nodes",
+    "follow_fleet",
     "follow_run",
-    "report_nodes_result",
+    "report_fleet",
     "report_result",
     "resolve_run",
 ]

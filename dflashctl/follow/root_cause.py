@@ -2,7 +2,7 @@
 torchelastic's "first observed failure" names it, with the failures a rank's death
 causes on the other nodes kept apart as consequences.
 
-Pure functions over NodeFailure records (dflashctl/follow/multinode.py makes them while it
+Pure functions over NodeFailure records (dflashctl/follow/fleet.py makes them while it
 follows), so that the ordering is tested on its own:
 
     cause, consequences = first_failure(failures)

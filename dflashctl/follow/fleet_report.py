@@ -1,6 +1,7 @@
-"""How a run of several nodes stands once following stopped (NodesFollowResult: each
-node's FollowResult or error, the root cause and its consequences), and the closing word
-printed for it."""
+"""How a run stands on its fleet once following stopped (FleetResult: each node's
+FollowResult or error, the root cause across nodes and its consequences), and the
+closing word printed for it. One node says it as report.py always did (its JSON
+object, its words); several add each node's line and the root cause."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rich.markup import escape
 
 from dflashctl import hints, terminal
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK
-from dflashctl.follow.report import FollowResult
+from dflashctl.follow.report import FollowResult, report_result
 from dflashctl.follow.root_cause import NodeFailure
 
 # --------------------------------------------------------------------------- results
@@ -39,12 +40,17 @@ class NodeFollow:
 
 
 @dataclass
-class NodesFollowResult:
+class FleetResult:
     run_id: str
     nodes: list[NodeFollow]
     root_cause: NodeFailure | None = None
     consequences: list[NodeFailure] = field(default_factory=list)
     interrupted: bool = False
+
+    @property
+    def lone(self) -> FollowResult | None:
+        """The one node's result, for a fleet of one (its errors were raised)."""
+        return self.nodes[0].result if len(self.nodes) == 1 else None
 
     @property
     def status(self) -> str:
@@ -58,6 +64,8 @@ class NodesFollowResult:
 
     @property
     def cli_exit_code(self) -> int:
+        if self.lone is not None:
+            return self.lone.cli_exit_code
         if self.interrupted:
             return EXIT_INTERRUPTED
         if self.status == "crashed":
@@ -66,6 +74,9 @@ class NodesFollowResult:
         return max(errors) if errors else EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
+        """schemas/logs.json's object for one node; its `nodes` form for several."""
+        if self.lone is not None:
+            return self.lone.to_json()
         data: dict[str, Any] = {
             "run": self.run_id,
             "status": self.status,
@@ -81,8 +92,10 @@ class NodesFollowResult:
 # --------------------------------------------------------------------------- the closing word
 
 
-def report_nodes_result(result: NodesFollowResult, *, json_mode: bool = False) -> int:
+def report_fleet(result: FleetResult, *, json_mode: bool = False) -> int:
     """Print the closing word (or the JSON object on stdout); return the exit code."""
+    if result.lone is not None:
+        return report_result(result.lone, json_mode=json_mode, node=result.nodes[0].name)
     run = result.run_id
     if json_mode:
         terminal.print_json(result.to_json(), command="logs")

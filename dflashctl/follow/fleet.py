@@ -1,17 +1,20 @@
-"""Follow one run on every node at once: `logs -f` (and deploy's following) for a
-config with several nodes.
+"""Follow one run on every node of the fleet (one node or several): the code behind
+`logs` and the following of deploy and restart.
 
     with node_sessions(config) as nodes:
         run_id = resolve_run(nodes, run_id)         # RUN, or node 0's active run
-        result = follow_nodes(nodes, run_id, rules=rules_for(config))
-    sys.exit(report_nodes_result(result, json_mode=False))   # nodes_report.py
+        result = follow_fleet(nodes, run_id, rules=rules_for(config))
+    sys.exit(report_fleet(result, json_mode=False))   # fleet_report.py
 
-One follower per node (follow_run, with its own reconnecting), each in a thread of its
-own. Their lines go out prefixed with the node (`gpu-a | `), whole, under one lock. The
-moment a node fails (a crash certain in its log, or its run ending badly), a report
-says so on stderr, with what every other node is doing right then; following goes on
-until every node's run has ended. The root cause across nodes is the first failure in
-time (root_cause.py); the other nodes' failures are its consequences.
+One follower (follow_run, with its own reconnecting) per node. One node is followed in
+the calling thread, its lines unprefixed, its errors raised as they come: what one
+machine costs and says, whatever the fleet code around it. Several nodes are followed
+each in a thread of its own; their lines go out prefixed with the node (`gpu-a | `),
+whole, under one lock. The moment a node fails (a crash certain in its log, or its run
+ending badly), a report says so on stderr, with what every other node is doing right
+then; following goes on until every node's run has ended. The root cause across nodes
+is the first failure in time (root_cause.py); the other nodes' failures are its
+consequences.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from rich.markup import escape
 
 from dflashctl import hints, terminal
 from dflashctl.errors import DflashError, UsageError
+from dflashctl.follow.fleet_report import FleetResult, NodeFollow
 from dflashctl.follow.follower import follow_run
-from dflashctl.follow.nodes_report import NodeFollow, NodesFollowResult
 from dflashctl.follow.prefixed import OUTPUT_LOCK, node_prefixes, prefixed_console
 from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure, named_rank
 
@@ -47,11 +50,11 @@ LINE_SHOWN = 100  # characters of another node's last line in a failure report
 
 
 def resolve_run(nodes: list[Node], run_id: str | None) -> str:
-    """RUN, or node 0's active run; every node must have it (UsageError naming the node
-    that does not). A node whose active run is another one is said (a warning): the run
-    is followed there anyway."""
-    from dflashctl.nodes import on_every_node, values_or_raise
-    from dflashctl.runs import active_run, find_run
+    """RUN, or node 0's active run. With several nodes every node must have it
+    (UsageError naming the node that does not), and a node whose active run is another
+    one is said (a warning): the run is followed there anyway. One node is not asked
+    again: following a run it lacks says so."""
+    from dflashctl.runs import active_run
 
     first = nodes[0]
     named = run_id is not None
@@ -63,11 +66,22 @@ def resolve_run(nodes: list[Node], run_id: str | None) -> str:
                 first.target, first.config.container.workdir, python=first.config.container.python
             )
         if active is None:
+            where = first.describe() if len(nodes) > 1 else first.target.describe()
             raise UsageError(
-                f"no runs in {first.config.container.workdir} on {first.describe()} yet",
+                f"no runs in {first.config.container.workdir} on {where} yet",
                 hint=f"start one with {hints.command('deploy')}",
             )
         run_id = active.id
+    if len(nodes) > 1:
+        _every_node_has(nodes, run_id, named=named)
+    return run_id
+
+
+def _every_node_has(nodes: list[Node], run_id: str, *, named: bool) -> None:
+    from dflashctl.nodes import on_every_node, values_or_raise
+    from dflashctl.runs import find_run
+
+    first = nodes[0]
     wanted = run_id
     found = values_or_raise(
         on_every_node(
@@ -93,7 +107,6 @@ def resolve_run(nodes: list[Node], run_id: str | None) -> str:
                 f"node {node.name}'s active run is {active_id or 'none'}, not {wanted} "
                 f"(node {first.name}'s); following {wanted} on every node"
             )
-    return wanted
 
 
 # --------------------------------------------------------------------------- following
@@ -123,7 +136,7 @@ class _NodeWatch:
         return self.result is not None or self.error is not None
 
 
-def follow_nodes(
+def follow_fleet(
     nodes: list[Node],
     run_id: str,
     *,
@@ -134,25 +147,25 @@ def follow_nodes(
     show_lines: bool = True,
     reconnect_timeout_s: float = 120.0,
     state_poll_s: float = 5.0,
+    waiting_notice: bool = True,
     console: Callable[[], Console] | None = None,
     notices: Callable[[], Console] | None = None,
-) -> NodesFollowResult:
+) -> FleetResult:
     """Follow run `run_id` on every node until every node's run has ended (or, with
-    follow=False, read what each log holds now). Never raises for one node's trouble:
+    follow=False, read what each log holds now).
+
+    One node: its follower's errors are raised (HostError, exit 3; UsageError for a run
+    it lacks), as follow_run raises them. Several: never raises for one node's trouble;
     a node that cannot be reached within `reconnect_timeout_s` ends with its error in
     the result (exit code 3), while the others are followed on.
 
     from_offset / lines: as follow_run's, for every node (deploy follows a new run from
     byte 0; `logs` shows the last `lines` of each node first).
-    console: where the prefixed lines and panels go (default terminal.out, asked at each
-    write); notices: where the failure reports go (default terminal.err).
+    waiting_notice: one node's live "waiting for the first line" (several nodes' would
+    fight over the terminal, so they have none).
+    console: where the lines and panels go (default terminal.out, asked at each write);
+    notices: where several nodes' failure reports go (default terminal.err).
     """
-    follower = _NodesFollower(
-        nodes=nodes,
-        run_id=run_id,
-        console=console or (lambda: terminal.out),
-        notices=notices or (lambda: terminal.err),
-    )
     kwargs = dict(
         rules=rules,
         follow=follow,
@@ -161,9 +174,42 @@ def follow_nodes(
         show_lines=show_lines,
         reconnect_timeout_s=reconnect_timeout_s,
         state_poll_s=state_poll_s,
-        waiting_notice=False,  # one live notice per node would fight over the terminal
     )
-    return follower.run(kwargs)
+    if len(nodes) == 1:
+        # No thread, no prefix, no cross-node report: the first line is shown as soon
+        # as the one follower reads it.
+        return _follow_lone(nodes[0], run_id, console, waiting_notice=waiting_notice, **kwargs)
+    follower = _NodesFollower(
+        nodes=nodes,
+        run_id=run_id,
+        console=console or (lambda: terminal.out),
+        notices=notices or (lambda: terminal.err),
+    )
+    return follower.run(dict(kwargs, waiting_notice=False))
+
+
+def _follow_lone(
+    node: Node, run_id: str, console: Callable[[], Console] | None, **kwargs: Any
+) -> FleetResult:
+    from dflashctl.connect import as_host_error, open_target
+
+    config = node.config
+    with as_host_error(node.target):
+        result = follow_run(
+            lambda: open_target(config),
+            config.container.workdir,
+            run_id,
+            target=node.target,
+            python=config.container.python,
+            console=console() if console is not None else None,
+            hang=(config.run.hang.factor, config.run.hang.min_s),
+            **kwargs,
+        )
+    return FleetResult(
+        run_id=run_id,
+        nodes=[NodeFollow(name=node.name, where=node.describe(), result=result)],
+        interrupted=result.interrupted,
+    )
 
 
 @dataclass(eq=False)
@@ -176,7 +222,7 @@ class _NodesFollower:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _watches: list[_NodeWatch] = field(default_factory=list)
 
-    def run(self, kwargs: dict[str, Any]) -> NodesFollowResult:
+    def run(self, kwargs: dict[str, Any]) -> FleetResult:
         prefixes = node_prefixes([node.name for node in self.nodes])
         self._watches = [
             _NodeWatch(
@@ -351,7 +397,7 @@ class _NodesFollower:
 
     # -- the answer --------------------------------------------------------------------
 
-    def _result(self, interrupted: bool) -> NodesFollowResult:
+    def _result(self, interrupted: bool) -> FleetResult:
         nodes, failures = [], []
         for watch in self._watches:
             failure = None
@@ -370,7 +416,7 @@ class _NodesFollower:
                 )
             )
         cause, consequences = first_failure(failures)
-        return NodesFollowResult(
+        return FleetResult(
             run_id=self.run_id,
             nodes=nodes,
             root_cause=cause,
