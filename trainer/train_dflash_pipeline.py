@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def default_workload(cfg: TrainConfig):
-    from dflash.pipeline.dflash_workload import DFlashWorkload
+    from dflash.dflash_workload import DFlashWorkload
 
     return DFlashWorkload(cfg)
 
