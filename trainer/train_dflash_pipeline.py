@@ -93,11 +93,12 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     # Rank 0 checks its checkpoint now, before minutes of set-up (and the rendezvous):
     # a misfit is reported in seconds.
     choice = resume.choose(world, cfg, args.resume, args.resume_from)
-    if choice.error is not None:
-        print(f"config error: {choice.error}", file=sys.stderr, flush=True)
     log = world.run_log()
-    # Every thread's stack on request (`dflashctl stacks`) and when the steps stop.
-    stacks.install(metrics_dir(cfg.resolved_output_dir()), world.rank, log)
+    if choice.error is not None:  # every rank hears it after the rendezvous, then exits 2
+        print(f"config error: {choice.error}", file=sys.stderr, flush=True)
+    else:  # a process that will exit 2 writes nothing: its output_dir stays as it was
+        # Every thread's stack on request (`dflashctl stacks`) and when the steps stop.
+        stacks.install(metrics_dir(cfg.resolved_output_dir()), world.rank, log)
     # Before the slow set-up (building the target, making data): a stop then is not lost.
     interrupts = Interrupts(log)
     interrupts.install()
