@@ -100,3 +100,33 @@ def test_plain_run_and_torchrun_with_one_and_two_ranks_write_the_same_files(tmp_
         assert torch.equal(value, alone[name]), name
     for name, value in trained_weights(two).items():
         assert (value - alone[name]).abs().max().item() <= 1e-6, name
+
+
+def test_a_world_of_one_answers_every_question_by_itself():
+    from dflash.pipeline.distributed import World
+    from dflash.pipeline.logging import RunLog
+    from dflash.pipeline.replicas import GradientAverager
+    from dflash.pipeline.supervisor import Supervisor
+
+    world = World.from_env({})  # no torchrun variables: a plain run
+    assert (world.rank, world.size, world.is_main, world.where()) == (0, 1, True, "")
+    world.join(RunLog(), None)  # nothing to meet: the runtime section is not even read
+    assert world.coordinator is None
+    world.barrier("anything")
+    assert world.vote("stop", 1) == 1 and world.vote("stop", 0) == 0
+    world.publish("resume", "{}")
+    assert world.read("resume") == "{}"
+    state = object()
+    assert world.broadcast_state(state, None) is state
+    tensor = torch.ones(3)
+    world.broadcast_from_main([tensor])
+    assert torch.equal(tensor, torch.ones(3))
+    error = RuntimeError("x")
+    assert world.explain(error) is error
+    supervisor = Supervisor(RunLog())
+    world.connect(supervisor)
+    averager = world.averager(2, supervisor, lambda: False, torch.float32, 256.0)
+    assert isinstance(averager, GradientAverager)
+    world.finish()
+    world.leave_after_failure("nothing to tell")
+    world.close()

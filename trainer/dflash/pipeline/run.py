@@ -119,11 +119,17 @@ def train(
     if handle_signals:
         interrupts.install()
     folder = metrics_dir(cfg.resolved_output_dir())
-    metrics = MetricsWriter(
-        folder,
-        tensorboard=cfg.logging.tensorboard,
-        # One tracker run per job: rank 0's (the others log nothing either).
-        trackers=open_trackers(cfg.logging, folder) if world.is_main else [],
+    # One metrics file, one TensorBoard folder and one tracker run per job: rank 0's, as
+    # it alone writes the step lines (another rank's start record, with its own devices,
+    # would read as the run's config and as a second start).
+    metrics = (
+        MetricsWriter(
+            folder,
+            tensorboard=cfg.logging.tensorboard,
+            trackers=open_trackers(cfg.logging, folder),
+        )
+        if world.is_main
+        else None
     )
     try:
         result = _train(
@@ -146,7 +152,8 @@ def train(
                 result.exit_code = 1
         return result
     finally:
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
         if handle_signals:
             interrupts.restore()
 
@@ -161,7 +168,7 @@ def _train(
     interrupts: Interrupts,
     resume_state: ckpt.TrainingState | None = None,
     resume_folder: Path | None = None,
-    metrics: MetricsWriter,
+    metrics: MetricsWriter | None,
     world: World,
 ) -> TrainResult:
     runtime = cfg.runtime  # validated when loaded: the device layout included
