@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "trainer"))
 
 import torch  # noqa: E402
-from dflash.pipeline.dflash_workload import DFlashWorkload  # noqa: E402
+from dflash.dflash_workload import DFlashWorkload  # noqa: E402
 from dflash.pipeline.train_config import load_train_config  # noqa: E402
 from dflash.pipeline.workload import Batch  # noqa: E402
 

@@ -323,7 +323,7 @@ def regenerate_data(target_dir: Path, source: Path, output: Path, s: dict) -> di
 
 # -- drafter training --------------------------------------------------------------------------
 def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Path, s: dict) -> dict:
-    from dflash.pipeline.dflash_workload import DFlashWorkload
+    from dflash.dflash_workload import DFlashWorkload
     from dflash.pipeline.logging import RunLog
     from dflash.pipeline.run import train
     from dflash.pipeline.train_config import config_from_dict

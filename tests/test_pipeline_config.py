@@ -237,7 +237,7 @@ def test_config_mistakes_fail_before_the_target_is_loaded(tmp_path):
 
 
 def test_a_target_folder_without_config_json_is_a_config_error(tmp_path):
-    from dflash.pipeline.dflash_workload import DFlashWorkload
+    from dflash.dflash_workload import DFlashWorkload
 
     (tmp_path / "empty").mkdir()
     cfg = load_train_config(None, [f"target.path={tmp_path / 'empty'}"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dflash.pipeline.dflash_workload import DFlashWorkload
+from dflash.dflash_workload import DFlashWorkload
 from dflash.pipeline.logging import RunLog
 from dflash.pipeline.run import train
 from dflash.pipeline.train_config import load_train_config

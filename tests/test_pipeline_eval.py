@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dflash.pipeline.dflash_workload import DFlashWorkload
+from dflash.dflash_workload import DFlashWorkload
 from dflash.pipeline.logging import RunLog
 from dflash.pipeline.run import train
 from dflash.pipeline.train_config import TrainConfigError, load_train_config

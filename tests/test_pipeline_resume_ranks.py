@@ -177,7 +177,7 @@ def test_a_checkpoint_that_does_not_fit_rank_0_ends_every_rank_with_exit_2_at_on
 
 def test_the_fingerprint_tells_another_checkpoint_at_the_same_path_from_rank_0s(tmp_path):
     from dflash.pipeline import checkpointing as ckpt
-    from dflash.pipeline.resume_across_ranks import fingerprint
+    from dflash.pipeline.resume import fingerprint
 
     def write(value: float) -> str:
         state = ckpt.TrainingState(

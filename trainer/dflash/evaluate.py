@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     args = _parse(argv)
     import torch
 
-    from dflash.pipeline.dflash_workload import EVAL_RESULTS, DFlashWorkload, evaluate_checkpoint
+    from dflash.dflash_workload import EVAL_RESULTS, DFlashWorkload, evaluate_checkpoint
     from dflash.pipeline.train_config import TrainConfigError
 
     folder = Path(args.checkpoint)

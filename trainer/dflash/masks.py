@@ -37,8 +37,6 @@ import torch.nn.functional as F
 
 from .model import Attend
 
-ATTENTION_BACKENDS = ("sdpa_dense", "sdpa_chunked", "flex")
-
 
 def _row_owner(num_anchors: int, block_size: int, device) -> torch.Tensor:
     return torch.arange(num_anchors * block_size, device=device) // block_size

@@ -17,9 +17,10 @@ import math
 
 import torch
 
+from dflash.pipeline.train_config import ATTENTION_BACKENDS
+
 from .chunked_ce import chunked_linear_cross_entropy
 from .masks import (
-    ATTENTION_BACKENDS,
     chunked_sdpa_attend,
     dense_block_mask,
     flex_attend,

@@ -1,4 +1,9 @@
-"""One trainer process per GPU under torchrun: ranks, the store, fail-fast, barriers.
+"""The world this process trains in: a plain run is rank 0 of a world of one; under
+torchrun one process per GPU, with ranks, the store, fail-fast and barriers.
+
+Every decision that differs between one process and many is taken here, by ``World``;
+the rest of the pipeline calls it the same way in both (a barrier of one passes at
+once, a vote of one is its own value, a broadcast from rank 0 keeps what it has).
 
     torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
         train_dflash_pipeline.py --config configs/qwen3-8b.yaml
@@ -27,9 +32,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
+from dflash.pipeline.config_errors import TrainConfigError
 from dflash.pipeline.logging import RunLog
-from dflash.pipeline.supervisor import POLL_S
+from dflash.pipeline.replicas import DistributedAverager, GradientAverager
+from dflash.pipeline.supervisor import POLL_S, Supervisor
 
 HEARTBEAT_S = 1.0
 LEAVE_WAIT_S = 10.0  # rank 0 (the store's host without torchrun) waits this long for the others
@@ -329,3 +337,215 @@ def abort_collectives(timeout_s: float = 5.0) -> None:
     worker = threading.Thread(target=quietly, name="abort-collectives", daemon=True)
     worker.start()
     worker.join(timeout_s)
+
+
+class World:
+    """This process's place in the job, made once from the environment.
+
+    A plain ``python`` run is rank 0 of a world of one and joins nothing; under torchrun
+    (one rank too) ``join`` opens the store and the process group. Alone, every call is
+    what one process would do by itself, so callers never ask which world they are in.
+    """
+
+    def __init__(self, info: DistInfo | None = None) -> None:
+        self.info = info or DistInfo()
+        self.coordinator: Coordinator | None = None
+        self._published: dict[str, str] = {}  # a world of one reads what it published
+        self._peer_callbacks: list[Callable[[str], None]] = []
+
+    @staticmethod
+    def from_env(environ: dict | None = None) -> World:
+        return World(DistInfo.from_env(environ))
+
+    # -- who we are
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def size(self) -> int:
+        return self.info.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: it logs the run's header and step lines, writes checkpoints, evaluates."""
+        return self.info.is_lead
+
+    def label(self) -> str:
+        return self.info.label()
+
+    def where(self) -> str:
+        """`` (rank 1/2 on host h (pid p))`` for a line that must say which rank; alone,
+        nothing (the log has one writer)."""
+        return f" ({self.info.label()})" if self.info.enabled else ""
+
+    def run_log(self, stream=None) -> RunLog:
+        return RankLog(self.rank, stream) if self.info.enabled else RunLog(stream)
+
+    # -- the devices
+
+    def place(self, runtime: Any) -> None:
+        """Under torchrun this process takes its local rank's share of the GPUs the config
+        names (``shift_devices``) and makes its drafter's GPU current (NCCL's device, and no
+        stray context on cuda:0); alone, the config's devices are this process's."""
+        if not self.info.enabled:
+            return
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for key in ("target_devices", "drafter_devices"):
+            setattr(runtime, key, shift_devices(getattr(runtime, key), self.info, count))
+        drafter = torch.device(runtime.drafter_devices[0])
+        if drafter.type == "cuda":
+            torch.cuda.set_device(drafter)
+
+    def check_layout(self, runtime: Any) -> None:
+        """One drafter per rank under torchrun; alone, one thread per drafter device."""
+        if self.info.enabled and len(runtime.drafter_devices) != 1:
+            raise TrainConfigError(
+                f"runtime.drafter_devices: {runtime.drafter_devices} under torchrun; each "
+                "process runs one drafter: start one process per GPU (torchrun "
+                "--nproc-per-node N) with drafter_devices: [cuda:0]"
+            )
+
+    def describe(self, runtime: Any) -> list[str]:
+        """The log's ``distributed:`` line (none alone)."""
+        if self.coordinator is None:
+            return []
+        info = self.info
+        return [
+            f"distributed: {info.label()}, local rank {info.local_rank}/{info.local_world_size}, "
+            f"{info.node_text()}, {self.coordinator.backend}, target on "
+            f"{', '.join(runtime.target_devices)}, drafter on {runtime.drafter_devices[0]}"
+        ]
+
+    def wire_device(self, runtime: Any):
+        """Where collectives move tensors: the rank's GPU for NCCL, else the CPU."""
+        import torch
+
+        if self.coordinator is not None and self.coordinator.backend == "nccl":
+            return torch.device(runtime.drafter_devices[0])
+        return torch.device("cpu")
+
+    # -- joining and leaving
+
+    def join(self, log: RunLog, runtime: Any) -> None:
+        """Meet the other ranks (the rendezvous) and start watching them; alone, nothing."""
+        if not self.info.enabled or self.coordinator is not None:
+            return
+        self.coordinator = Coordinator(
+            self.info,
+            log,
+            backend=backend_for(runtime.drafter_devices, runtime.dist_backend),
+            timeout_s=runtime.dist_timeout_s,
+        )
+        for callback in self._peer_callbacks:
+            self.coordinator.on_peer_failure(callback)
+        self.coordinator.start_monitor(runtime.peer_timeout_s)
+
+    def finish(self) -> None:
+        """Clean end: every rank leaves together (PeerFailure when one is gone)."""
+        if self.coordinator is not None:
+            self.coordinator.finish()
+
+    def leave_after_failure(self, text: str | None = None) -> None:
+        """This rank is going down: tell the others why (``text``), stop watching them and
+        abort the collectives so that no thread stays blocked on a peer that is gone."""
+        if self.coordinator is None:
+            return
+        if text is not None:
+            self.coordinator.post_failure(text)
+        self.coordinator.close_after_failure()
+        abort_collectives()
+
+    def close(self) -> None:
+        """Stop watching the others (a clean end has already; idempotent)."""
+        if self.coordinator is not None:
+            self.coordinator.close_after_failure()
+
+    # -- meeting the others
+
+    def barrier(self, name: str, stop_check: Callable[[], None] | None = None) -> None:
+        self.vote(name, 0, stop_check)
+
+    def vote(self, name: str, value: int, stop_check: Callable[[], None] | None = None) -> int:
+        """The sum over the ranks of ``value`` once every rank arrived (see Coordinator.vote)."""
+        if self.coordinator is None:
+            return value
+        return self.coordinator.vote(name, value, stop_check)
+
+    def publish(self, key: str, value: str) -> None:
+        """Rank 0 tells every rank (through the store)."""
+        self._published[key] = value
+        if self.coordinator is not None:
+            self.coordinator.publish(key, value)
+
+    def read(self, key: str) -> str:
+        if self.coordinator is None or key in self._published:
+            return self._published[key]
+        return self.coordinator.read(key)
+
+    def broadcast_state(self, state: Any, runtime: Any) -> Any:
+        """Rank 0's training state on every rank (state_broadcast.py); alone, its own."""
+        if self.size == 1:
+            return state
+        from dflash.pipeline.state_broadcast import broadcast_state
+
+        return broadcast_state(state, self.wire_device(runtime))
+
+    def broadcast_from_main(self, tensors: list) -> None:
+        """Every rank takes rank 0's values of ``tensors`` (in place)."""
+        if self.size == 1:
+            return
+        import torch.distributed as dist
+
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+    # -- failures
+
+    def check_peers(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.check_peers()
+
+    def explain(self, exc: BaseException) -> BaseException:
+        """A collective's failure, named by the rank that caused it (alone: itself)."""
+        return exc if self.coordinator is None else self.coordinator.explain(exc)
+
+    def connect(self, supervisor: Supervisor) -> None:
+        """A thread's failure here is posted for the other ranks (rank, host, thread, device,
+        exception); a failure or silence there stops this rank's threads."""
+
+        def post(name: str, exc: BaseException) -> None:
+            if isinstance(exc, PeerFailure) or self.coordinator is None:
+                return  # a consequence: the root cause is already posted by its rank
+            device = supervisor.devices.get(name)
+            on = f" on {device}" if device else ""
+            self.coordinator.post_failure(f"{name}{on} failed: {type(exc).__name__}: {exc}")
+
+        def stop_here(text: str) -> None:
+            supervisor.record_failure("peers", PeerFailure(f"{self.label()}: {text}"))
+
+        supervisor.on_failure(post)
+        self._peer_callbacks.append(stop_here)
+        if self.coordinator is not None:
+            self.coordinator.on_peer_failure(stop_here)
+
+    def averager(
+        self,
+        num_drafters: int,
+        supervisor: Supervisor,
+        stop_requested: Callable[[], bool],
+        comm_dtype: Any,
+        bucket_mb: float,
+    ):
+        """The gradient averaging of this world: the drafter threads of one process, or one
+        drafter per rank through torch.distributed."""
+        if self.coordinator is None:
+            return GradientAverager(num_drafters, supervisor, stop_requested, comm_dtype)
+        return DistributedAverager(self.size, stop_requested, comm_dtype, bucket_mb, self.explain)
+
+    def stop_cause_elsewhere(self) -> str:
+        """Why the steps stopped short when no signal reached this process."""
+        return "a SIGTERM to another rank" if self.size > 1 else "a stop request"

@@ -17,12 +17,11 @@ from pathlib import Path
 import torch
 
 from dflash.pipeline import checkpointing as ckpt
-from dflash.pipeline.distributed import Coordinator, DistInfo, PeerFailure
+from dflash.pipeline.distributed import PeerFailure, World
 from dflash.pipeline.logging import RunLog, header_lines
 from dflash.pipeline.meter import StepMeter
 from dflash.pipeline.metrics_file import MetricsWriter, metrics_dir
 from dflash.pipeline.optim import MasterWeightAdamW
-from dflash.pipeline.replicas import DistributedAverager, GradientAverager
 from dflash.pipeline.supervisor import StopQueue, Supervisor
 from dflash.pipeline.threads import (
     DrafterReplica,
@@ -32,7 +31,7 @@ from dflash.pipeline.threads import (
     run_target_loop,
 )
 from dflash.pipeline.trackers import open_trackers
-from dflash.pipeline.train_config import TrainConfig, TrainConfigError, parse_fail_in
+from dflash.pipeline.train_config import TrainConfig, parse_fail_in
 from dflash.pipeline.warmup import WarmupGate
 from dflash.pipeline.workload import Workload
 
@@ -110,21 +109,27 @@ def train(
     source_dir: Path | None = None,
     handle_signals: bool = True,
     interrupts: Interrupts | None = None,
-    coordinator: Coordinator | None = None,
+    world: World | None = None,
 ) -> TrainResult:
     """Train; ``interrupts`` (SIGTERM/SIGINT state) may be installed by the caller before
-    the slow set-up, so a stop during it is not lost. ``coordinator``: this process is
-    one rank of a torchrun job (see distributed.py)."""
+    the slow set-up, so a stop during it is not lost. ``world``: this process's place in
+    the job (see distributed.py; default: a world of one)."""
     interrupts = interrupts or Interrupts(log)
+    world = world or World()
     if handle_signals:
         interrupts.install()
     folder = metrics_dir(cfg.resolved_output_dir())
-    lead = coordinator is None or coordinator.info.is_lead
-    metrics = MetricsWriter(
-        folder,
-        tensorboard=cfg.logging.tensorboard,
-        # One tracker run per job: rank 0's (the others log nothing either).
-        trackers=open_trackers(cfg.logging, folder) if lead else [],
+    # One metrics file, one TensorBoard folder and one tracker run per job: rank 0's, as
+    # it alone writes the step lines (another rank's start record, with its own devices,
+    # would read as the run's config and as a second start).
+    metrics = (
+        MetricsWriter(
+            folder,
+            tensorboard=cfg.logging.tensorboard,
+            trackers=open_trackers(cfg.logging, folder),
+        )
+        if world.is_main
+        else None
     )
     try:
         result = _train(
@@ -136,18 +141,19 @@ def train(
             resume_folder=resume_folder,
             source_dir=source_dir,
             interrupts=interrupts,
-            coordinator=coordinator,
+            world=world,
             metrics=metrics,
         )
-        if coordinator is not None and result.exit_code == 0 and not result.stuck_threads:
+        if result.exit_code == 0 and not result.stuck_threads:
             try:
-                coordinator.finish()  # every rank leaves together (rank 0 may still evaluate)
+                world.finish()  # every rank leaves together (rank 0 may still evaluate)
             except PeerFailure as exc:
-                log.line(f"training failed: {coordinator.info.label()}: {exc}")
+                log.line(f"training failed: {world.label()}: {exc}")
                 result.exit_code = 1
         return result
     finally:
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
         if handle_signals:
             interrupts.restore()
 
@@ -162,37 +168,27 @@ def _train(
     interrupts: Interrupts,
     resume_state: ckpt.TrainingState | None = None,
     resume_folder: Path | None = None,
-    metrics: MetricsWriter,
-    coordinator: Coordinator | None = None,
+    metrics: MetricsWriter | None,
+    world: World,
 ) -> TrainResult:
     runtime = cfg.runtime  # validated when loaded: the device layout included
-    info = coordinator.info if coordinator is not None else DistInfo()
-    if coordinator is not None and len(runtime.drafter_devices) != 1:
-        raise TrainConfigError(
-            f"runtime.drafter_devices: {runtime.drafter_devices} under torchrun; each process "
-            "runs one drafter: start one process per GPU (torchrun --nproc-per-node N) with "
-            "drafter_devices: [cuda:0]"
-        )
+    world.check_layout(runtime)
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     output_dir = cfg.resolved_output_dir()
     devices = runtime.target_devices + runtime.drafter_devices
-    if info.is_lead:
+    if world.is_main:
         for row in header_lines(cfg.to_dict(), devices, source_dir or Path.cwd()):
             log.line(row)
         for row in workload.describe():
             log.line(row)
         log.line(f"output_dir: {output_dir}")
-    if coordinator is not None:
-        log.line(
-            f"distributed: {info.label()}, local rank {info.local_rank}/{info.local_world_size}, "
-            f"{info.node_text()}, {coordinator.backend}, target on {', '.join(runtime.target_devices)}, drafter on "
-            f"{runtime.drafter_devices[0]}"
-        )
+    for row in world.describe(runtime):
+        log.line(row)
 
     if resume_state is None and resume:
-        # One process only: under torchrun the entry point has already taken rank 0's
-        # choice for every rank (resume_across_ranks.py) and passes resume_state.
+        # In-process callers (tests); the entry point has already taken rank 0's choice
+        # for every rank (resume.py) and passes resume_state.
         found = ckpt.latest_checkpoint(output_dir)
         if found is None:
             log.line(f"resume: no checkpoint under {output_dir}; starting at step 0")
@@ -207,8 +203,7 @@ def _train(
             log.line("resume: config differs from the checkpoint's in " + ", ".join(changed))
 
     supervisor = Supervisor(log)
-    if coordinator is not None:
-        _connect_failures(supervisor, coordinator, info)
+    world.connect(supervisor)
     term = interrupts.term
     drafter_devices = [torch.device(d) for d in runtime.drafter_devices]
     target_devices = [torch.device(d) for d in runtime.target_devices]
@@ -248,12 +243,9 @@ def _train(
         ckpt.restore_rng(resume_state.rng)
 
     comm_dtype = getattr(torch, runtime.grad_comm_dtype)
-    if coordinator is not None:
-        averager = DistributedAverager(
-            info.world_size, term.is_set, comm_dtype, runtime.grad_bucket_mb, coordinator.explain
-        )
-    else:
-        averager = GradientAverager(num_drafters, supervisor, term.is_set, comm_dtype)
+    averager = world.averager(
+        num_drafters, supervisor, term.is_set, comm_dtype, runtime.grad_bucket_mb
+    )
     ctx = RunContext(
         cfg=cfg,
         workload=workload,
@@ -261,8 +253,7 @@ def _train(
         supervisor=supervisor,
         gate=WarmupGate(num_drafters, supervisor),
         averager=averager,
-        dist=info,
-        coordinator=coordinator,
+        world=world,
         term_requested=term,
         replicas=replicas,
         start_step=start_step,
@@ -272,8 +263,8 @@ def _train(
             total_steps=total_steps,
             log_every=cfg.train.log_every,
             # every rank's drafters and devices alike: this process's times the ranks
-            flops_per_step=workload.flops_per_batch() * num_drafters * info.world_size,
-            peak_flops=(peak_flops(cfg) or 0.0) * info.world_size or None,
+            flops_per_step=workload.flops_per_batch() * num_drafters * world.size,
+            peak_flops=(peak_flops(cfg) or 0.0) * world.size or None,
             writer=metrics,
         ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
@@ -283,7 +274,7 @@ def _train(
 
     # Rank 0 writes (in the background for periodic checkpoints); the other ranks never
     # write, and wait at a store barrier for the checkpoints every rank must see complete.
-    writer = ckpt.CheckpointWriter(output_dir, log.line) if info.is_lead else None
+    writer = ckpt.CheckpointWriter(output_dir, log.line) if world.is_main else None
     saves = [0]  # every rank saves at the same steps: the count names the store barrier
 
     def collect(step: int) -> ckpt.TrainingState:
@@ -305,8 +296,7 @@ def _train(
         if writer is not None:
             exporter = workload.export_weights if export else None
             path = writer.save(step, lambda: collect(step), exporter)
-        if coordinator is not None:
-            coordinator.barrier(f"checkpoint-{saves[0]}")
+        world.barrier(f"checkpoint-{saves[0]}")
         return path
 
     def save_periodic(step: int) -> None:
@@ -334,10 +324,10 @@ def _train(
 
     ctx.on_eval = eval_periodic
 
-    if coordinator is not None and coordinator.vote("setup", int(term.is_set())):
+    if world.vote("setup", int(term.is_set())):
         term.set()  # SIGTERM reached some rank during the set-up: every rank stops here
-    if coordinator is not None and info.world_size > 1 and not term.is_set():
-        _start_from_rank0_weights(replicas[0])
+    if not term.is_set():
+        _start_from_rank0_weights(replicas[0], world)
     if term.is_set():
         log.line("stopped before training started: nothing trained, no checkpoint written")
         return TrainResult(exit_code=0, completed_steps=start_step, replicas=replicas)
@@ -395,7 +385,7 @@ def _train(
         )
     if supervisor.failed:
         name, exc = supervisor.failures[0]
-        where = f" ({info.label()})" if coordinator is not None else ""
+        where = world.where()
         device = supervisor.devices.get(name)
         on = f" on {device}" if device else ""
         log.line(f"training failed{where}: {name}{on} failed: {type(exc).__name__}: {exc}")
@@ -409,9 +399,9 @@ def _train(
     _log_device_summary(cfg, replicas, log)
     lead = replicas[0]
     if lead.completed_steps < total_steps:
-        why = (interrupts.signal_name or "SIGTERM") if term.is_set() else "a stop request"
-        if coordinator is not None and not term.is_set():
-            why = "a SIGTERM to another rank"
+        why = (
+            (interrupts.signal_name or "SIGTERM") if term.is_set() else world.stop_cause_elsewhere()
+        )
         if lead.completed_steps == start_step:
             log.line(
                 f"stopped by {why} before the first step: nothing trained, no checkpoint written"
@@ -422,7 +412,7 @@ def _train(
         result.checkpoint = save(lead.completed_steps, export=False)
         log.line(
             f"stopped by {why} after step {lead.completed_steps}/{total_steps}; "
-            f"a redeploy continues from it (checkpoint {_written_where(result.checkpoint, info)})"
+            f"a redeploy continues from it (checkpoint {_written_where(result.checkpoint, world)})"
         )
         return result
     if cfg.train.final_checkpoint:
@@ -431,7 +421,7 @@ def _train(
         log.line(
             f"final loss {ctx.meter.final_loss:.4f} (mean of the last {cfg.train.log_every} steps)"
         )
-    if cfg.eval.enabled and info.is_lead:
+    if cfg.eval.enabled and world.is_main:
         # The saved checkpoint read back from disk, so the line is what a fresh process
         # measures (python -m dflash.evaluate); the in-memory drafter only without one.
         evaluation, where = None, ""
@@ -447,45 +437,26 @@ def _train(
             log.line(result.eval_line)
             ctx.meter.record_eval(evaluation.metrics(), step=lead.completed_steps)
     if result.checkpoint is not None:
-        log.line(f"drafter checkpoint: {_written_where(result.checkpoint, info)}")
+        log.line(f"drafter checkpoint: {_written_where(result.checkpoint, world)}")
     log.line("training complete")
     return result
 
 
-def _written_where(checkpoint: Path, info: DistInfo) -> str:
+def _written_where(checkpoint: Path, world: World) -> str:
     """Only rank 0 writes checkpoints: another rank (perhaps on another host, whose own
     output_dir stays empty) names rank 0's, not a path of its own."""
-    return str(checkpoint) if info.is_lead else f"{checkpoint.name}, written by rank 0"
+    return str(checkpoint) if world.is_main else f"{checkpoint.name}, written by rank 0"
 
 
-def _start_from_rank0_weights(replica: DrafterReplica) -> None:
+def _start_from_rank0_weights(replica: DrafterReplica, world: World) -> None:
     """Every rank starts from rank 0's weights (the same seed gives the same weights on one
-    torch build; this makes it so on any). Before any thread runs: no capture to disturb."""
-    import torch.distributed as dist
-
+    torch build; this makes it so on any). Before any thread runs: no capture to disturb.
+    A world of one keeps its own (the copy back is then exact: the masters are its own)."""
     optimizer = replica.optimizer
     with torch.no_grad():
-        for master in optimizer.masters:
-            dist.broadcast(master, src=0)
+        world.broadcast_from_main(optimizer.masters)
         if optimizer.uses_master:
             torch._foreach_copy_([p.data for p in optimizer.params], optimizer.masters)
-
-
-def _connect_failures(supervisor: Supervisor, coordinator: Coordinator, info: DistInfo) -> None:
-    """A failure here is posted for the other ranks (rank, host, thread, device, exception);
-    a failure or silence there stops this rank's threads."""
-
-    def post(name: str, exc: BaseException) -> None:
-        if isinstance(exc, PeerFailure):
-            return  # a consequence: the root cause is already posted by its rank
-        device = supervisor.devices.get(name)
-        on = f" on {device}" if device else ""
-        coordinator.post_failure(f"{name}{on} failed: {type(exc).__name__}: {exc}")
-
-    supervisor.on_failure(post)
-    coordinator.on_peer_failure(
-        lambda text: supervisor.record_failure("peers", PeerFailure(f"{info.label()}: {text}"))
-    )
 
 
 def _log_device_summary(cfg: TrainConfig, replicas: list[DrafterReplica], log: RunLog) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dflash.pipeline import stacks, tls
-from dflash.pipeline.distributed import DistInfo
+from dflash.pipeline.distributed import World
 from dflash.pipeline.logging import RunLog, format_nonfinite_line, stage_line
 from dflash.pipeline.meter import StepMeter
 from dflash.pipeline.optim import MasterWeightAdamW
@@ -81,8 +81,7 @@ class RunContext:
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
     on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
     on_eval: object = None  # callable(step, drafter) used by drafter-0 every eval.every steps
-    dist: DistInfo = field(default_factory=DistInfo)
-    coordinator: Any = None  # distributed.Coordinator under torchrun
+    world: World = field(default_factory=World)  # a world of one unless torchrun made more
     warmup_started: float = 0.0  # perf_counter when the drafters began warming up
     target_timer: Any = None  # TargetTimer of target-0: forward time per batch
     _wait_s: float = 0.0  # lead drafter, this window: waiting for inputs, stepping
@@ -95,21 +94,21 @@ class RunContext:
     @property
     def shard_offset(self) -> int:
         """Global shard of this process's first drafter (torchrun: one drafter per rank)."""
-        return self.dist.rank * self.num_drafters
+        return self.world.rank * self.num_drafters
 
     @property
     def total_shards(self) -> int:
-        return self.dist.world_size * self.num_drafters
+        return self.world.size * self.num_drafters
 
     @property
     def is_lead(self) -> bool:
-        return self.dist.rank == 0
+        return self.world.is_main
 
     def debug_applies(self) -> bool:
         """debug.fail_in, hold_at_step and tls_fix=false act only on debug.on_ranks (all
         when empty)."""
         ranks = self.cfg.debug.on_ranks
-        return not ranks or self.dist.rank in ranks
+        return not ranks or self.world.rank in ranks
 
 
 def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
@@ -304,11 +303,10 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
         ctx.gate.release_capture()
     ctx.gate.mark_warm()
     ctx.gate.wait_all_warm()
-    if ctx.coordinator is not None:
-        # Every rank's drafter is warm (compile times differ: a store barrier, no timeout);
-        # a SIGTERM seen on any rank during the warm-up stops them all here.
-        if ctx.coordinator.vote("warm", int(ctx.term_requested.is_set()), ctx.supervisor.check):
-            ctx.term_requested.set()
+    # Every rank's drafter is warm (compile times differ: a store barrier, no timeout);
+    # a SIGTERM seen on any rank during the warm-up stops them all here.
+    if ctx.world.vote("warm", int(ctx.term_requested.is_set()), ctx.supervisor.check):
+        ctx.term_requested.set()
     if replica.rank == 0 and ctx.is_lead:
         ctx.log.line(
             f"warm-up | {ctx.total_shards} drafters | all ready "
@@ -513,8 +511,9 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
                     queue_size=replica.inputs.maxsize,
                     grad_norm=grad_norm,
                 )
-                # Per-part times feed the GPU layout table; a CPU demo need not read them.
-                if logged and (replica.device.type == "cuda" or ctx.coordinator is not None):
+                # Per-part times feed the GPU layout table, and averaging across ranks is
+                # worth reading on CPU too; a one-process CPU demo need not read them.
+                if logged and (replica.device.type == "cuda" or ctx.world.size > 1):
                     ctx.log.line(_timing_line(ctx, logged))
 
     if (

@@ -1,7 +1,9 @@
 """What the pipeline needs from a model and its data, and the deterministic data order.
 
 The pipeline (threads, warm-up, replicas, checkpoints) only talks to a ``Workload``;
-``dflash_workload.DFlashWorkload`` is the real one, the tests bring a tiny stand-in.
+``dflash/dflash_workload.py`` is the real one, kept outside this generic package; the
+tests bring a tiny stand-in. Nothing in dflash/pipeline/ imports the model, objective,
+masks, target, data or evaluation: they come in through a Workload.
 
 Data order is a pure function of (seed, step, shard): the batch drafter ``shard``
 trains on at global ``step`` never depends on what ran before, so a resumed run sees
