@@ -38,8 +38,11 @@ system-deps:
 	  fi; \
 	fi
 
+# TEST_WORKERS=2 spreads the test files over two processes (each with its own test hosts;
+# the tiny trainer runs are trained once and shared); 0 runs them in this one.
+TEST_WORKERS ?= 0
 test: install system-deps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The declared minimum of every dependency (pyproject.toml's `>=`, pinned by
 # .ci/min_pins.py) in a venv of its own, running the CLI and host tests (no torch).

@@ -179,6 +179,20 @@ def _host_settings(base: Path) -> dict:
     return dict(settings, containers="bwrap", ro_binds=_read_only_binds(), local_bin=str(local_bin))
 
 
+def pytest_sessionfinish(session):
+    # Under several test workers the summary is written by the controller, which made no
+    # container itself: each worker hands it what it ran.
+    if CONTAINER_KIND and hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["container_kind"] = json.dumps(CONTAINER_KIND)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of the test-worker plugin, absent without it
+def pytest_testnodedown(node, error):
+    ran = getattr(node, "workeroutput", {}).get("container_kind")
+    if ran:
+        CONTAINER_KIND.update(json.loads(ran))
+
+
 def pytest_terminal_summary(terminalreporter):
     if CONTAINER_KIND:
         terminalreporter.write_line(
