@@ -11,7 +11,15 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_quality.py"
 
 
 def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path):
-    shrink = ["train_convs=8", "steps=4", "eval_every=2", "regen_tokens=8", "eval_tokens=8"]
+    shrink = [
+        "train_convs=8",
+        "regen_convs=8",
+        "target_convs=60",
+        "steps=4",
+        "eval_every=2",
+        "regen_tokens=8",
+        "eval_tokens=8",
+    ]
     done = subprocess.run(
         [sys.executable, str(BENCH), "--scale", "tiny", "--out", str(tmp_path)]
         + [arg for item in shrink for arg in ("--set", item)],
