@@ -563,6 +563,11 @@ def main(argv=None) -> int:
         metavar="KEY=VALUE",
         help="override a scale value, e.g. steps=2000",
     )
+    parser.add_argument(
+        "--only",
+        choices=("a-data-file", "b-regenerated"),
+        help="train one of the two drafters (a shorter diagnostic run; no table)",
+    )
     args = parser.parse_args(argv)
     s = dict(SCALES[args.scale])
     for item in args.set:
@@ -613,6 +618,8 @@ def main(argv=None) -> int:
     save()
 
     for name, source in (("a-data-file", out / "data.jsonl"), ("b-regenerated", regen)):
+        if args.only and name != args.only:
+            continue
         results[name] = train_drafter(name, target_dir, source, out / "eval.jsonl", out / name, s)
         log(f"drafter {name} | {results[name]} | {time.perf_counter() - began:.0f} s")
         save()
@@ -623,6 +630,8 @@ def main(argv=None) -> int:
             f"where tau goes {name} | {results[name]['where']} | {time.perf_counter() - began:.0f} s"
         )
         save()
+    if args.only:
+        return 0
     results["prompt_lookup"] = prompt_lookup_tau(target_dir, out / "eval.jsonl", s)
     results["seconds"] = round(time.perf_counter() - began, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

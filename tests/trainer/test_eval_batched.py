@@ -132,3 +132,31 @@ def test_evaluate_reports_the_same_in_batches_as_one_at_a_time(
 def test_evaluate_refuses_a_batch_size_below_one(tiny_target, make_drafter):
     with pytest.raises(ValueError, match="batch_size"):
         evaluate(make_drafter(), tiny_target, _prompts(), batch_size=0)
+
+
+def test_batched_drafter_proposes_what_the_one_prompt_drafter_proposes(
+    tiny_target, make_drafter, monkeypatch
+):
+    """The drafter side on its own: every block each row drafts (context masks, positions)."""
+    drafter, prompts = make_drafter(seed=2), _prompts()
+    one_calls: list[list[int]] = []
+    batch_calls: list[list[list[int]]] = []
+    one, batch = spec_decode.draft_block_logits, decode_batch.draft_blocks
+
+    def record_one(*args):
+        logits = one(*args)
+        one_calls.append(logits[0, 1:].argmax(-1).tolist())
+        return logits
+
+    def record_batch(*args):
+        proposals = batch(*args)
+        batch_calls.append(proposals.tolist())
+        return proposals
+
+    monkeypatch.setattr(spec_decode, "draft_block_logits", record_one)
+    monkeypatch.setattr(decode_batch, "draft_blocks", record_batch)
+    speculative_generate_batch(drafter, tiny_target, prompts, MAX_NEW)
+    for row, prompt in enumerate(prompts):
+        one_calls.clear()
+        spec_decode.speculative_generate(drafter, tiny_target, prompt[None], MAX_NEW)
+        assert one_calls and [step[row] for step in batch_calls[: len(one_calls)]] == one_calls
