@@ -56,23 +56,30 @@ SCALES = {
         heads=8,
         kv_heads=4,
         ffn=1536,
-        target_seconds=60,
+        target_seconds=75,
         target_batch=64,
         target_len=512,
+        target_convs=60000,
+        target_held_convs=200,
+        target_check_every=100,
+        target_patience=3,
         prompt_lines=12,
         answer_lines=16,
         train_convs=4000,
+        regen_convs=4000,
         eval_prompts=32,
-        regen_tokens=160,
+        eval_batch=32,
+        regen_tokens=128,
         regen_batch=512,
-        loop_prompts=2,
+        loop_prompts=1,
+        loop_eval_prompts=8,
         seq_len=640,
         drafter_layers=3,
         block=16,
         anchors=32,
         batch=16,
-        steps=1200,
-        eval_every=600,
+        steps=2500,
+        eval_every=250,
         eval_tokens=64,
         device="cuda:0",
         dtype="bfloat16",
@@ -90,14 +97,21 @@ SCALES = {
         target_seconds=4,
         target_batch=8,
         target_len=96,
-        prompt_lines=3,
-        answer_lines=3,
+        target_convs=200,
+        target_held_convs=16,
+        target_check_every=20,
+        target_patience=2,
+        prompt_lines=2,
+        answer_lines=2,
         train_convs=40,
+        regen_convs=40,
         eval_prompts=2,
+        eval_batch=2,
         regen_tokens=16,
         regen_batch=16,
         loop_prompts=2,
-        seq_len=96,
+        loop_eval_prompts=2,
+        seq_len=160,
         drafter_layers=1,
         block=4,
         anchors=4,
@@ -127,36 +141,55 @@ def stdlib_files() -> list[Path]:
     return files
 
 
-def split_files(files: list[Path]) -> tuple[list[Path], list[Path]]:
-    """Held out by file (a stable choice): no line of a held-out file is trained on."""
+def split_files(files: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
+    """(target's, regeneration pool, eval's held-out) files: three disjoint pools, by file
+    (a stable choice). The target never sees a line of the other two, so regenerating on
+    the pool shows the drafter what the target says on prompts it was not trained on,
+    which is what the eval's held-out prompts ask of it."""
     rng = random.Random(0)
     shuffled = files[:]
     rng.shuffle(shuffled)
-    cut = max(1, len(shuffled) // 10)
-    return shuffled[cut:], shuffled[:cut]
+    held = max(1, len(shuffled) // 10)
+    pool = max(1, len(shuffled) * 3 // 10)
+    return shuffled[held + pool :], shuffled[held : held + pool], shuffled[:held]
 
 
-def conversations(files: list[Path], count: int, s: dict, seed: int) -> list[dict]:
-    """'Continue this code' conversations from windows of non-trivial lines."""
+_lines_of: dict[Path, list[str] | None] = {}
+
+
+def file_lines(path: Path) -> list[str] | None:
+    """A file's lines, read once (conversations take many windows of each file)."""
+    if path not in _lines_of:
+        try:
+            _lines_of[path] = path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            _lines_of[path] = None
+    return _lines_of[path]
+
+
+def conversations(
+    files: list[Path], count: int, s: dict, seed: int, avoid: frozenset = frozenset()
+) -> list[dict]:
+    """'Continue this code' conversations from windows of non-trivial lines; a window whose
+    prompt is in `avoid` (boilerplate shared across files, e.g. an eval prompt) is skipped."""
     rng = random.Random(seed)
     window = s["prompt_lines"] + s["answer_lines"]
     out, seen = [], set()
     order = files[:]
     rng.shuffle(order)
-    for path in order * 50:
+    for path in order * max(50, 4 * count // max(1, len(files))):
         if len(out) >= count:
             break
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (UnicodeDecodeError, OSError):
-            continue
-        if len(lines) < window + 1:
+        lines = file_lines(path)
+        if lines is None or len(lines) < window + 1:
             continue
         start = rng.randrange(0, len(lines) - window)
         chunk = lines[start : start + window]
         prompt = "\n".join(chunk[: s["prompt_lines"]])
         answer = "\n".join(chunk[s["prompt_lines"] :])
         if len(prompt.strip()) < 40 or len(answer.strip()) < 40 or prompt in seen:
+            continue
+        if INSTRUCTION + prompt in avoid:
             continue
         seen.add(prompt)
         out.append(
@@ -209,8 +242,18 @@ def build_tokenizer(files: list[Path], vocab: int, folder: Path, s_files: int = 
     return fast
 
 
-def train_target(tokenizer, records: list[dict], s: dict, folder: Path) -> dict:
-    """A Qwen3-shaped LM trained for a fixed wall time on the rendered conversations."""
+def token_stream(tokenizer, records: list[dict]) -> torch.Tensor:
+    texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in records]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return torch.tensor([t for row in ids for t in row])
+
+
+def train_target(
+    tokenizer, records: list[dict], held_out: list[dict], s: dict, folder: Path
+) -> dict:
+    """A Qwen3-shaped LM trained on the rendered conversations for at most a fixed wall
+    time, stopped early once its loss on `held_out` (conversations from files it never
+    sees) stops falling: a target that generalises, not one that recites its data."""
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     device = torch.device(s["device"])
@@ -231,18 +274,30 @@ def train_target(tokenizer, records: list[dict], s: dict, folder: Path) -> dict:
     )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).to(device)
-    stream: list[int] = []
-    for record in records:
-        text = tokenizer.apply_chat_template(record["messages"], tokenize=False)
-        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-    data = torch.tensor(stream)
+    data = token_stream(tokenizer, records)
+    length, batch = s["target_len"], s["target_batch"]
+    held = token_stream(tokenizer, held_out)
+    usable = (len(held) - 1) // length * length
+    held_batches = held[:usable].view(-1, length)[: 4 * batch].to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1.5e-3, betas=(0.9, 0.95), weight_decay=0.1
     )
-    length, batch = s["target_len"], s["target_batch"]
     autocast = torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else _nothing()
-    started, step, losses = time.perf_counter(), 0, []
+
+    def held_out_loss() -> float:
+        model.eval()
+        with torch.no_grad(), autocast:
+            losses = [
+                float(model(input_ids=chunk, labels=chunk).loss)
+                for chunk in held_batches.split(batch)
+            ]
+        model.train()
+        return sum(losses) / len(losses)
+
+    started, step, best, best_step, worse = time.perf_counter(), 0, float("inf"), 0, 0
+    best_state, curve = None, []
     gen = torch.Generator().manual_seed(1)
+    check = s["target_check_every"]
     while time.perf_counter() - started < s["target_seconds"]:
         starts = torch.randint(0, len(data) - length - 1, (batch,), generator=gen)
         ids = torch.stack([data[i : i + length] for i in starts.tolist()]).to(device)
@@ -256,11 +311,25 @@ def train_target(tokenizer, records: list[dict], s: dict, folder: Path) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        if step % 100 == 0:
-            losses.append(float(loss.detach()))
+        if step % check == 0:
+            held_loss = held_out_loss()
+            curve.append((step, round(float(loss.detach()), 3), round(held_loss, 3)))
             log(
-                f"target | step {step} | loss {losses[-1]:.3f} | {time.perf_counter() - started:.0f} s"
+                f"target | step {step} | loss {curve[-1][1]:.3f} | held-out loss {held_loss:.3f}"
+                f" | {time.perf_counter() - started:.0f} s"
             )
+            if held_loss < best:
+                best, best_step, worse = held_loss, step, 0
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            else:
+                worse += 1
+                if worse >= s["target_patience"]:
+                    log(
+                        f"target | held-out loss rose {worse} checks running: stop, keep step {best_step}"
+                    )
+                    break
+    if best_state is not None:
+        model.load_state_dict(best_state)
     model = model.to(getattr(torch, s["dtype"]))
     model.generation_config = GenerationConfig(
         do_sample=False,
@@ -273,7 +342,11 @@ def train_target(tokenizer, records: list[dict], s: dict, folder: Path) -> dict:
     return {
         "params_M": round(params / 1e6, 1),
         "steps": step,
-        "final_loss": round(float(loss.detach()), 3),
+        "kept_step": best_step,
+        "tokens_seen_M": round(step * batch * length / 1e6, 1),
+        "train_tokens_M": round(len(data) / 1e6, 2),
+        "held_out_loss": round(best, 3) if best_state is not None else None,
+        "curve": curve,
     }
 
 
@@ -359,6 +432,7 @@ def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Pat
                 "num_prompts": s["eval_prompts"],
                 "max_new_tokens": s["eval_tokens"],
                 "every": s["eval_every"],
+                "batch_size": s["eval_batch"],
             },
         }
     )
@@ -394,6 +468,50 @@ def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Pat
         "tokens_per_target_forward": evals_[-1]["tokens_per_target_forward"],
         "seconds": round(seconds, 1),
         "checkpoint": str(result.checkpoint),
+    }
+
+
+# -- where the tau goes -----------------------------------------------------------------------
+def where_tau_goes(target_dir: Path, train_file: Path, evals: Path, checkpoint: str, s: dict):
+    """The final drafter's serving tau on prompts it WAS trained on (its own data file's
+    first prompts) beside the held-out ones, and the held-out tau one prompt at a time
+    (the batched eval's cross-check on this device). Trained-on close to tau~ while
+    held-out stays low: the drafter learned its samples, not the target (too little
+    distinct data); both low: serving differs from training."""
+    from dflash.checkpoint import load_drafter
+    from dflash.data import load_tokenizer
+    from dflash.spec_decode import evaluate
+    from dflash.target import load_target, target_parts
+
+    device, dtype = s["device"], getattr(torch, s["dtype"])
+    target = load_target(target_dir, device=device, dtype=dtype)
+    drafter = load_drafter(Path(checkpoint) / "drafter", device=device, dtype=dtype)
+    drafter.bind_target(*target_parts(target))
+    tokenizer = load_tokenizer(target_dir)
+
+    def prompts(path: Path) -> list[list[int]]:
+        out = []
+        for line in path.read_text().splitlines()[: s["eval_prompts"]]:
+            text = tokenizer.apply_chat_template(
+                json.loads(line)["messages"][:1], tokenize=False, add_generation_prompt=True
+            )
+            out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return out
+
+    stops = [tokenizer.eos_token_id]
+    kw = dict(max_new_tokens=s["eval_tokens"], stop_token_ids=stops)
+    seen = evaluate(drafter, target, prompts(train_file), batch_size=s["eval_batch"], **kw)
+    held = prompts(evals)
+    batched = evaluate(drafter, target, held, batch_size=s["eval_batch"], **kw)
+    few = held[: s["loop_eval_prompts"]]
+    one = evaluate(drafter, target, few, batch_size=1, **kw)
+    again = evaluate(drafter, target, few, batch_size=s["eval_batch"], **kw)
+    return {
+        "trained_prompts_tau": round(seen.tau, 3),
+        "held_out_tau": round(batched.tau, 3),
+        "one_at_a_time_tau": round(one.tau, 3),
+        "batched_same_prompts_tau": round(again.tau, 3),
+        "one_at_a_time_line": one.format_line(),
     }
 
 
@@ -445,6 +563,11 @@ def main(argv=None) -> int:
         metavar="KEY=VALUE",
         help="override a scale value, e.g. steps=2000",
     )
+    parser.add_argument(
+        "--only",
+        choices=("a-data-file", "b-regenerated"),
+        help="train one of the two drafters (a shorter diagnostic run; no table)",
+    )
     args = parser.parse_args(argv)
     s = dict(SCALES[args.scale])
     for item in args.set:
@@ -457,35 +580,58 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     results: dict = {"scale": args.scale, "settings": s, "torch": torch.__version__}
 
-    train_files, held_files = split_files(stdlib_files())
+    target_files, pool_files, held_files = split_files(stdlib_files())
     target_dir = out / "target"
     target_dir.mkdir(exist_ok=True)
-    tokenizer = build_tokenizer(train_files, s["vocab"], target_dir, s["tokenizer_files"])
-    data = conversations(train_files, s["train_convs"], s, seed=1)
-    trained = {r["messages"][0]["content"] for r in data}
-    evals = [  # a held-out window can still repeat a training one (boilerplate): left out
-        r
-        for r in conversations(held_files, 2 * s["eval_prompts"], s, seed=2)
-        if r["messages"][0]["content"] not in trained
-    ][: s["eval_prompts"]]
+    tokenizer = build_tokenizer(target_files, s["vocab"], target_dir, s["tokenizer_files"])
+    # An eval conversation must fit the drafter's seq_len (the trainer drops what does not).
+    fits = lambda r: len(token_stream(tokenizer, [r])) <= s["seq_len"]  # noqa: E731
+    evals = [r for r in conversations(held_files, 4 * s["eval_prompts"], s, seed=2) if fits(r)]
+    evals = evals[: s["eval_prompts"]]
+    if not evals:
+        raise SystemExit(f"no held-out conversation fits seq_len {s['seq_len']}: raise seq_len")
+    never = frozenset(r["messages"][0]["content"] for r in evals)
+    # The target's own training text: many distinct windows of its files, few passes each.
+    target_data = conversations(target_files, s["target_convs"], s, seed=3, avoid=never)
+    data = target_data[: s["train_convs"]]  # (a)'s data file: text the target was trained on
+    pool = conversations(pool_files, s["regen_convs"] + s["target_held_convs"], s, 4, never)
+    regen_prompts, target_held = pool[: s["regen_convs"]], pool[s["regen_convs"] :]
     write_jsonl(out / "data.jsonl", data)
+    write_jsonl(out / "regen-prompts.jsonl", regen_prompts)
     write_jsonl(out / "eval.jsonl", evals)
     log(
-        f"corpus | {len(train_files)} training files, {len(held_files)} held out | "
-        f"{len(data)} conversations, {len(evals)} eval prompts | {time.perf_counter() - began:.0f} s"
+        f"corpus | {len(target_files)} target files, {len(pool_files)} regeneration-pool files, "
+        f"{len(held_files)} eval files | {len(target_data)} target conversations, "
+        f"{len(data)} in the data file, {len(regen_prompts)} regeneration prompts, "
+        f"{len(evals)} eval prompts | {time.perf_counter() - began:.0f} s"
     )
-    results["target"] = train_target(tokenizer, data, s, target_dir)
+    results["target"] = train_target(tokenizer, target_data, target_held, s, target_dir)
     log(f"target | {results['target']} | {time.perf_counter() - began:.0f} s")
+    save = lambda: (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")  # noqa: E731
+    save()  # after every phase: a run cut short still leaves what it measured
 
     regen = out / "regenerated.jsonl"
     for stale in (regen, out / "loop.jsonl"):
         stale.unlink(missing_ok=True)
-    results["regenerate"] = regenerate_data(target_dir, out / "data.jsonl", regen, s)
+    results["regenerate"] = regenerate_data(target_dir, out / "regen-prompts.jsonl", regen, s)
     log(f"regenerate | {results['regenerate']} | {time.perf_counter() - began:.0f} s")
+    save()
 
     for name, source in (("a-data-file", out / "data.jsonl"), ("b-regenerated", regen)):
+        if args.only and name != args.only:
+            continue
         results[name] = train_drafter(name, target_dir, source, out / "eval.jsonl", out / name, s)
         log(f"drafter {name} | {results[name]} | {time.perf_counter() - began:.0f} s")
+        save()
+        results[name]["where"] = where_tau_goes(
+            target_dir, source, out / "eval.jsonl", results[name]["checkpoint"], s
+        )
+        log(
+            f"where tau goes {name} | {results[name]['where']} | {time.perf_counter() - began:.0f} s"
+        )
+        save()
+    if args.only:
+        return 0
     results["prompt_lookup"] = prompt_lookup_tau(target_dir, out / "eval.jsonl", s)
     results["seconds"] = round(time.perf_counter() - began, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -507,6 +653,13 @@ def main(argv=None) -> int:
             f"{r['eval_tau'] / r['train_tau']:>11.2f}{r['eval_tau'] / lookup:>9.2f}  {headline}"
         )
         log(f"{'':<16}eval curve (step, tau): {r['eval_curve']}")
+        w = r["where"]
+        log(
+            f"{'':<16}serving tau on {s['eval_prompts']} prompts it trained on: "
+            f"{w['trained_prompts_tau']:.2f}, held out: {w['held_out_tau']:.2f}; "
+            f"{s['loop_eval_prompts']} held-out one at a time {w['one_at_a_time_tau']:.2f} vs "
+            f"batched {w['batched_same_prompts_tau']:.2f}"
+        )
     log(f"{'prompt lookup':<16}{lookup:>9.2f}   (prompt_lookup_num_tokens={s['block'] - 1})")
     log(
         f"regenerate: {results['regenerate']['tokens_per_s']} tokens/s batched vs "

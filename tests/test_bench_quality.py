@@ -7,11 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_quality.py"
 
 
+@pytest.mark.timeout(900)  # about 2 min alone; several times that on a busy machine
 def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path):
-    shrink = ["train_convs=8", "steps=4", "eval_every=2", "regen_tokens=8", "eval_tokens=8"]
+    shrink = [
+        "train_convs=8",
+        "regen_convs=8",
+        "target_convs=60",
+        "steps=4",
+        "eval_every=2",
+        "regen_tokens=8",
+        "eval_tokens=8",
+    ]
     done = subprocess.run(
         [sys.executable, str(BENCH), "--scale", "tiny", "--out", str(tmp_path)]
         + [arg for item in shrink for arg in ("--set", item)],
@@ -26,6 +37,9 @@ def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path
         assert run["eval_tau"] >= 1.0 and run["train_tau"] >= 1.0
         assert [step for step, _ in run["eval_curve"]] == [2, 4]  # eval.every, then the end
         assert run["lossless"] is True
+        where = run["where"]  # the batched eval agrees with the one-prompt path here
+        assert where["one_at_a_time_tau"] == where["batched_same_prompts_tau"]
+        assert where["trained_prompts_tau"] >= 1.0
     assert results["prompt_lookup"]["tau"] >= 1.0
     assert results["regenerate"]["prompts"] > 0 and results["regenerate"]["tokens_per_s"] > 0
     regenerated = [json.loads(x) for x in (tmp_path / "regenerated.jsonl").read_text().splitlines()]
@@ -33,7 +47,11 @@ def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path
     out = done.stdout
     assert "eval tau train tau~" in out and "prompt lookup" in out and "lossless yes" in out
     assert "eval curve (step, tau): [(2, " in out
-    # Held-out prompts are never training prompts.
-    train = {json.loads(x)["messages"][0]["content"] for x in (tmp_path / "data.jsonl").open()}
-    held = {json.loads(x)["messages"][0]["content"] for x in (tmp_path / "eval.jsonl").open()}
-    assert held and not train & held
+
+    # Held-out prompts are never training prompts, nor regeneration prompts.
+    def prompts(name):
+        return {json.loads(x)["messages"][0]["content"] for x in (tmp_path / name).open()}
+
+    held = prompts("eval.jsonl")
+    assert held and not prompts("data.jsonl") & held and not prompts("regen-prompts.jsonl") & held
+    assert not prompts("data.jsonl") & prompts("regen-prompts.jsonl")  # the target never saw them

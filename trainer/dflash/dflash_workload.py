@@ -457,7 +457,12 @@ class DFlashWorkload(Workload):
             else None
         )
         return evaluate(
-            drafter, target, prompts, max_new_tokens=ev.max_new_tokens, stop_token_ids=stops
+            drafter,
+            target,
+            prompts,
+            max_new_tokens=ev.max_new_tokens,
+            stop_token_ids=stops,
+            batch_size=ev.batch_size,
         )
 
     def eval_prompts(self) -> list[list[int]]:

@@ -26,6 +26,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .decode_batch import (
+    SpecOutput,
+    accepted_prefix,
+    greedy_generate_batch_padded,
+    speculative_generate_batch,
+    top2_margin,
+)
 from .masks import sdpa_attend
 from .model import DFlashDrafter, LayerKV
 from .target import cached_forward, crop_cache, greedy_generate, new_cache, select_layers
@@ -71,32 +78,6 @@ def draft_block_logits(
     # Block rows see all cached context (all of it precedes the block) and each other.
     hidden = drafter(drafter.embed_blocks(ids), positions, cache.layers, sdpa_attend(None))
     return drafter.logits(hidden).float()
-
-
-@dataclass
-class SpecOutput:
-    tokens: list[int]
-    acceptance_lengths: list[int] = field(default_factory=list)  # tokens produced per verify step
-    target_forwards: int = 0
-    # Per emitted token: the target's argmax and top-2 logit margin in the forward that verified it.
-    verify_argmax: list[int] = field(default_factory=list)
-    verify_margin: list[float] = field(default_factory=list)
-
-    @property
-    def verification_exact(self) -> bool:
-        """Every emitted token is the target's argmax in its verifying forward."""
-        return self.tokens == self.verify_argmax[: len(self.tokens)]
-
-
-def top2_margin(logits: torch.Tensor) -> torch.Tensor:
-    """Top-1 minus top-2 logit along the last dimension (0: a tie)."""
-    top = logits.float().topk(2, dim=-1).values
-    return top[..., 0] - top[..., 1]
-
-
-def accepted_prefix(proposal: torch.Tensor, verified: torch.Tensor) -> int:
-    """Greedy verification: how many leading drafted tokens equal the target's own choice."""
-    return int((proposal == verified[: proposal.shape[0]]).long().cumprod(0).sum())
 
 
 @torch.no_grad()
@@ -327,8 +308,12 @@ def evaluate(
     *,
     max_new_tokens: int = 64,
     stop_token_ids: list[int] | None = None,
+    batch_size: int = 1,
 ) -> EvalResult:
-    """Speculative decoding over held-out prompts (token id lists or 1-D tensors), checked against greedy."""
+    """Speculative decoding over held-out prompts (token id lists or 1-D tensors), checked
+    against greedy; `batch_size` prompts at a time (1: the one-prompt path)."""
+    if batch_size < 1:
+        raise ValueError(f"evaluate: batch_size must be at least 1, got {batch_size}")
     if not prompts:
         raise ValueError("evaluate needs at least one prompt")
     first = next(target.parameters())
@@ -341,13 +326,11 @@ def evaluate(
         num_tokens = forwards = 0
         divergences: list[Divergence] = []
         per_prompt: list[dict] = []
-        for index, prompt in enumerate(prompts):
-            ids = torch.as_tensor(prompt, dtype=torch.long, device=device).reshape(1, -1)
-            spec = speculative_generate(drafter, target, ids, max_new_tokens, stop_token_ids)
-            margins: list[float] = []
-            reference, _ = greedy_generate(
-                target, ids, max_new_tokens, stop_token_ids, margins=margins
-            )
+        tensors = [torch.as_tensor(p, dtype=torch.long, device=device).reshape(-1) for p in prompts]
+        decoded = _decode(drafter, target, tensors, max_new_tokens, stop_token_ids, batch_size)
+        for index, (ids, (spec, reference, margins)) in enumerate(
+            zip(tensors, decoded, strict=True)
+        ):
             found = _divergence(index, spec, reference, margins, tie_margin)
             if found is not None:
                 divergences.append(found)
@@ -355,7 +338,7 @@ def evaluate(
             per_prompt.append(
                 {
                     "prompt": index,
-                    "prompt_tokens": int(ids.shape[1]),
+                    "prompt_tokens": int(ids.numel()),
                     "tau": sum(lengths) / len(lengths) if lengths else 1.0,
                     "lossless": found is None or found.verdict.startswith("near-tie"),
                     "identical": found is None,
@@ -385,3 +368,28 @@ def evaluate(
         per_prompt=per_prompt,
         target_dtype=str(dtype).removeprefix("torch."),
     )
+
+
+def _decode(drafter, target, prompts, max_new_tokens, stop_token_ids, batch_size):
+    """Per prompt: (speculative output, greedy reference, the reference's top-2 margins)."""
+    if batch_size == 1:
+        out = []
+        for ids in prompts:
+            spec = speculative_generate(drafter, target, ids[None], max_new_tokens, stop_token_ids)
+            margins: list[float] = []
+            reference, _ = greedy_generate(
+                target, ids[None], max_new_tokens, stop_token_ids, margins=margins
+            )
+            out.append((spec, reference, margins))
+        return out
+    # Prompts of like length share a batch (less padding); results go back in prompt order.
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i].numel())
+    found: dict[int, tuple] = {}
+    for first in range(0, len(order), batch_size):
+        group = order[first : first + batch_size]
+        chunk = [prompts[i] for i in group]
+        specs = speculative_generate_batch(drafter, target, chunk, max_new_tokens, stop_token_ids)
+        greedy = greedy_generate_batch_padded(target, chunk, max_new_tokens, stop_token_ids)
+        for i, spec, (reference, margins) in zip(group, specs, greedy, strict=True):
+            found[i] = (spec, reference, margins)
+    return [found[i] for i in range(len(prompts))]

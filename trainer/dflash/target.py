@@ -215,6 +215,32 @@ def cached_forward(target: nn.Module, input_ids: torch.Tensor, start: int, cache
     return out
 
 
+def masked_forward(
+    target: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    cache,
+    *,
+    hidden: bool,
+):
+    """A batched cached forward: `input_ids` [N, q] at per-row `position_ids` [N, q] on top of
+    `cache`; `attention_mask` [N, cached + q] (0 = a slot no query may see: left padding, or
+    a rejected draft left in the cache). Rows then need not hold equally many real tokens."""
+    kwargs = {_cache_kwarg(target): cache}
+    out = target(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        use_cache=True,
+        output_hidden_states=hidden,
+        **kwargs,
+    )
+    if hidden:
+        _check_hidden_states(out.hidden_states, num_layers(target) + 1)
+    return out
+
+
 def crop_cache(cache, length: int) -> None:
     """Keep the first `length` positions (a negative crop means 'remove' in every version)."""
     excess = cache.get_seq_length() - length

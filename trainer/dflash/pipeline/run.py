@@ -31,7 +31,11 @@ from dflash.pipeline.threads import (
     run_target_loop,
 )
 from dflash.pipeline.trackers import open_trackers
-from dflash.pipeline.train_config import TrainConfig, parse_fail_in
+from dflash.pipeline.train_config import (
+    TrainConfig,
+    parse_fail_in,
+    steps_for_epochs,
+)
 from dflash.pipeline.warmup import WarmupGate
 from dflash.pipeline.workload import Workload
 
@@ -209,6 +213,13 @@ def _train(
     target_devices = [torch.device(d) for d in runtime.target_devices]
     num_drafters = len(drafter_devices)
     start_step = resume_state.step if resume_state else 0
+    if cfg.train.epochs is not None:
+        per_step = cfg.data.batch_size * num_drafters * world.size
+        cfg.train.steps = steps_for_epochs(cfg.train.epochs, workload.num_samples(), per_step)
+        log.line(
+            f"train.epochs {cfg.train.epochs:g}: {cfg.train.steps} steps "
+            f"({workload.num_samples()} samples, {per_step} a step)"
+        )
     total_steps = cfg.train.steps
 
     # ---- models (targets: built once per device and kept by the workload)

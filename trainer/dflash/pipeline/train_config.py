@@ -17,6 +17,7 @@ Declare one field per line.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,6 +195,9 @@ class OptimSection(Section):
 
 class TrainSection(Section):
     steps: Count = 100
+    # Passes over the training samples instead of a step count: when set, the run takes
+    # ceil(epochs * samples / samples per step) steps and train.steps is not used.
+    epochs: Annotated[Number, AfterValidator(_above_zero)] | None = None
     log_every: Count = 10
     checkpoint_every: Amount = 0  # 0 -> only at the end (and on SIGTERM)
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
@@ -249,6 +253,9 @@ class EvalSection(Section):
     # pauses for it; under torchrun the other ranks wait in the next all-reduce, so one
     # eval must take less than runtime.dist_timeout_s (fewer/shorter prompts, or raise it).
     every: Amount = 0
+    # Prompts decoded together (padded, one forward for all); 1: one prompt at a time.
+    # Either way the same tokens in float32; batches make eval.every cheap.
+    batch_size: Count = 16
 
 
 class RegenerateSection(Section):
@@ -531,3 +538,10 @@ def _validated(data: dict, source: str, places: dict, set_by: dict) -> TrainConf
     else:
         where = source
     raise TrainConfigError(f"{where}: {sentence}")
+
+
+def steps_for_epochs(epochs: float, num_samples: int, samples_per_step: int) -> int:
+    """train.epochs as a step count: enough steps that every sample is seen `epochs` times."""
+    if num_samples < 1:
+        raise TrainConfigError("train.epochs: the data has no training samples to count epochs by")
+    return max(1, math.ceil(epochs * num_samples / samples_per_step))
