@@ -1,6 +1,6 @@
 """doctor's checks of one target, from SSH to free disk and the setup venv: each a
 pass, a warning or a failure with its fix. The command (commands/doctor.py) runs them
-and says them; fleet/doctor.py runs them on every node."""
+and says them; doctor_nodes.py runs them on every node."""
 
 from __future__ import annotations
 

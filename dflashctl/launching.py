@@ -18,7 +18,6 @@ from dflashctl.agent_messages import (
     ProcessToStop,
     Resume,
     StartedRun,
-    StopAnswer,
     StoppedProcess,
 )
 from dflashctl.config import Config
@@ -27,15 +26,13 @@ from dflashctl.crash import Rule
 from dflashctl.errors import HostError
 from dflashctl.follow import follow_fleet, report_fleet
 
+# Deploy and restart stop runs as `stop` does (stopping.py, which `stop` imports alone);
+# stop_runs is named here too for the deploy code that imports it from this module.
+from dflashctl.stopping import describe_stopped, process_scope, stop_runs  # noqa: F401
+
 if TYPE_CHECKING:
     from dflashctl.nodes import Node
     from dflashctl.target import Target
-
-
-def process_scope(config: Config) -> str:
-    """Where a hand-started trainer may be: anywhere in a container of its own; on a
-    machine without one, only under the workdir (other projects share the machine)."""
-    return "container" if config.container.vmid is not None else "workdir"
 
 
 def git_state(source: Path) -> dict[str, Any]:
@@ -143,38 +140,6 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
                 f"{hints.command('restart')} launches the current release again"
             )
         raise
-
-
-def stop_runs(config: Config, target: Target, grace_s: float) -> StopAnswer:
-    """The agent's `stop`: the active run and hand-started trainers (SIGTERM, `grace_s`,
-    SIGKILL), in one round trip."""
-    params = {
-        "workdir": config.container.workdir,
-        "entry": config.trainer.entry,
-        "scope": process_scope(config),
-        "grace_s": grace_s,
-    }
-    answer = agent_client.call_agent(
-        target, config.container.python, "stop", params, timeout=grace_s + 60
-    )
-    return cast(StopAnswer, answer)
-
-
-def describe_stopped(stopped: StoppedProcess) -> str:
-    who = f"run {stopped['run_id']}" if stopped.get("run_id") else "hand-started process"
-    what = f"{who} (pid {stopped['pid']})"
-    if stopped.get("kind") == "member":  # e.g. a torchrun rank, in a session of its own
-        what = f"run {stopped['run_id']}'s process pid {stopped['pid']} (outside its group)"
-    if stopped["ended"] == "terminated":
-        how = f"exited after SIGTERM in {stopped.get('seconds', 0):.1f} s"
-    elif stopped["ended"] == "killed":
-        how = f"killed with SIGKILL after the {stopped.get('seconds', 0):.0f} s grace period"
-    else:
-        how = stopped["ended"]
-    code = stopped.get("exit_code")
-    if code is not None:
-        how += f", exit code {code}"
-    return f"stopped {what}: {how}"
 
 
 def print_stopped(stopped: list[StoppedProcess], seconds: float) -> None:

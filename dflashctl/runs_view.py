@@ -1,14 +1,13 @@
-"""What `runs` says of runs and of a prune, for one node (commands/runs.py) and for
-several (fleet/runs.py) alike."""
+"""The runs of every node as `runs` shows them: each node's list or prune (every node
+at once), a run that several nodes share grouped, and its lineage in a word. Data only;
+commands/runs.py shows it."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 
-import typer
-
-from dflashctl import terminal
-from dflashctl.errors import UsageError
+from dflashctl.nodes import Node, NodeOutcome, on_every_node
+from dflashctl.runs import PruneResult, RunInfo, list_runs, prune_runs
 
 
 def continues(meta: dict) -> str:
@@ -19,28 +18,62 @@ def continues(meta: dict) -> str:
     return str(meta["resumed_from"]) + ("" if step is None else f"@{step}")
 
 
-def confirm_prune(plan) -> bool:
-    if not (sys.stdin.isatty() and terminal.interactive()):
-        raise UsageError(
-            f"--prune would remove {len(plan.removed)} run folders; nothing was removed",
-            hint="add --yes to remove them, or --dry-run to only list them",
+def list_every_node(nodes: Sequence[Node]) -> list[NodeOutcome[list[RunInfo]]]:
+    """Every node's runs (with their folders' sizes), or the error that kept it from
+    answering."""
+    return on_every_node(
+        list(nodes),
+        lambda node: list_runs(
+            node.target,
+            node.config.container.workdir,
+            python=node.config.container.python,
+            sizes=True,
+        ),
+    )
+
+
+def prune_every_node(
+    nodes: Sequence[Node], keep: int, *, dry: bool, only: dict[str, list[str]] | None = None
+) -> list[NodeOutcome[PruneResult]]:
+    """`--prune KEEP` on every node (KEEP per node); `only`: node name -> the run ids that
+    may go there (exactly the ones a question listed)."""
+
+    def one(node: Node) -> PruneResult:
+        return prune_runs(
+            node.target,
+            node.config.container.workdir,
+            keep,
+            dry=dry,
+            only=None if only is None else only.get(node.name, []),
+            python=node.config.container.python,
         )
-    size = terminal.human_bytes(plan.bytes)
-    return typer.confirm(f"remove {len(plan.removed)} runs ({size})?", err=True)
+
+    return on_every_node(list(nodes), one)
 
 
-def show_prune_plan(plan, place: str, keep: int, *, dry: bool) -> None:
-    """On stderr, like every human line: stdout stays free for --json."""
-    if not plan.removed:
-        spared = f" ({len(plan.spared)} older ones are active or running)" if plan.spared else ""
-        terminal.info(f"nothing to prune: {plan.runs} runs on {place}, keeping {keep}{spared}")
-        return
-    verb = "would remove" if dry else "removed"
-    for run in plan.removed:
-        state = run["status"] + (f" {run['exit_code']}" if run.get("exit_code") is not None else "")
-        terminal.info(f"  {run['id']}  {state:<10}  {terminal.human_bytes(int(run['bytes']))}")
-    total = terminal.human_bytes(plan.bytes)
-    message = f"{verb} {len(plan.removed)} of {plan.runs} runs ({total}) on {place}"
-    if plan.spared:
-        message += f"; kept {len(plan.spared)} older active or running ones"
-    (terminal.info if dry else terminal.success)(message)
+def combined(plans: Sequence[PruneResult], dry: bool) -> PruneResult:
+    """Several nodes' prunes as one (for the one question asked before removing)."""
+    return PruneResult(
+        [r for p in plans for r in p.removed],
+        [s for p in plans for s in p.spared],
+        sum(p.runs for p in plans),
+        dry,
+    )
+
+
+def grouped_rows(outcomes: Sequence[NodeOutcome[list[RunInfo]]]) -> list[tuple[str, str, RunInfo]]:
+    """(run cell, node name, run) rows: runs oldest first (ids sort by time), a run
+    every node has once, its nodes in the config's order; the id only on its first row,
+    marked `* ` when it is the active run."""
+    by_id: dict[str, list[tuple[str, RunInfo]]] = {}
+    for outcome in outcomes:
+        for run in outcome.value or []:
+            by_id.setdefault(run.id, []).append((outcome.node.name, run))
+    rows = []
+    for run_id in sorted(by_id):
+        group = by_id[run_id]
+        active = any(run.active for _, run in group)
+        for index, (node, run) in enumerate(group):
+            cell = (("* " if active else "  ") + run_id) if index == 0 else ""
+            rows.append((cell, node, run))
+    return rows

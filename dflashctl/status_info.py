@@ -1,20 +1,24 @@
-"""What `status` says of one target: its container, the release `current` names and
-the active run; for one node (commands/status.py) and for each of several
-(fleet/status.py)."""
+"""What `status` says of every node: its container, the release `current` names and
+the active run, every node asked at once; data only (commands/status.py shows it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from dflashctl.errors import HostError
+from dflashctl.nodes import Node, NodeOutcome, node_sessions, on_every_node
 
 
-def collect_status(config: Any) -> dict[str, Any]:
-    """What `status` reports, as one JSON-ready dict (one SSH connection)."""
-    from dflashctl.connect import connect
+def status_of_every_node(config: Any) -> list[NodeOutcome[dict[str, Any]]]:
+    """Each node's status (node_status), or the error that kept it from one."""
+    from dflashctl.connect import open_proxmox
 
-    with connect(config) as (_, api, target):
-        return node_status(config, api, target)
+    def one(node: Node) -> dict[str, Any]:
+        api = open_proxmox(node.config, node.target.transport)
+        return node_status(node.config, api, node.target)
+
+    with node_sessions(config) as nodes:
+        return on_every_node(nodes, one)
 
 
 def node_status(config: Any, api: Any, target: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dflashctl.launching import describe_stopped
+from dflashctl.stopping import describe_stopped
 
 _NOTHING = "; nothing was stopped"
 

@@ -1,5 +1,5 @@
-"""restart and stop: the current release launched again, or the runs stopped; each one
-round trip to the agent, nothing synced."""
+"""restart: the current release launched again, in one round trip to the agent, nothing
+synced (`stop` is stopping.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from dflashctl import runs, setup_env, terminal
 from dflashctl.config import Config
 from dflashctl.connect import session
 from dflashctl.crash import rules_for
-from dflashctl.errors import HostError
 from dflashctl.launching import (
-    describe_stopped,
     follow_unless_detached,
     launch_params,
     lineage_summary,
@@ -20,7 +18,6 @@ from dflashctl.launching import (
     report_interrupted,
     source_meta,
     stop_and_launch,
-    stop_runs,
     trainer_command,
 )
 from dflashctl.nodes import lone_node
@@ -79,29 +76,3 @@ def _restart_nodes(config, rules, detach, extra_args, fresh, wait):
             config, nodes, extra_args=extra_args, fresh=fresh, wait=wait, meta=meta
         )
         return follow_unless_detached(nodes, rules, summary, detach=detach)
-
-
-def stop(
-    config: Config,
-    *,
-    grace_s: float | None = None,
-) -> dict[str, Any]:
-    """Stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
-    grace = config.run.stop_grace_s if grace_s is None else grace_s
-    with session(config) as target:
-        with terminal.step("stopping runs") as step:
-            answer = stop_runs(config, target, grace)
-            stopped = answer["stopped"]
-            step["done"] = (
-                f"stopped {len(stopped)} run(s)"
-                if stopped
-                else f"nothing to stop on {target.describe()}"
-            )
-        for item in stopped:
-            terminal.info(f"  {describe_stopped(item)}")
-        if not answer.get("all_stopped", True):
-            raise HostError(
-                "a run did not exit even after SIGKILL",
-                hint="check the container with `ps -ef`; the process may be stuck in I/O",
-            )
-        return {"stopped": stopped, "target": target.describe()}

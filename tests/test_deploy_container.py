@@ -19,9 +19,9 @@ from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
 from dflashctl.runs import RunState, run_state
-from dflashctl.stop_restart import stop
 from tests.json_answers import flat
 from tests.test_deploy_support import snapshot, write_trainer
+from tests.test_stop import stop
 
 pytestmark = pytest.mark.slow
 

@@ -149,7 +149,9 @@ def test_every_command_on_the_test_host(container, write_config, tmp_path):
         trainer_source=source,
         **{
             "trainer.entry": "train.py",
-            "trainer.args": ["--sleep", "60", "--on-term", "checkpoint"],
+            # Longer than the commands below take on a loaded machine (doctor's torch
+            # import alone can take 20 s there): `stop` must find it still running.
+            "trainer.args": ["--sleep", "600", "--on-term", "checkpoint"],
         },
     )
     code, answer = cli(config, "deploy", "--detach")

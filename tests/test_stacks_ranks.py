@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dflashctl.agent.stacks import op_stacks
-from dflashctl.stacks import print_answer
+from dflashctl.commands.stacks import print_answer
 from tests.test_pipeline_distributed import start_ranks, write_config
 
 RUN_ID = "20261201-000000-abcd"

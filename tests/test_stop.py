@@ -16,7 +16,7 @@ import pytest
 
 from dflashctl.agent import processes
 from dflashctl.deploy import DeployOptions, deploy
-from dflashctl.stop_restart import stop
+from dflashctl.stopping import stop_every_node, stuck_error
 from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     LocalProject,
@@ -27,6 +27,18 @@ from tests.test_deploy_support import (  # noqa: F401
     write_local_config,
 )
 from tests.test_runs import state_of
+
+
+def stop(config, grace_s: float | None = None) -> dict:
+    """`stop` on the one node of `config`: what it stopped there (its error raised)."""
+    results = stop_every_node(config, grace_s)
+    [result] = results
+    if result.outcome.error is not None:
+        raise result.outcome.error
+    failure = stuck_error(results)
+    if failure is not None:
+        raise failure
+    return {"stopped": result.stopped, "target": result.target}
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import pytest
 from dflashctl.config import load_config
 from dflashctl.deploy import DeployOptions, deploy
 from tests.json_answers import flat
+from tests.test_commands_on_nodes import dflashctl, free_port, two  # noqa: F401
 from tests.test_deploy_support import pid_alive
-from tests.test_fleet_local import dflashctl, free_port, two  # noqa: F401
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -24,17 +24,14 @@ from dflashctl.doctor_checks import (
     WARN,
     Check,
     Doctor,
-    check_target,
     source_check,
 )
 from dflashctl.errors import EXIT_OK, ConfigError, DflashError
 from dflashctl.json_output import node_name_of
 
-if TYPE_CHECKING:
-    pass
-
 
 def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Doctor:
+    from dflashctl import doctor_nodes
     from dflashctl.config import load_config
 
     doctor = Doctor(on_check)
@@ -47,24 +44,22 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
     source_check(doctor, config)
-    if config.multi_node:
-        from dflashctl.fleet.doctor import check_every_node
-
-        check_every_node(doctor, config)
-        return doctor
-
-    from dflashctl.connect import open_target
-
+    several = len(config.nodes) > 1
+    with terminal.spinner(f"checking {len(config.nodes)} nodes") if several else _nothing():
+        checkups = doctor_nodes.check_every_node(config, doctor)
     try:
-        target = open_target(config)
-    except ConfigError as exc:  # ~/.ssh/config unreadable
-        doctor.add(Check("SSH reachable", FAIL, exc.message, exc.hint, True))
-        for name in NODE_CHECKS[1:]:
-            doctor.skip(name, "needs SSH")
-        return doctor
-    with target.transport:
-        check_target(doctor, config, target)
+        if several:
+            with terminal.spinner("checking the rendezvous"):
+                doctor_nodes.check_across_nodes(doctor, config, checkups)
+    finally:
+        doctor_nodes.close_checkups(checkups)
     return doctor
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------- output

@@ -1,18 +1,21 @@
-"""dflashctl runs: the runs in the workdir and their real state."""
+"""dflashctl runs: the runs in the workdir and their real state (on several nodes, every
+node's, a run they share as a group of rows); `runs --prune KEEP`."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.config import load_config
 from dflashctl.errors import UsageError
-from dflashctl.json_output import node_name_of
-from dflashctl.runs_view import confirm_prune, continues, show_prune_plan
+
+if TYPE_CHECKING:
+    from dflashctl.nodes import Node, NodeOutcome
+    from dflashctl.runs import PruneResult, RunInfo
 
 PruneOption = Annotated[
     int | None,
@@ -53,8 +56,9 @@ def runs(
     With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead.
     `runs show RUN` draws one run's curves. With several nodes: every node's runs, a
     row per node (--prune: on every node)."""
-    from dflashctl import runs as run_records
-    from dflashctl.connect import session
+    from dflashctl.node_errors import first_failure, nobody_answered
+    from dflashctl.nodes import node_sessions
+    from dflashctl.runs_view import list_every_node
 
     if ctx.invoked_subcommand is not None:
         return
@@ -66,133 +70,216 @@ def runs(
     if prune is not None and prune < 0:
         raise UsageError(f"--prune {prune}: KEEP must be 0 or more (how many runs to keep)")
     cfg = load_config(config)
-    if cfg.multi_node:
-        _on_every_node(cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output)
-        return
     if prune is not None:
         _prune(cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output)
         return
-    with session(cfg) as target:
-        found = run_records.list_runs(
-            target, cfg.container.workdir, python=cfg.container.python, sizes=True
-        )
-        place = target.describe()
+    with node_sessions(cfg) as nodes:
+        outcomes = list_every_node(nodes)
+    failure = first_failure(outcomes, "listing runs")
+    if failure is not None and nobody_answered(outcomes):
+        raise failure
     if json_output:
-        terminal.print_json(
-            {
-                "target": place,
-                "workdir": cfg.container.workdir,
-                "runs": [r.to_json() for r in found],
-            },
-            command="runs",
-            node=node_name_of(cfg),
-        )
-        return
-    if not found:
-        terminal.info(f"no runs in {cfg.container.workdir} on {place} yet")
-        return
-    rows = [
-        (
-            ("* " if run.active else "  ") + run.id,
-            run.release or "-",
-            (run.started or "-").replace("T", " ").rstrip("Z"),
-            continues(run.meta),
-            terminal.human_bytes(run.bytes) if run.bytes is not None else "-",
-            run,
-        )
-        for run in found
-    ]
-    headers = ("  run", "release", "started (UTC)", "continues", "size", "state")
-    if terminal.out.is_terminal:
-        from rich.table import Table
-
-        table = Table(title=f"runs in {cfg.container.workdir} on {place}", title_justify="left")
-        # On a narrow terminal the release id gives way; run ids and states never do.
-        table.add_column(headers[0], no_wrap=True, min_width=22)
-        table.add_column(headers[1], no_wrap=True, overflow="ellipsis")
-        table.add_column(headers[2], no_wrap=True)
-        table.add_column(headers[3], no_wrap=True)
-        table.add_column(headers[4], no_wrap=True, justify="right")
-        table.add_column(headers[5], no_wrap=True, min_width=17)
-        for run_id, release, started, lineage, size, run in rows:
-            state = run.state
-            style = _STYLES.get(state.status, "red")
-            if (state.status == "exited" and not state.ok) or run.hanging:
-                style = "red"
-            if run.clean_stop:  # stopped as asked, whatever the exit status
-                style = _STYLES["stopped"]
-            table.add_row(
-                run_id,
-                release,
-                started,
-                lineage,
-                size,
-                f"[{style}]{escape(run.describe_state())}[/{style}]",
-            )
-        terminal.out.print(table)
+        terminal.print_json({"nodes": [_runs_json(o) for o in outcomes]}, command="runs")
+    elif len(outcomes) > 1:
+        _print_every_node(outcomes)
     else:
-        # Plain aligned columns off a terminal: nothing is cut short or wrapped.
-        lines = [headers] + [(*cells, run.describe_state()) for *cells, run in rows]
-        widths = [max(len(line[i]) for line in lines) for i in range(5)]
-        for line in lines:
-            cells = [cell.ljust(width) for cell, width in zip(line[:5], widths, strict=True)]
-            terminal.out.print("  ".join([*cells, line[5]]), markup=False)
-    terminal.info("* the active run (launched last)")
-
-
-_STYLES = {"running": "cyan", "exited": "green", "stopped": "yellow"}
-
-
-def _on_every_node(cfg, prune: int | None, *, yes: bool, dry_run: bool, json_output: bool) -> None:
-    """A multi-node config: every node's runs (or --prune on every node); a node that
-    failed is raised after the others were reported."""
-    from dflashctl.fleet import runs as fleet_runs
-
-    if prune is None:
-        failure = fleet_runs.list_command(cfg, json_output=json_output)
-    else:
-        failure = fleet_runs.prune_command(
-            cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output
-        )
+        _print_one_node(outcomes[0])
     if failure is not None:
         raise failure
 
 
-def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> None:
-    """With --yes or --dry-run, one round trip; otherwise list, confirm, then remove
-    exactly the runs that were listed."""
-    from dflashctl import runs as run_records
-    from dflashctl.connect import session
+def _runs_json(outcome: NodeOutcome[list[RunInfo]]) -> dict:
+    from dflashctl.node_errors import error_json
 
-    workdir, python = cfg.container.workdir, cfg.container.python
-    with session(cfg) as target:
-        place = target.describe()
-        if yes or dry_run:
-            plan = run_records.prune_runs(target, workdir, keep, dry=dry_run, python=python)
-        else:
-            plan = run_records.prune_runs(target, workdir, keep, dry=True, python=python)
-            if plan.removed:
-                show_prune_plan(plan, place, keep, dry=True)
-                if not confirm_prune(plan):
-                    terminal.info("nothing removed")
-                    return
-                ids = [r["id"] for r in plan.removed]
-                plan = run_records.prune_runs(
-                    target, workdir, keep, dry=False, only=ids, python=python
-                )
-        show_prune_plan(plan, place, keep, dry=plan.dry)
-    if json_output:
-        terminal.print_json(
-            {
-                "target": place,
-                "dry_run": plan.dry,
-                "removed": plan.removed,
-                "bytes": plan.bytes,
-                "spared": plan.spared,
-            },
-            command="runs",
-            node=node_name_of(cfg),
+    return {
+        "node": outcome.node.name,
+        "target": outcome.node.target.describe(),
+        "workdir": outcome.node.config.container.workdir,
+        "runs": [r.to_json() for r in outcome.value or []],
+        "error": error_json(outcome.error),
+    }
+
+
+_STYLES = {"running": "cyan", "exited": "green", "stopped": "yellow"}
+# On a terminal narrower than this, the table of several nodes leaves out the start time.
+WIDE_TABLE = 110
+
+
+def _state_style(run: RunInfo) -> str:
+    style = _STYLES.get(run.state.status, "red")
+    if (run.state.status == "exited" and not run.state.ok) or run.hanging:
+        style = "red"
+    return style
+
+
+def _started(run: RunInfo) -> str:
+    return (run.started or "-").replace("T", " ").rstrip("Z")
+
+
+def _print_one_node(outcome: NodeOutcome[list[RunInfo]]) -> None:
+    from dflashctl.runs_view import continues
+    from dflashctl.terminal_tables import Column, Row, print_table
+
+    found, place = outcome.value or [], outcome.node.target.describe()
+    workdir = outcome.node.config.container.workdir
+    if not found:
+        terminal.info(f"no runs in {workdir} on {place} yet")
+        return
+    rows = []
+    for run in found:
+        style = _STYLES["stopped"] if run.clean_stop else _state_style(run)
+        size = terminal.human_bytes(run.bytes) if run.bytes is not None else "-"
+        cells = [("* " if run.active else "  ") + run.id, run.release or "-", _started(run)]
+        rows.append(Row([*cells, continues(run.meta), size, run.describe_state()], style))
+    # On a narrow terminal the release id gives way; run ids and states never do.
+    columns = [
+        Column("  run", no_wrap=True, min_width=22),
+        Column("release", no_wrap=True, overflow="ellipsis"),
+        Column("started (UTC)", no_wrap=True),
+        Column("continues", no_wrap=True),
+        Column("size", no_wrap=True, justify="right"),
+        Column("state", no_wrap=True, min_width=17),
+    ]
+    print_table(columns, rows, title=f"runs in {workdir} on {place}")
+    terminal.info("* the active run (launched last)")
+
+
+def _print_every_node(outcomes: list[NodeOutcome[list[RunInfo]]]) -> None:
+    from dflashctl.node_errors import error_text
+    from dflashctl.runs_view import continues, grouped_rows
+    from dflashctl.terminal_tables import Column, Row, print_table
+
+    for outcome in outcomes:
+        if not outcome.ok:
+            terminal.info(
+                f"{outcome.node.describe()}: its runs could not be listed: "
+                f"{error_text(outcome.error)}"
+            )
+    grouped = grouped_rows(outcomes)
+    if not grouped:
+        answered = ", ".join(o.node.name for o in outcomes if o.ok)
+        terminal.info(f"no runs on {answered} yet")
+        return
+    rows = [
+        Row(
+            [
+                cell,
+                node,
+                run.release or "-",
+                _started(run),
+                continues(run.meta),
+                run.describe_state(),
+            ],
+            _state_style(run),
         )
+        for cell, node, run in grouped
+    ]
+    # On a narrow terminal the start time goes and the release id gives way; run ids,
+    # node names and states never do (a long state wraps).
+    columns = [
+        Column("  run", no_wrap=True, min_width=22),
+        Column("node", no_wrap=True, min_width=max(len(r.cells[1]) for r in rows)),
+        Column("release", overflow="ellipsis"),
+        Column("started (UTC)", no_wrap=True, narrow_drops=True),
+        Column("continues", overflow="ellipsis"),
+        Column("state", min_width=17),
+    ]
+    print_table(columns, rows, title=f"runs on {len(outcomes)} nodes", wide=WIDE_TABLE)
+    terminal.info("* the active run (launched last); a run of several nodes has a row per node")
+
+
+# --------------------------------------------------------------------------- --prune
+
+
+def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> None:
+    """`--prune KEEP` on every node (KEEP per node): with --yes or --dry-run one round
+    trip each; otherwise every node's list, one question, then exactly the runs listed
+    are removed. A node that cannot be reached: the others are still pruned."""
+    from dflashctl.node_errors import error_json, error_text, first_failure, nobody_answered
+    from dflashctl.nodes import node_sessions
+    from dflashctl.runs_view import combined, prune_every_node
+
+    with node_sessions(cfg) as nodes:
+        place = _places(nodes)
+        dry = dry_run or not yes
+        outcomes = prune_every_node(nodes, keep, dry=dry)
+        failure = first_failure(outcomes, "pruning runs")
+        if failure is not None and nobody_answered(outcomes):
+            raise failure
+        if not (yes or dry_run):
+            plans = {o.node.name: o.value for o in outcomes if o.value is not None}
+            if any(p.removed for p in plans.values()):
+                for name, plan in plans.items():
+                    if plan.removed:
+                        _show_prune_plan(plan, place[name], keep, dry=True)
+                if not _confirm_prune(combined(list(plans.values()), True)):
+                    terminal.info("nothing removed")
+                    if failure is not None:
+                        raise failure
+                    return
+                listed = {name: [r["id"] for r in p.removed] for name, p in plans.items()}
+                outcomes = prune_every_node(nodes, keep, dry=False, only=listed)
+                failure = first_failure(outcomes, "pruning runs")
+    several = len(outcomes) > 1
+    for outcome in outcomes:
+        if outcome.value is not None:
+            _show_prune_plan(outcome.value, place[outcome.node.name], keep, dry=outcome.value.dry)
+        else:
+            terminal.info(f"{outcome.node.describe()}: not pruned: {error_text(outcome.error)}")
+    if json_output:
+        entries = []
+        for outcome in outcomes:
+            plan = outcome.value
+            entries.append(
+                {
+                    "node": outcome.node.name,
+                    "target": place[outcome.node.name]
+                    if several
+                    else outcome.node.target.describe(),
+                    "dry_run": plan.dry if plan else dry,
+                    "removed": plan.removed if plan else [],
+                    "bytes": plan.bytes if plan else 0,
+                    "spared": plan.spared if plan else [],
+                    "error": error_json(outcome.error),
+                }
+            )
+        terminal.print_json({"nodes": entries}, command="runs")
+    if failure is not None:
+        raise failure
+
+
+def _places(nodes: list[Node]) -> dict[str, str]:
+    """What the prune lines call each node: its place, with its name when there are several."""
+    if len(nodes) == 1:
+        return {nodes[0].name: nodes[0].target.describe()}
+    return {n.name: f"{n.name} ({n.target.describe()})" for n in nodes}
+
+
+def _confirm_prune(plan: PruneResult) -> bool:
+    if not (sys.stdin.isatty() and terminal.interactive()):
+        raise UsageError(
+            f"--prune would remove {len(plan.removed)} run folders; nothing was removed",
+            hint="add --yes to remove them, or --dry-run to only list them",
+        )
+    size = terminal.human_bytes(plan.bytes)
+    return typer.confirm(f"remove {len(plan.removed)} runs ({size})?", err=True)
+
+
+def _show_prune_plan(plan: PruneResult, place: str, keep: int, *, dry: bool) -> None:
+    """On stderr, like every human line: stdout stays free for --json."""
+    if not plan.removed:
+        spared = f" ({len(plan.spared)} older ones are active or running)" if plan.spared else ""
+        terminal.info(f"nothing to prune: {plan.runs} runs on {place}, keeping {keep}{spared}")
+        return
+    verb = "would remove" if dry else "removed"
+    for run in plan.removed:
+        state = run["status"] + (f" {run['exit_code']}" if run.get("exit_code") is not None else "")
+        terminal.info(f"  {run['id']}  {state:<10}  {terminal.human_bytes(int(run['bytes']))}")
+    total = terminal.human_bytes(plan.bytes)
+    message = f"{verb} {len(plan.removed)} of {plan.runs} runs ({total}) on {place}"
+    if plan.spared:
+        message += f"; kept {len(plan.spared)} older active or running ones"
+    (terminal.info if dry else terminal.success)(message)
 
 
 def register(app: typer.Typer) -> None:

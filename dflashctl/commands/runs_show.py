@@ -14,7 +14,6 @@ from rich.text import Text
 from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
-from dflashctl.json_output import node_name_of
 
 RunsArgument = Annotated[
     list[str] | None,
@@ -44,7 +43,7 @@ def show(
 ) -> None:
     """A run's state, config, lineage and loss, tau~ and tokens/s curves (two: compared)."""
     from dflashctl.config import load_config
-    from dflashctl.connect import session
+    from dflashctl.nodes import node_sessions
     from dflashctl.run_metrics import read_curves
 
     if json_output:
@@ -53,27 +52,30 @@ def show(
     if len(wanted) > 2:
         raise UsageError(f"runs show takes one run or two to compare, got {len(wanted)}")
     cfg = load_config(config)
-    # Several nodes: rank 0 writes metrics.jsonl and the checkpoints, and it runs on the
-    # first node (the top-level sections are that node's), so this reads node 0 alone.
+    # Rank 0 writes metrics.jsonl and the checkpoints, and it runs on the first node
+    # (the top-level sections are that node's), so this reads the first node alone.
+    first = cfg.nodes[0].label()
     note = None
-    if cfg.multi_node:
-        first = cfg.nodes[0].label()
+    if len(cfg.nodes) > 1:
         note = (
             f"metrics from the first node, {first}: rank 0 writes them there "
             f"({len(cfg.nodes)} nodes; every node's state: {hints.command('runs')})"
         )
-    with session(cfg) as target:
-        place = target.describe() if note is None else f"{first} ({target.describe()})"
-        curves = read_curves(target, cfg.container.workdir, wanted, python=cfg.container.python)
+    with node_sessions(cfg.for_node(0)) as (node,):
+        place = node.target.describe() if note is None else f"{first} ({node.target.describe()})"
+        curves = read_curves(
+            node.target, node.config.container.workdir, wanted, python=node.config.container.python
+        )
     if png is not None:
         from dflashctl.plot_image import write_png
 
         write_png(curves, png)
     if json_output:
-        answer: dict[str, Any] = {"target": place, "runs": [c.to_json() for c in curves]}
+        answer: dict[str, Any] = {"node": first, "target": place}
+        answer["runs"] = [c.to_json() for c in curves]
         if note is not None:
-            answer.update(node=first, note=note)
-        terminal.print_json(answer, command="runs show", node=node_name_of(cfg))
+            answer["note"] = note
+        terminal.print_json({"nodes": [answer]}, command="runs show")
         return
     if note is not None:
         terminal.info(note)
@@ -211,19 +213,12 @@ def _eval_text(record: dict[str, Any]) -> str:
 
 
 def _print_side_by_side(curves: list, place: str) -> None:
-    from rich.table import Table
-
     from dflashctl.plots import COLOURS
+    from dflashctl.terminal_tables import print_side_by_side
 
     facts = [dict(_facts(run, place)) for run in curves]
     labels = list(dict.fromkeys(label for run_facts in facts for label in run_facts))
     labels.remove("run")
-    table = Table(
-        box=None, show_header=True, pad_edge=False, title=f"on {place}", title_justify="left"
-    )
-    table.add_column("", style="bold", no_wrap=True)
-    for index, run in enumerate(curves):
-        table.add_column(run.run.id, header_style=f"bold {COLOURS[index]}", overflow="fold")
-    for label in labels:
-        table.add_row(label, *(run_facts.get(label, "-") for run_facts in facts))
-    terminal.out.print(table)
+    headers = [(run.run.id, COLOURS[index]) for index, run in enumerate(curves)]
+    rows = [[label, *(run_facts.get(label, "-") for run_facts in facts)] for label in labels]
+    print_side_by_side(f"on {place}", headers, rows)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
-from dflashctl.json_output import node_name_of
 
 
 def stacks(
@@ -26,36 +26,101 @@ def stacks(
     """Ask a live run for every thread's stack (each rank under torchrun), and show what
     its hang watchdog and the NCCL flight recorder dumped: where a hanging run is stuck."""
     from dflashctl.config import load_config
-    from dflashctl.stacks import ask_stacks, print_answer
+    from dflashctl.node_errors import error_json, first_failure, nobody_answered
+    from dflashctl.stacks import stacks_of_every_node
 
     if not wait > 0:
         raise UsageError(f"--wait must be more than 0 seconds, got {wait:g}")
     if json_output:
         terminal.set_quiet_stdout(True)
-    cfg = load_config(config)
-    answers = []
-    if cfg.multi_node:
-        from dflashctl.nodes import node_sessions
-
-        with node_sessions(cfg) as nodes:
-            for node in nodes:
-                answer = ask_stacks(node.target, node.config, run_id, wait)
-                answer["node"] = node.name
-                answers.append(answer)
-    else:
-        from dflashctl.connect import session
-
-        with session(cfg) as target:
-            answers.append(ask_stacks(target, cfg, run_id, wait))
+    outcomes = stacks_of_every_node(load_config(config), run_id, wait)
+    failure = first_failure(outcomes, "asking for stacks")
+    if failure is not None and nobody_answered(outcomes):
+        raise failure
     if json_output:
-        terminal.print_json(
-            {"nodes": answers} if cfg.multi_node else answers[0],
-            command="stacks",
-            node=node_name_of(cfg),
+        entries = [
+            {"node": o.node.name, **(o.value or _unanswered(run_id)), "error": error_json(o.error)}
+            for o in outcomes
+        ]
+        terminal.print_json({"nodes": entries}, command="stacks")
+    else:
+        several = len(outcomes) > 1
+        for outcome in outcomes:
+            if outcome.value is not None:
+                print_answer(outcome.value, outcome.node.name if several else None)
+    if failure is not None:
+        raise failure
+
+
+def _unanswered(run_id: str | None) -> dict[str, Any]:
+    """A node that did not answer, in the shape of one that did."""
+    return {"run_id": run_id or "", "status": "unknown", "answers": [], "missing": []}
+
+
+# Frames shown per thread, innermost last (the full stacks stay in --json).
+SHOWN_FRAMES = 12
+
+
+def print_answer(answer: dict[str, Any], node: str | None = None) -> None:
+    out = terminal.out
+    where = f"node {node}, " if node else ""
+    out.print(
+        f"[bold]run {escape(answer['run_id'])}[/bold] ({where}{escape(answer['where'])}): "
+        f"{escape(answer['status'])}"
+    )
+    for dump in answer["answers"]:
+        _print_dump(dump, "asked now")
+    if answer["status"] == "running" and not answer["asked"]:
+        terminal.warning(
+            "no rank of this run said it can be asked (its trainer predates `stacks`, or it "
+            "has not started yet)"
         )
-        return
-    for answer in answers:
-        print_answer(answer, answer.get("node"))
+    for rank in answer["missing"]:
+        terminal.warning(
+            f"rank {rank} did not answer: its Python is blocked with the GIL held; "
+            f"`kill -USR1` it for a C-level dump into {answer['run_dir']}/stacks/"
+            f"rank{rank}.faulthandler.txt"
+        )
+    for dump in answer["watchdog"]:
+        silent = dump.get("silent_s")
+        _print_dump(
+            dump,
+            f"by its watchdog after {silent:g} s without a step" if silent else "by its watchdog",
+        )
+    summary = answer.get("flight_recorder_summary")
+    if summary:
+        out.print(
+            "[bold]NCCL flight recorder[/bold] (ranks "
+            + ", ".join(map(str, summary["ranks"]))
+            + ")"
+        )
+        for line in summary["summary"]:
+            out.print(f"  {escape(line)}")
+    if not answer["answers"] and not answer["watchdog"] and answer["status"] != "running":
+        terminal.info("the run is not running and left no stacks")
+
+
+def _print_dump(dump: dict[str, Any], how: str) -> None:
+    out = terminal.out
+    step = dump.get("last_step")
+    at = f", after step {step}/{dump.get('total_steps')}" if step is not None else ""
+    out.print(
+        f"[bold cyan]rank {dump.get('rank')}[/bold cyan] (pid {dump.get('pid')} on "
+        f"{escape(str(dump.get('host')))}{at}): {len(dump.get('threads') or [])} threads, {how}"
+    )
+    for thread in dump.get("threads") or []:
+        frames = thread.get("frames") or []
+        out.print(f"  [bold]{escape(str(thread.get('name')))}[/bold]")
+        if len(frames) > SHOWN_FRAMES:
+            out.print(f"    [dim]... {len(frames) - SHOWN_FRAMES} outer frames[/dim]")
+        for frame in frames[-SHOWN_FRAMES:]:
+            out.print(
+                f"    {escape(str(frame.get('file')))}:{frame.get('line')} in "
+                f"[bold]{escape(str(frame.get('function')))}[/bold]",
+                highlight=False,
+            )
+            if frame.get("code"):
+                out.print(f"      [dim]{escape(frame['code'])}[/dim]", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

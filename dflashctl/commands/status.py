@@ -1,17 +1,19 @@
-"""dflashctl status: the container's state and uptime, and the active run if any."""
+"""dflashctl status: the container's state and uptime, and the active run if any; on
+several nodes a row per node, every node asked at once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
-from dflashctl.errors import EXIT_HOST
-from dflashctl.json_output import node_name_of
-from dflashctl.status_info import collect_status
+from dflashctl.errors import EXIT_HOST, HostError
+
+if TYPE_CHECKING:
+    from dflashctl.nodes import NodeOutcome
 
 
 def print_status(status: dict[str, Any]) -> None:
@@ -59,26 +61,111 @@ def print_status(status: dict[str, Any]) -> None:
     out.print(f"[bold]run[/bold]        {escape(run['id'])}: {', '.join(details)}")
 
 
+# On a terminal narrower than this, the table of several nodes leaves out `where`.
+WIDE_TABLE = 120
+
+
+def state_of(report: dict[str, Any]) -> tuple[str, str]:
+    """The active run's state in words, and its colour, for a row of the table."""
+    container, run = report["container"], report["active_run"]
+    if report["active_run_error"]:
+        return report["active_run_error"]["message"], "red"
+    if run is None:
+        stopped = container is not None and container["status"] != "running"
+        return ("unknown while the container is stopped" if stopped else "none launched yet"), "dim"
+    state = run["state"] + (f", {run['recovery']}" if run.get("recovery") else "")
+    state += f", {run['hang']}" if run.get("hang") else ""
+    colour = {
+        "running": "green",
+        "exited": "green" if run["exit_code"] == 0 else "red",
+        "stopped": "yellow",
+    }.get(run["status"], "red")
+    return state, "red" if run.get("hanging") else colour
+
+
+def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
+    """A row per node: where it is, its container, the release, the active run, its state."""
+    from dflashctl.node_errors import error_text
+    from dflashctl.terminal_tables import Column, Row, print_table
+
+    rows = []
+    for outcome in outcomes:
+        node, report = outcome.node, outcome.value
+        if report is None:
+            cells = [node.name, node.target.describe(), "unreachable", "-", "-"]
+            rows.append(Row([*cells, error_text(outcome.error)], "red"))
+            continue
+        container = report["container"]
+        if container is None:
+            where_runs = "- (the host)"
+        elif container["status"] == "running":
+            where_runs = f"running, up {terminal.human_duration(container['uptime_s'])}"
+        else:
+            where_runs = container["status"]
+        run = report["active_run"]
+        state, colour = state_of(report)
+        cells = [node.name, report["target"], where_runs, report["release"] or "-"]
+        rows.append(Row([*cells, run["id"] if run else "-", state], colour))
+    # On a narrow terminal `where` goes (--json has it) and the container and release
+    # give way; names, run ids and states never do (a long state wraps).
+    columns = [
+        Column("node", no_wrap=True, min_width=max(len(r.cells[0]) for r in rows)),
+        Column("where", no_wrap=True, overflow="ellipsis", narrow_drops=True),
+        Column("container", overflow="ellipsis"),
+        Column("release", overflow="ellipsis"),
+        Column("active run", no_wrap=True, min_width=20),
+        Column("state", min_width=17),
+    ]
+    print_table(columns, rows, title=f"{len(outcomes)} nodes", wide=WIDE_TABLE)
+
+
+def node_json(outcome: NodeOutcome[dict[str, Any]]) -> dict[str, Any]:
+    """A node's status named by its node (its Proxmox node is `proxmox_node`)."""
+    from dflashctl.node_errors import error_json
+
+    report = dict(outcome.value or {"target": outcome.node.target.describe()})
+    proxmox_node = report.pop("node", None)
+    return {
+        "node": outcome.node.name,
+        **report,
+        "proxmox_node": proxmox_node,
+        "error": error_json(outcome.error),
+    }
+
+
 def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Show the container's state, its uptime and the active run (a row per node)."""
     from dflashctl.config import load_config
+    from dflashctl.node_errors import NodesFailed, first_failure, nobody_answered
+    from dflashctl.status_info import status_of_every_node
 
-    loaded = load_config(config)
-    if loaded.multi_node:
-        from dflashctl.fleet.status import status_command
-
-        status_command(loaded, as_json=as_json)
-        return
-    report = collect_status(loaded)
+    outcomes = status_of_every_node(load_config(config))
+    failure = first_failure(outcomes, "status")
+    if failure is not None and nobody_answered(outcomes):
+        raise failure
+    several = len(outcomes) > 1
     if as_json:
-        # `node` names the node, as with several; the Proxmox node is `proxmox_node`.
-        one = {k: v for k, v in report.items() if k != "node"}
-        one["proxmox_node"] = report["node"]
-        terminal.print_json(one, command="status", node=node_name_of(loaded))
+        terminal.print_json({"nodes": [node_json(o) for o in outcomes]}, command="status")
+    elif several:
+        print_rows(outcomes)
     else:
-        print_status(report)
-    if report["active_run_error"]:
+        print_status(outcomes[0].value)
+    if failure is not None:
+        raise failure
+    unreadable = [o for o in outcomes if o.value and o.value["active_run_error"]]
+    if not unreadable:
+        return
+    if not several:  # print_status said it (or --json has it)
         raise typer.Exit(EXIT_HOST)
+    # The container answered, its runs could not be read.
+    problem = unreadable[0].value["active_run_error"]
+    raise NodesFailed(
+        unreadable[0].node.name,
+        unreadable[0].node.target.describe(),
+        "status",
+        HostError(problem["message"], hint=problem["hint"]),
+        [o.node.name for o in unreadable[1:]],
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""dflashctl stop: stop the active run and hand-started ones (SIGTERM, grace, SIGKILL)."""
+"""dflashctl stop: stop the active run and hand-started ones (SIGTERM, grace, SIGKILL),
+on every node at once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.config import load_config
 from dflashctl.errors import UsageError
-from dflashctl.json_output import node_name_of
 
 
 def stop(
@@ -26,23 +26,63 @@ def stop(
     json_output: JsonOption = False,
 ) -> None:
     """Stop the active run and any process running the entry script by hand (on every node)."""
-    from dflashctl.stop_restart import stop as run_stop
+    from dflashctl.node_errors import error_json, first_failure, nobody_answered
+    from dflashctl.stopping import stop_every_node, stuck_error
 
     if grace is not None and grace < 0:
         raise UsageError(f"--grace must be 0 or more seconds, got {grace:g}")
     if json_output:
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
-    if cfg.multi_node:
-        from dflashctl.fleet.stop import stop_every_node
-
-        summary, failure = stop_every_node(cfg, grace_s=grace)
-    else:
-        summary, failure = run_stop(cfg, grace_s=grace), None
+    several = len(cfg.nodes) > 1
+    with terminal.step(
+        f"stopping runs on {len(cfg.nodes)} nodes" if several else "stopping runs"
+    ) as step:
+        results = stop_every_node(cfg, grace_s=grace)
+        outcomes = [r.outcome for r in results]
+        failure = first_failure(outcomes, "stopping runs")
+        if failure is not None and nobody_answered(outcomes):
+            raise failure
+        step["done"] = _done_line(results, several)
+    _print_stopped(results, several)
     if json_output:
-        terminal.print_json(summary, command="stop", node=node_name_of(cfg))
+        entries = [
+            {
+                "node": r.node,
+                "target": r.target,
+                "stopped": r.stopped,
+                "error": error_json(r.outcome.error),
+            }
+            for r in results
+        ]
+        terminal.print_json({"nodes": entries}, command="stop")
+    failure = failure or stuck_error(results)
     if failure is not None:
         raise failure
+
+
+def _done_line(results, several: bool) -> str:
+    stopped = sum(len(r.stopped) for r in results)
+    if several:
+        answered = sum(r.outcome.ok for r in results)
+        return f"stopped {stopped} run(s) on {answered} of {len(results)} nodes"
+    return f"stopped {stopped} run(s)" if stopped else f"nothing to stop on {results[0].target}"
+
+
+def _print_stopped(results, several: bool) -> None:
+    """A line per stopped process; with several nodes each line names its node, and a
+    node that stopped nothing or failed says so."""
+    from dflashctl.node_errors import error_text
+    from dflashctl.stopping import describe_stopped
+
+    for result in results:
+        prefix = f"{result.node}: " if several else ""
+        if several and not result.outcome.ok:
+            terminal.info(f"  {prefix}not stopped: {error_text(result.outcome.error)}")
+        elif several and not result.stopped:
+            terminal.info(f"  {prefix}nothing to stop on {result.target}")
+        for item in result.stopped:
+            terminal.info(f"  {prefix}{describe_stopped(item)}")
 
 
 def register(app: typer.Typer) -> None:

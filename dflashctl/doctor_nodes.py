@@ -1,5 +1,5 @@
-"""`dflashctl doctor` on several nodes: every check of one node on each node (all at
-once, shown grouped by node), then what only several nodes need:
+"""`dflashctl doctor` over the nodes: every check of one target on each node (several
+at once), then what only several nodes need:
 
   rendezvous address   torchrun.address, else the first node's container address
                        (the agent's `address` verb), as a launch would pick it
@@ -44,12 +44,17 @@ class NodeCheckup:
     running: str | None = None  # the id of the run that runs there now, if any
 
 
-def _check_node(index: int, config: Config) -> NodeCheckup:
+def check_node(index: int, config: Config, doctor: Doctor | None = None) -> NodeCheckup:
+    """One node's checks (`config`: Config.for_node's), added to `doctor` as they are
+    made when given (one node: each line shows as soon as its check is done), else kept
+    in the checkup, each naming its node. With several nodes, also what the checks
+    across them need from it."""
     from dflashctl.connect import open_target
 
     name = config.nodes[0].label()
     checkup = NodeCheckup(index, name, config)
-    doctor = Doctor(lambda check: None)
+    alone = doctor is not None
+    doctor = doctor or Doctor(lambda check: None)
     try:
         checkup.target = open_target(config)
     except ConfigError as exc:  # ~/.ssh/config unreadable
@@ -58,6 +63,8 @@ def _check_node(index: int, config: Config) -> NodeCheckup:
             doctor.skip(name_, "needs SSH")
     else:
         checkup.usable = check_target(doctor, config, checkup.target)
+    if alone:
+        return checkup
     checkup.checks = [replace(c, node=name) for c in doctor.checks]
     passed = {c.name: c.detail for c in checkup.checks if c.status in (PASS, WARN)}
     if "python" in passed:
@@ -92,29 +99,34 @@ def _inspect(checkup: NodeCheckup) -> None:
     checkup.facts["release"] = f"{answer['release']} (files {digest})"
 
 
-def check_every_node(doctor: Doctor, config: Config) -> None:
-    """Each node's checks (grouped by node), then the checks across the nodes."""
-    from dflashctl import terminal
-
+def check_every_node(config: Config, doctor: Doctor) -> list[NodeCheckup]:
+    """Each node's checks, all at once; one node's go into `doctor` as they are made.
+    Their targets stay open for the checks across the nodes: close_checkups after."""
     configs = config.node_configs()
-    with terminal.spinner(f"checking {len(configs)} nodes"):
-        with ThreadPoolExecutor(len(configs), thread_name_prefix="doctor") as pool:
-            checkups = list(pool.map(_check_node, range(len(configs)), configs))
-    try:
-        for checkup in checkups:
-            for check in checkup.checks:
-                doctor.add(check)
-        with terminal.spinner("checking the rendezvous"):
-            address = _address_check(doctor, config, checkups)
-            if address is not None:
-                _port_check(doctor, config, checkups, address)
-            else:
-                doctor.skip("rendezvous port", "needs the rendezvous address")
-        _agreement_check(doctor, checkups)
-    finally:
-        for checkup in checkups:
-            if checkup.target is not None:
-                checkup.target.close()
+    if len(configs) == 1:
+        return [check_node(0, configs[0], doctor)]
+    with ThreadPoolExecutor(len(configs), thread_name_prefix="doctor") as pool:
+        checkups = list(pool.map(check_node, range(len(configs)), configs))
+    for checkup in checkups:
+        for check in checkup.checks:
+            doctor.add(check)
+    return checkups
+
+
+def check_across_nodes(doctor: Doctor, config: Config, checkups: list[NodeCheckup]) -> None:
+    """The rendezvous address and port, and whether the nodes agree (several nodes)."""
+    address = _address_check(doctor, config, checkups)
+    if address is not None:
+        _port_check(doctor, config, checkups, address)
+    else:
+        doctor.skip("rendezvous port", "needs the rendezvous address")
+    _agreement_check(doctor, checkups)
+
+
+def close_checkups(checkups: list[NodeCheckup]) -> None:
+    for checkup in checkups:
+        if checkup.target is not None:
+            checkup.target.close()
 
 
 # --------------------------------------------------------------------------- rendezvous

@@ -1,5 +1,6 @@
-"""stop, runs and status on two nodes that are two local workdirs (host: local): the
-real agent, real processes and signals; the CLI as a user runs it."""
+"""stop, runs, status and doctor on one node and on two, each node a local workdir
+(host: local): the real agent, real processes and signals; the CLI as a user runs it.
+The same tests run for one node and for two where the answer has the same meaning."""
 
 # ruff: noqa: F811  (the `project` fixture is imported, and then asked for by name)
 from __future__ import annotations
@@ -24,13 +25,14 @@ from tests.test_deploy_support import kill_runs, pid_alive, wait_for, write_trai
 NAMES = ("gpu-a", "gpu-b")
 
 
-class TwoNodes:
-    """A project whose dflash.yaml names two nodes: two workdirs on this machine."""
+class Nodes:
+    """A project whose dflash.yaml names its nodes: a workdir on this machine each."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, names: tuple[str, ...] = NAMES) -> None:
         self.root = root
+        self.names = names
         write_trainer(root / "src")
-        self.workdirs = [root / f"work-{name}" for name in NAMES]
+        self.workdirs = [root / f"work-{name}" for name in names]
         self.config_path = root / "dflash.yaml"
         self.write()
 
@@ -40,12 +42,13 @@ class TwoNodes:
             "container": {"vmid": None, "python": sys.executable},
             "nodes": [
                 {"name": name, "container": {"workdir": str(workdir)}}
-                for name, workdir in zip(NAMES, self.workdirs, strict=True)
+                for name, workdir in zip(self.names, self.workdirs, strict=True)
             ],
+            # Runs until stopped (far longer than a test takes on a loaded machine).
             "trainer": {
                 "source": "src",
                 "entry": "train.py",
-                "args": ["--sleep", "60", "--on-term", "checkpoint"],
+                "args": ["--sleep", "600", "--on-term", "checkpoint"],
             },
             "run": {"stop_grace_s": 3},
             **top,
@@ -59,7 +62,7 @@ class TwoNodes:
         """A release and a run of its own on each node (each node deployed alone)."""
         config = self.config()
         summaries = []
-        for index in range(len(NAMES)):
+        for index in range(len(self.names)):
             code, summary = deploy(config.for_node(index), DeployOptions(detach=True))
             assert code == 0
             summaries.append(summary)
@@ -77,7 +80,7 @@ class TwoNodes:
                         "name": node.name,
                         "rank": node.index,
                         "count": len(nodes),
-                        "names": list(NAMES),
+                        "names": list(self.names),
                         "rendezvous": "127.0.0.1:29400",
                     }
                 }
@@ -93,16 +96,26 @@ class TwoNodes:
         return int((self.run_dir(node, run_id) / "pid").read_text())
 
 
-@pytest.fixture
-def two(tmp_path, monkeypatch):
+def make_project(tmp_path, monkeypatch, names: tuple[str, ...]):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    project = TwoNodes(tmp_path / "project")
+    project = Nodes(tmp_path / "project", names)
     yield project
     for workdir in project.workdirs:
         kill_runs(workdir)
 
 
-def dflashctl(project: TwoNodes, *args: str) -> subprocess.CompletedProcess:
+@pytest.fixture
+def two(tmp_path, monkeypatch):
+    yield from make_project(tmp_path, monkeypatch, NAMES)
+
+
+@pytest.fixture(params=[1, 2], ids=["1 node", "2 nodes"])
+def some(request, tmp_path, monkeypatch):
+    """One node, then two: what a command says has the same meaning for both."""
+    yield from make_project(tmp_path, monkeypatch, NAMES[: request.param])
+
+
+def dflashctl(project: Nodes, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dflashctl", *args, "-c", str(project.config_path)],
         capture_output=True,
@@ -111,22 +124,23 @@ def dflashctl(project: TwoNodes, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def wait_started(project: TwoNodes, node: int, run_id: str) -> None:
+def wait_started(project: Nodes, node: int, run_id: str) -> None:
     log = project.run_dir(node, run_id) / "train.log"
     wait_for(lambda: log.exists() and "hello" in log.read_text(), what=f"run on node {node}")
 
 
-def test_stop_stops_the_run_on_every_node(two):
-    two.deploy_each()
-    run_id = two.launch_shared()
-    pids = [two.pid(i, run_id) for i in range(2)]
-    for index in range(2):
-        wait_started(two, index, run_id)
+def test_stop_stops_the_run_on_every_node(some):
+    some.deploy_each()
+    run_id = some.launch_shared()
+    count = len(some.names)
+    pids = [some.pid(i, run_id) for i in range(count)]
+    for index in range(count):
+        wait_started(some, index, run_id)
 
-    done = dflashctl(two, "stop", "--json")
+    done = dflashctl(some, "stop", "--json")
     assert done.returncode == 0, done.stderr
-    answer = flat(json.loads(done.stdout))
-    assert [n["node"] for n in answer["nodes"]] == list(NAMES)
+    answer = json.loads(done.stdout)
+    assert [n["node"] for n in answer["nodes"]] == list(some.names)
     for index, node in enumerate(answer["nodes"]):
         [stopped] = node["stopped"]
         assert (stopped["run_id"], stopped["pid"], stopped["ended"]) == (
@@ -134,16 +148,20 @@ def test_stop_stops_the_run_on_every_node(two):
             pids[index],
             "terminated",
         )
-        assert node["error"] is None
+        assert node["error"] is None and node["target"] == "this machine"
         # The SIGTERM reached each node's trainer: it wrote its checkpoint.
-        assert (two.run_dir(index, run_id) / "checkpointed").read_text() == "yes\n"
+        assert (some.run_dir(index, run_id) / "checkpointed").read_text() == "yes\n"
         assert not pid_alive(pids[index])
+    again = dflashctl(some, "stop")
+    assert again.returncode == 0, again.stderr
+    if count == 1:  # one node: no node names, as before there were several
+        assert "✓ stopped 1 run(s)  " in done.stderr
+        assert f"\n  stopped run {run_id} (pid {pids[0]})" in done.stderr
+        assert "✓ nothing to stop on this machine  " in again.stderr
+        return
     assert "stopped 2 run(s) on 2 of 2 nodes" in done.stderr
     for name in NAMES:
         assert f"  {name}: stopped run {run_id}" in done.stderr
-
-    again = dflashctl(two, "stop")
-    assert again.returncode == 0, again.stderr
     assert "gpu-a: nothing to stop on this machine" in again.stderr
     assert "gpu-b: nothing to stop on this machine" in again.stderr
 
@@ -179,33 +197,43 @@ def test_runs_lists_a_shared_run_once_with_a_row_per_node(two):
     assert as_json["nodes"][1]["runs"][1]["meta"]["node"]["rank"] == 1
 
 
-def test_runs_prune_on_every_node(two):
-    two.deploy_each()
-    run_id = two.launch_shared()
-    done = dflashctl(two, "runs", "--prune", "0", "--yes", "--json")
+def test_runs_prune_on_every_node(some):
+    some.deploy_each()
+    run_id = some.launch_shared()
+    done = dflashctl(some, "runs", "--prune", "0", "--yes", "--json")
     assert done.returncode == 0, done.stderr
-    answer = flat(json.loads(done.stdout))
+    answer = json.loads(done.stdout)
+    assert [n["node"] for n in answer["nodes"]] == list(some.names)
     for node in answer["nodes"]:
         assert [r["status"] for r in node["removed"]] == ["stopped"]
         assert node["spared"] == [run_id]  # the active run always stays
-    for index in range(2):
-        assert [p.name for p in (two.workdirs[index] / "runs").iterdir()] == [run_id]
+        assert node["dry_run"] is False and node["error"] is None
+    for index in range(len(some.names)):
+        assert [p.name for p in (some.workdirs[index] / "runs").iterdir()] == [run_id]
+    place = "this machine" if len(some.names) == 1 else "gpu-a (this machine)"
+    assert "removed 1 of 2 runs (" in done.stderr and f") on {place}" in done.stderr
 
 
-def test_status_has_a_row_per_node(two):
-    two.deploy_each()
-    run_id = two.launch_shared()
-    done = dflashctl(two, "status")
+def test_status_has_a_row_per_node(some):
+    some.deploy_each()
+    run_id = some.launch_shared()
+    done = dflashctl(some, "status")
     assert done.returncode == 0, done.stderr
+    report = json.loads(dflashctl(some, "status", "--json").stdout)
+    assert [n["node"] for n in report["nodes"]] == list(some.names)
+    assert all(n["release"] and n["error"] is None for n in report["nodes"])
+    assert [n["active_run"]["id"] for n in report["nodes"]] == [run_id] * len(some.names)
+    if len(some.names) == 1:  # one node: its lines, as before there were several
+        host, run = done.stdout.splitlines()
+        assert host.split() == ["host", "this", "machine", "(no", "container)"]
+        assert run.startswith(f"run        {run_id}: running, pid ")
+        return
     header, *rows = done.stdout.splitlines()
     assert header.split() == ["node", "where", "container", "release", "active", "run", "state"]
     assert [r.split()[0] for r in rows] == list(NAMES)
     for line in rows:
         assert run_id in line and line.endswith("running")
         assert "this machine" in line
-    report = flat(json.loads(dflashctl(two, "status", "--json").stdout))
-    assert all(n["release"] for n in report["nodes"])
-    assert [n["active_run"]["id"] for n in report["nodes"]] == [run_id, run_id]
 
 
 def test_a_node_whose_python_fails_is_named_and_the_other_still_answers(two):
@@ -241,7 +269,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def doctor_checks(project: TwoNodes) -> tuple[int, dict[str | None, dict[str, dict]]]:
+def doctor_checks(project: Nodes) -> tuple[int, dict[str | None, dict[str, dict]]]:
     done = dflashctl(project, "doctor", "--json")
     by_node: dict[str | None, dict[str, dict]] = {}
     for check in flat(json.loads(done.stdout))["checks"]:
@@ -360,3 +388,25 @@ def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_every
         assert (two.run_dir(index, run_id) / "checkpointed").read_text() == "yes\n"
     runs = flat(json.loads(dflashctl(two, "runs", "--json").stdout))["nodes"]
     assert [n["runs"][0]["status"] for n in runs] == ["stopped", "stopped"]
+
+
+def test_one_node_whose_python_fails_answers_as_a_command_that_failed(tmp_path, monkeypatch):
+    """No node answered: the error as that node said it (no node named), and --json's
+    answer for a command that failed before any node answered."""
+    for project in make_project(tmp_path, monkeypatch, NAMES[:1]):
+        config = yaml.safe_load(project.config_path.read_text())
+        config["nodes"][0]["container"]["python"] = "/opt/nowhere/python3"
+        project.config_path.write_text(yaml.safe_dump(config))
+        for command in (("runs",), ("stop",), ("stacks",)):
+            done = dflashctl(project, *command, "--json")
+            assert done.returncode == 3, (command, done.stderr)
+            answer = json.loads(done.stdout)
+            assert answer["nodes"] == [] and answer["exit_code"] == 3
+            assert answer["error"].startswith("/opt/nowhere/python3"), answer
+            assert "error: /opt/nowhere/python3" in done.stderr
+        # status still has the node's container to say, and its runs' error beside it.
+        done = dflashctl(project, "status", "--json")
+        assert done.returncode == 3
+        [entry] = json.loads(done.stdout)["nodes"]
+        assert entry["error"] is None
+        assert entry["active_run_error"]["message"].startswith("/opt/nowhere/python3")

@@ -1,0 +1,61 @@
+"""What stopping says (dflashctl/stopping.py): how a stopped process ended, and a run
+that outlived SIGKILL, named by its node when there are several."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflashctl.nodes import NodeOutcome
+from dflashctl.stopping import NodeStop, describe_stopped, stuck_error
+from tests.test_node_errors import FakeNode, FakeTarget
+
+
+def test_how_a_stopped_process_ended():
+    assert describe_stopped(
+        {"run_id": "r1", "pid": 7, "ended": "terminated", "seconds": 1.26, "exit_code": 0}
+    ) == ("stopped run r1 (pid 7): exited after SIGTERM in 1.3 s, exit code 0")
+    assert describe_stopped({"pid": 9, "ended": "killed", "seconds": 5}) == (
+        "stopped hand-started process (pid 9): killed with SIGKILL after the 5 s grace period"
+    )
+
+
+def results(*all_stopped: bool | None) -> list[NodeStop]:
+    made = []
+    for index, done in enumerate(all_stopped):
+        name = f"gpu-{index}"
+        node = FakeNode(name, FakeTarget("this machine"))
+        if done is None:
+            outcome = NodeOutcome(node, error=OSError("down"))
+        else:
+            outcome = NodeOutcome(node, value={"stopped": [], "all_stopped": done})
+        made.append(NodeStop(name, "this machine", outcome))
+    return made
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_run_that_outlived_sigkill(count):
+    assert stuck_error(results(*[True] * count)) is None
+    error = stuck_error(results(*[False] * count))
+    assert error is not None and error.exit_code == 3
+    where = "" if count == 1 else " on gpu-0, gpu-1"
+    assert error.message == f"a run did not exit even after SIGKILL{where}"
+    assert results(None)[0].stopped == [] and not results(None)[0].stuck
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_what_a_failed_launch_stopped_node_by_node(count):
+    from dflashctl.errors import HostError
+    from dflashctl.stop_report import stopped_by_node, with_stops
+
+    stopped = {"run_id": "old", "pid": 5, "ended": "terminated", "seconds": 0.5}
+    made = [NodeOutcome(FakeNode("a", FakeTarget("x")), value={"stopped": [stopped]})]
+    failed = HostError("no space for the run folder; nothing was stopped")
+    made += [NodeOutcome(FakeNode("b", FakeTarget("y")), error=failed)][: count - 1]
+    lines = stopped_by_node(made, "new", {"a": True})
+    assert lines[0] == (
+        "a: stopped run old (pid 5): exited after SIGTERM in 0.5 s; "
+        "then run new, which it had started, was stopped again"
+    )
+    assert lines[1:] == ["b: nothing was stopped"][: count - 1]
+    text = with_stops(failed.message, lines)
+    assert text.startswith("no space for the run folder\nwhat was stopped, node by node:\n  a: ")
