@@ -74,16 +74,18 @@ def barrier_params(p, mode, **more):
     c = p["commit"]
     return dict(
         {k: c[k] for k in ("world", "rank", "names", "address", "port", "run_id", "deadline_s")},
+        same_release=bool(c.get("same_release")),
         mode=mode,
         marker=marker_path(p["workdir"], c["run_id"]),
         **more,
     )
 
 
-def join(p, python):
-    """Wait at the barrier; returns on commit, raises CommitAborted on abort."""
+def join(p, python, release):
+    """Wait at the barrier, about to launch `release`; returns on commit, raises
+    CommitAborted on abort."""
     c = p["commit"]
-    args = json.dumps(barrier_params(p, "join"))
+    args = json.dumps(barrier_params(p, "join", release=release))
     try:
         done = subprocess.run(
             [python, "-c", c["program"], args],

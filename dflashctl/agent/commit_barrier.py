@@ -103,11 +103,27 @@ def missing_nodes(store, p):
     return [p["names"][r] for r in range(world) if not store.check([f"node/{r}"])]
 
 
+def differing_releases(store, p):
+    """With `same_release` (a restart, which launches each node's current release):
+    the abort naming each node's release when they are not one and the same."""
+    if not p.get("same_release"):
+        return None
+    found = [text(store.get(f"release/{r}")) for r in range(int(p["world"]))]
+    if len(set(found)) == 1:
+        return None
+    which = ", ".join(f"{p['names'][r]}: {rel}" for r, rel in enumerate(found))
+    return (
+        f"abort:the nodes have different current releases ({which}); "
+        "a run across nodes needs the same trainer on each"
+    )
+
+
 def decide(store, p, deadline):
     """Arrive, then wait for the decision; returns its text ("commit" or "abort:...")."""
     store.set(f"node/{int(p['rank'])}", "1")
+    store.set(f"release/{int(p['rank'])}", p.get("release") or "")
     if store.add("arrived", 1) == int(p["world"]):
-        return cas(store, "commit")
+        return cas(store, differing_releases(store, p) or "commit")
     while True:
         if store.check(["decision"]):
             return text(store.get("decision"))

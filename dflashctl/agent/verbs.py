@@ -256,7 +256,7 @@ def transaction(p, release, previous, previous_release):
     workdir, run_id = p["workdir"], p["run_id"]
     if p.get("commit"):
         try:
-            commit.join(p, p["command"][0])
+            commit.join(p, p["command"][0], release)
         except commit.CommitAborted:
             shutil.rmtree(os.path.join(runs_dir(workdir), run_id), ignore_errors=True)
             if release != previous_release:
