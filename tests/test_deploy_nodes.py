@@ -231,3 +231,60 @@ def test_no_network_address_is_a_clear_error_naming_the_first_node(nodes):
     assert result.returncode == 3, result.stdout + result.stderr
     assert "node a (this machine) has no network address but loopback" in result.stderr
     assert "torchrun.address" in result.stderr
+
+
+def settled(workdir: Path, timeout: float = 300) -> None:
+    """Wait until no deploy holds the workdir's lock (the agent's work there is done)."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + timeout
+    fd = os.open(workdir / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except OSError:
+                assert time.monotonic() < deadline, f"{workdir} stayed locked"
+                time.sleep(0.2)
+    finally:
+        os.close(fd)
+
+
+def test_a_sigkilled_deploy_leaves_every_node_on_the_same_run(nodes, tmp_path):
+    nodes.args = ["--steps", "3", "--sleep", "900", "--on-term", "checkpoint"]
+    nodes.write()  # the old run outlives the test: its end is ours to see
+    first = deployed(nodes)
+    # Node b's deploy starts late: node a waits at the commit barrier meanwhile, and
+    # dflashctl is killed then. Whatever the moment, the nodes agree.
+    wrapper = tmp_path / "python-b"
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ "$4" = deploy ]; then sleep 3; fi\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    nodes.python["b"] = str(wrapper)
+    nodes.write()
+    (nodes.source / "helpers.py").write_text("def greeting():\n    return 'changed'\n")
+    proc = subprocess.Popen(
+        [*DFLASHCTL, "deploy", "--detach", "-c", str(nodes.config_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    wait_for(
+        lambda: any((nodes.workdir("a") / "releases").glob("*")) and len(nodes.releases("a")) > 1,
+        timeout=120,
+        what="node a's new release",
+    )
+    proc.kill()
+    proc.wait()
+    for name in ("a", "b"):
+        settled(nodes.workdir(name))
+    currents = {(nodes.workdir(n) / "current").resolve().name for n in ("a", "b")}
+    assert len(currents) == 1, currents
+    old_alive = [pid_alive(nodes.pid(n, first["run_id"])) for n in ("a", "b")]
+    if currents == {first["release"]}:
+        assert old_alive == [True, True]
+    else:
+        assert old_alive == [False, False]
