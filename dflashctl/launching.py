@@ -18,7 +18,6 @@ from dflashctl.agent_messages import (
     ProcessToStop,
     Resume,
     StartedRun,
-    StoppedProcess,
 )
 from dflashctl.config import Config
 from dflashctl.connect import open_target
@@ -27,8 +26,7 @@ from dflashctl.errors import HostError
 from dflashctl.follow import follow_fleet, report_fleet
 
 # Deploy and restart stop runs as `stop` does (stopping.py, which `stop` imports alone);
-# stop_runs is named here too for the deploy code that imports it from this module.
-from dflashctl.stopping import describe_stopped, process_scope, stop_runs  # noqa: F401
+from dflashctl.stopping import describe_stopped, process_scope
 
 if TYPE_CHECKING:
     from dflashctl.nodes import Node
@@ -128,6 +126,8 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
     timeout = grace + 120 + (24 * 3600 if params.get("wait") else 0)
     if params.get("setup"):  # the launch makes the venv itself when it is missing
         timeout += float(params["setup"]["timeout_s"])
+    if params.get("commit"):  # waiting for the other nodes (agent/commit.py's slack too)
+        timeout += float(params["commit"]["deadline_s"]) + 300
     try:
         answer = agent_client.call_agent(
             target, config.container.python, "launch", params, timeout=timeout
@@ -142,26 +142,22 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
         raise
 
 
-def print_stopped(stopped: list[StoppedProcess], seconds: float) -> None:
-    if not stopped:
-        return
-    for index, item in enumerate(stopped):
-        terminal.step_done(describe_stopped(item), seconds if index == 0 else 0.0)
-
-
 def describe_target_to_stop(item: ProcessToStop) -> str:
     who = f"run {item['run_id']}" if item.get("run_id") else "hand-started"
     scope = "its process group" if item.get("group") else "the process and its children"
     return f"pid {item['pid']} ({who}, {scope}): {item.get('cmdline', '')}"
 
 
-def print_launched(launched: LaunchAnswer, run_id: str, command: list[str], seconds: float) -> None:
+def print_launched(
+    launched: LaunchAnswer, run_id: str, command: list[str], seconds: float, *, prefix: str = ""
+) -> None:
     """The runs the agent stopped, then the one it launched; `seconds` is the time the
-    stop and launch took together."""
+    stop and launch took together; `prefix` names the node when there are several."""
     stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
-    print_stopped(launched["stopped"], stop_s)
+    for index, item in enumerate(launched["stopped"]):
+        terminal.step_done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
     terminal.step_done(
-        f"launched run {run_id} (pid {launched['run']['pid']}) from release "
+        f"{prefix}launched run {run_id} (pid {launched['run']['pid']}) from release "
         f"{launched['release']}: {shlex.join(command)}",
         max(seconds - stop_s, 0.0),
     )
@@ -211,6 +207,14 @@ def lineage_summary(run: StartedRun) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- following
+
+
+def summary_of(top: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A deploy's or restart's summary: what belongs to the run, and each node's entry
+    (one node's beside the run's keys, as json_output.document reads it)."""
+    if len(entries) == 1:
+        return {**entries[0], **top}
+    return {**top, "nodes": entries}
 
 
 def follow_unless_detached(

@@ -62,12 +62,6 @@ def node_sessions(config: Config) -> Iterator[list[Node]]:
             transport.close()
 
 
-def lone_node(config: Config, target: Target) -> list[Node]:
-    """The fleet of a one-node config as node_sessions makes it, over a target already
-    open (the caller closes it): for code written over nodes, called from one session."""
-    return [Node(0, config.nodes[0].label(), config, target)]
-
-
 @dataclass
 class NodeOutcome(Generic[T]):
     node: Node

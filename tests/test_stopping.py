@@ -40,22 +40,3 @@ def test_a_run_that_outlived_sigkill(count):
     where = "" if count == 1 else " on gpu-0, gpu-1"
     assert error.message == f"a run did not exit even after SIGKILL{where}"
     assert results(None)[0].stopped == [] and not results(None)[0].stuck
-
-
-@pytest.mark.parametrize("count", [1, 2])
-def test_what_a_failed_launch_stopped_node_by_node(count):
-    from dflashctl.errors import HostError
-    from dflashctl.stop_report import stopped_by_node, with_stops
-
-    stopped = {"run_id": "old", "pid": 5, "ended": "terminated", "seconds": 0.5}
-    made = [NodeOutcome(FakeNode("a", FakeTarget("x")), value={"stopped": [stopped]})]
-    failed = HostError("no space for the run folder; nothing was stopped")
-    made += [NodeOutcome(FakeNode("b", FakeTarget("y")), error=failed)][: count - 1]
-    lines = stopped_by_node(made, "new", {"a": True})
-    assert lines[0] == (
-        "a: stopped run old (pid 5): exited after SIGTERM in 0.5 s; "
-        "then run new, which it had started, was stopped again"
-    )
-    assert lines[1:] == ["b: nothing was stopped"][: count - 1]
-    text = with_stops(failed.message, lines)
-    assert text.startswith("no space for the run folder\nwhat was stopped, node by node:\n  a: ")
