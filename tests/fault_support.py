@@ -47,6 +47,7 @@ from tests.host.fixtures import build_config
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 POLL_S = 0.005
+BLOB_BYTES = 4 << 20
 
 # torchrun's rank: joins the job's process group (a node whose partner never comes
 # waits here, as a real rank would), says so, then idles until stopped.
@@ -103,9 +104,11 @@ class Pair:
         )
 
     def new_source(self) -> None:
-        """A change in the trainer's source: the next deploy builds a new release."""
+        """A change in the trainer's source: the next deploy builds a new release. A few
+        MB that do not compress, so that the build lasts long enough to be struck."""
         self._trials += 1
         (self.source / "trial.txt").write_text(f"trial {self._trials} {time.time_ns()}\n")
+        (self.source / "blob.bin").write_bytes(os.urandom(BLOB_BYTES))
 
     def states(self) -> list[NodeState]:
         return [node.state() for node in self.nodes]
