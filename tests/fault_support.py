@@ -53,7 +53,7 @@ BLOB_BYTES = 4 << 20
 # waits here, as a real rank would), says so, then idles until stopped.
 STANDIN = """\
 import datetime, os, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 import torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
 print("[rank%d]: joined run %s" % (dist.get_rank(), os.environ.get("DFLASH_RUN_ID")), flush=True)
@@ -140,7 +140,7 @@ def make_pair(tmp: Path, host_a, host_b, known_hosts: Path, *, small_disk_on_b: 
     }
     del config["proxmox"]
     config["trainer"].update(entry="train.py", args=[], env={"OMP_NUM_THREADS": "1"})
-    config["run"]["stop_grace_s"] = 5
+    config["run"]["stop_grace_s"] = 3
     config["torchrun"] = {"nproc_per_node": 1, "port": 29400}
     config["nodes"] = [
         {
@@ -228,14 +228,15 @@ def settle(pair: Pair, timeout: float = 240) -> list[NodeState]:
 
 
 def deploy_ok(pair: Pair) -> str:
-    """A plain deploy succeeds and both nodes run its one run (the same id), joined,
-    with one complete `current`: the run id."""
+    """A plain deploy succeeds and both nodes run its one run (the same id), with one
+    complete `current`: the run id."""
     done = pair.cli("deploy", "--detach", "--json")
     if done.returncode != 0:
         raise AssertionError(f"deploy failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     answer = json.loads(done.stdout)
     run_id = answer.get("run_id") or answer.get("result", {}).get("run_id")
-    wait_until(lambda: joined(pair, run_id), 180, f"both ranks of {run_id} to join")
+    # Running on both (its ranks may still be starting: joining is not the deploy's).
+    wait_until(lambda: running_everywhere(pair, run_id), 60, f"run {run_id} on both nodes")
     states = pair.states()
     assert all(s.running == {run_id} for s in states), [s.describe() for s in states]
     assert len({s.current for s in states}) == 1 and all(s.complete for s in states), [
@@ -404,14 +405,13 @@ def old_runs_everywhere(pair: Pair) -> str:
     running = {frozenset(s.running) for s in states}
     if len(running) == 1 and len(states[0].running) == 1:
         (run_id,) = states[0].running
-        if joined(pair, run_id):
-            return run_id
+        return run_id
     pair.new_source()
     return deploy_ok(pair)
 
 
-def still_running(pair: Pair, run_id: str) -> bool:
-    return all(run_id in running_runs(n.container) for n in pair.nodes)
+def running_everywhere(pair: Pair, run_id: str) -> bool:
+    return all(running_runs(n.container) == {run_id} for n in pair.nodes)
 
 
 def fill_workdir(node: Node) -> int:
