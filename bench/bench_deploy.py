@@ -41,6 +41,7 @@ from bench.loopback_host import problem as loopback_problem  # noqa: E402
 from tests.host import fixtures  # noqa: E402
 from tests.host.containers import Container  # noqa: E402
 from tests.host.sshd import SshServer  # noqa: E402
+from tests.json_answers import flat  # noqa: E402
 from tests.test_deploy_support import write_trainer  # noqa: E402
 
 VMID = 200
@@ -70,7 +71,7 @@ def deploy(config: Path, cache: Path) -> tuple[float, dict]:
     elapsed = time.perf_counter() - start
     if result.returncode != 0:
         raise SystemExit(f"deploy failed ({result.returncode}):\n{result.stderr}")
-    return elapsed, json.loads(result.stdout)
+    return elapsed, flat(json.loads(result.stdout))
 
 
 def wipe(container: Container, cache: Path) -> None:

@@ -39,7 +39,9 @@ PACKAGE = "dflashctl.agent"
 BUNDLED_NAME = "dflash_agent"
 # Container-side modules the verbs never import: the run's supervisor travels in a
 # program of its own with the crash detector (dflashctl/recovery.py).
-NOT_BUNDLED = frozenset({"supervisor"})
+# The commit barrier runs in the run's interpreter, which has torch (dflashctl/commit.py
+# sends it along).
+NOT_BUNDLED = frozenset({"supervisor", "commit_barrier"})
 # The answer of a bootstrap that has no agent to run (exit status 3).
 AGENT_MISSING = "agent_missing"
 
@@ -201,11 +203,23 @@ def is_agent_missing(output: bytes) -> bool:
 
 class AgentFailed(HostError):
     """The agent refused or failed; `stale`: the plan it was given is out of date
-    (nothing was changed), so the caller should inspect again."""
+    (nothing was changed), so the caller should inspect again; `aborted`: the nodes of
+    a run across several decided not to launch (nothing stopped); `in_doubt`: this
+    node could not learn that decision (nothing stopped here)."""
 
-    def __init__(self, message: str, *, hint: str | None = None, stale: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        stale: bool = False,
+        aborted: bool = False,
+        in_doubt: bool = False,
+    ) -> None:
         super().__init__(message, hint=hint)
         self.stale = stale
+        self.aborted = aborted
+        self.in_doubt = in_doubt
 
 
 class InterpreterMissing(HostError):
@@ -233,6 +247,8 @@ def parse_agent_answer(result: CommandResult, python: str, op: str, where: str) 
             f"{answer.get('error')} (on {where})",
             hint=answer.get("hint"),
             stale=bool(answer.get("stale")),
+            aborted=bool(answer.get("aborted")),
+            in_doubt=bool(answer.get("in_doubt")),
         )
     return answer
 

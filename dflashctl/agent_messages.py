@@ -66,6 +66,8 @@ class LaunchParams(_LaunchParams, total=False):
     holder: dict[str, Any]  # {"command", "machine", "pid"}: named to a deploy refused meanwhile
     wait: bool  # queue behind a deploy in flight instead of being refused
     setup: dict[str, Any] | None  # config.setup for the run's venv (setup_env.py); None: none
+    # Several nodes: where and how long to agree first (launch_command.py, agent/commit.py)
+    commit: dict[str, Any]
     # deploy only
     archive: str  # "-": the archive follows the agent's program on its stdin
     archive_size: int  # its bytes, all of which must arrive

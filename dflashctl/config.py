@@ -287,6 +287,9 @@ class TorchrunConfig(Section):
 
     nproc_per_node: int | str = "gpu"  # processes per node: a number, or gpu/auto/cpu
     port: int = 29400  # on the first node's container: torchrun's rendezvous store
+    # On the first node's container too: where every node's launch agrees to go on
+    # (the old run's torchrun still holds `port` then); default port + 1.
+    commit_port: int | None = None
     # Where the other nodes reach the first node's container; None: the address it
     # has on its default route, asked from inside it at each launch.
     address: str | None = None
@@ -309,6 +312,30 @@ class TorchrunConfig(Section):
         if not 1 <= value <= 65535:
             raise invalid(f"expected a port between 1 and 65535, got {value}")
         return value
+
+    @field_validator("commit_port")
+    @classmethod
+    def _commit_port(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= 65535:
+            raise invalid(f"expected a port between 1 and 65535, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _default_commit_port(self) -> TorchrunConfig:
+        if self.commit_port is None:
+            if self.port == 65535:
+                raise invalid(
+                    "defaults to port + 1, and port is 65535: set commit_port",
+                    key="commit_port",
+                )
+            self.commit_port = self.port + 1
+        if self.commit_port == self.port:
+            raise invalid(
+                "must differ from port (the old run's torchrun holds that port while the "
+                "nodes agree on the new one)",
+                key="commit_port",
+            )
+        return self
 
     @field_validator("address")
     @classmethod
@@ -344,11 +371,6 @@ class Config(Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
-
-    @property
-    def multi_node(self) -> bool:
-        """Several nodes: one torchrun job across them (else the plain one-target case)."""
-        return len(self.nodes) > 1
 
     def for_node(self, index: int) -> Config:
         """This config as if it named node `index` alone: everything that works on one

@@ -1,8 +1,9 @@
-"""deploy: the orchestration, in as few round trips as possible (restart and stop are
-in stop_restart.py, what they share with deploy in launching.py).
+"""deploy: the orchestration, in as few round trips as possible, the same on one node
+and on N (restart and stop are in stop_restart.py, what they share in launching.py).
 
-A deploy is at most two commands over one SSH connection, each answered by the agent
-(the package dflashctl/agent/, see agent_client.py) where the trainer runs:
+A deploy is at most two commands per node over one SSH connection per host, each
+answered by the agent (the package dflashctl/agent/, see agent_client.py) where the
+trainer runs, on every node at once:
 
   1. inspect   the current release's real manifest, the runs to stop   (read only)
   2. deploy    one `pct exec` of the agent: the archive of changed files follows the
@@ -10,187 +11,67 @@ A deploy is at most two commands over one SSH connection, each answered by the a
                releases/<id>.partial (unchanged files hard-linked from the current
                release), validated, renamed to releases/<id>; then the agent stops
                stale runs, swaps `current`, launches the run detached and records it
+               (`launch` instead when nothing changed there)
 
-Step 1 is skipped when this machine remembers what it deployed there last (see
+Step 1 is skipped on each node this machine remembers what it deployed to last (see
 releases.LastDeploy): the agent then checks that release is still current and intact
 before relying on it, and answers `stale` (changing nothing) when it is not.
 
 Before anything is stopped the new release is complete and validated; `current`
-moves only after the old run is gone. An interruption before the agent's stop step
-leaves the old release current and the old run running; the next deploy removes
-partial releases and abandoned uploads.
+moves only after the old run is gone. On several nodes every node's agent then waits
+at the commit barrier (launch_command.py, committing.py): either every node launches
+or none does. An interruption before the agent's stop step leaves the old release
+current and the old run running; the next deploy removes partial releases and
+abandoned uploads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import shlex
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-import typer
-
-from dflashctl import agent_client, hints, pct, releases, runs, setup_env, sync, terminal
-from dflashctl.agent_messages import (
-    InspectAnswer,
-    LaunchAnswer,
-    LaunchParams,
-    ProcessToStop,
-    Resume,
-)
+from dflashctl import agent_client, hints, pct, releases, runs, setup_env, terminal
+from dflashctl.agent_messages import LaunchAnswer, LaunchParams
 from dflashctl.archive import Archive
+from dflashctl.committing import NodesFailed, launch_everywhere
 from dflashctl.config import Config
-from dflashctl.connect import open_proxmox, session
 from dflashctl.crash import rules_for
-from dflashctl.errors import HostError, UsageError
+from dflashctl.deploy_plan import (  # noqa: F401 - DeployOptions, inspect, preflight: the API
+    DeployOptions,
+    Plan,
+    check_source,
+    confirm_size,
+    inspect,
+    make_plans,
+    preflight,
+    print_plans,
+)
+from dflashctl.errors import DflashError, HostError
+from dflashctl.launch_command import commit_deadline, node_launch_params, rendezvous_for
 from dflashctl.launching import (
     config_meta,
-    describe_start,
-    describe_target_to_stop,
     follow_unless_detached,
     git_state,
-    launch_params,
     lineage_summary,
     print_launched,
-    process_scope,
     report_interrupted,
     stop_and_launch,
-    trainer_command,
+    summary_of,
 )
+from dflashctl.nodes import Node, node_sessions, on_every_node
 from dflashctl.source_cache import SourceCache
-
-if TYPE_CHECKING:
-    from dflashctl.proxmox import ContainerStatus
-    from dflashctl.target import Target
+from dflashctl.target import Target
 
 # How long a `--wait` deploy may queue behind another before the call gives up.
 QUEUED_WAIT_S = 24 * 3600
 
 # An upload nobody has written to for this long was abandoned by an interrupted deploy.
 ABANDONED_UPLOAD_MIN = 1
-
-# --------------------------------------------------------------------------- the target
-
-
-def start_container(config: Config, target: Target) -> ContainerStatus:
-    """Start the container through the Proxmox API (pvesh over this connection, or
-    HTTPS with a token) and wait until it runs; returns its state."""
-    from dflashctl import proxmox
-
-    api = open_proxmox(config, target.transport)
-    return proxmox.start_container(
-        api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
-    )
-
-
-def inspect(config: Config, target: Target, *, may_start: bool) -> InspectAnswer:
-    """Round trip 1; starts a stopped container first when allowed (else exit 3)."""
-    params = {
-        "workdir": config.container.workdir,
-        "entry": config.trainer.entry,
-        "scope": process_scope(config),
-    }
-    try:
-        return cast(
-            InspectAnswer,
-            agent_client.call_agent(target, config.container.python, "inspect", params),
-        )
-    except pct.ContainerNotRunning:
-        if not may_start:
-            raise  # with pct.not_running_hint, the one hint for a stopped container
-    with terminal.step(f"starting container {target.vmid}") as step:
-        status = start_container(config, target)
-        step["done"] = f"started container {target.vmid}"
-    if status.warnings:
-        terminal.warning(f"container {target.vmid} started with warnings: {status.warnings}")
-    return cast(
-        InspectAnswer, agent_client.call_agent(target, config.container.python, "inspect", params)
-    )
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-@dataclass
-class Plan:
-    manifest: sync.Manifest
-    diff: sync.Diff
-    base_release: str | None  # the release now current, if any
-    new_release: str | None  # None: nothing changed, the current release is reused
-    to_stop: list[ProcessToStop]
-    command: list[str]
-    fresh: bool = False  # the new run starts at step 0 (else it continues the replaced run)
-    wait: bool = False  # queue behind a deploy in flight
-    active_run: str | None = None  # the run a launch now replaces (known after inspecting)
-    continues: Resume | None = None  # where its training stands (known after inspecting)
-
-    @property
-    def bytes_to_send(self) -> int:
-        return sum(self.manifest[p][0] for p in self.diff.changed)
-
-    @property
-    def release(self) -> str | None:
-        return self.new_release or self.base_release
-
-
-def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
-    """The local checks that need no host: the tree (every file readable), the entry
-    script, every .py compiles. Returns the manifest, how many .py files compile, and
-    what trainer.exclude left out."""
-    source = Path(config.trainer.source)
-    cache = SourceCache(source)
-    texts: dict[str, bytes] = {}  # the .py files scan reads, compiled without a second read
-    manifest, skipped = sync.scan(source, config.trainer.exclude, cache, texts)
-    entry = Path(config.trainer.entry).as_posix()
-    if entry not in manifest:
-        raise UsageError(
-            f"trainer.entry {entry} is not in {source} (or trainer.exclude leaves it out)",
-            hint="set trainer.entry to a .py file inside trainer.source",
-        )
-    checked = sync.check_syntax(source, manifest, cache, texts)
-    cache.save(manifest)
-    return manifest, checked, skipped
-
-
-def check_source(config: Config) -> tuple[sync.Manifest, sync.Skipped]:
-    """preflight as a step of a deploy: its line, and one line naming what
-    trainer.exclude left out."""
-    with terminal.step("checking the trainer source") as step:
-        manifest, checked, skipped = preflight(config)
-        step["done"] = (
-            f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
-        )
-    left_out = skipped.describe(terminal.human_bytes)
-    if left_out:
-        terminal.info(f"  {left_out}")
-    return manifest, skipped
-
-
-def confirm_size(config: Config, plan: Plan, *, yes: bool) -> None:
-    """More than trainer.confirm_above_mb to send: ask on a terminal; elsewhere
-    only --yes sends it. Refusing is exit 2 with nothing sent."""
-    limit = config.trainer.confirm_above_mb
-    size = plan.bytes_to_send if plan.new_release else 0
-    if yes or limit is None or size <= limit * 1e6:
-        return
-    largest = sorted(plan.diff.changed, key=lambda p: -plan.manifest[p][0])[:3]
-    what = ", ".join(f"{p} ({terminal.human_bytes(plan.manifest[p][0])})" for p in largest)
-    question = (
-        f"this deploy sends {terminal.human_bytes(size)}, more than "
-        f"trainer.confirm_above_mb ({limit:g} MB); largest: {what}"
-    )
-    hint = "leave big files out with trainer.exclude, or raise trainer.confirm_above_mb"
-    if not (sys.stdin.isatty() and terminal.interactive()):
-        raise UsageError(f"{question}; nothing was sent", hint=f"pass --yes to send it, {hint}")
-    if not typer.confirm(f"{question}. Send it?", err=True):
-        raise UsageError("nothing was sent", hint=hint)
-
 
 # --------------------------------------------------------------------------- uploading
 
@@ -234,6 +115,8 @@ def upload_and_deploy(
         timeout += float(params["setup"]["timeout_s"])
     if params.get("wait"):
         timeout += QUEUED_WAIT_S
+    if params.get("commit"):  # waiting for the other nodes (agent/commit.py's slack too)
+        timeout += float(params["commit"]["deadline_s"]) + 300
     try:
         result = target.transport.run_bulk(argv, stdin=stdin, timeout=timeout)
     except HostError as exc:
@@ -254,270 +137,275 @@ def upload_and_deploy(
     return cast(LaunchAnswer, answer)
 
 
-def setup_then_launch(
-    config: Config, target: Target, params: LaunchParams, built: LaunchAnswer
-) -> LaunchAnswer:
-    """The release is built (nothing stopped yet): stream its setup, then launch it.
-    A failed setup removes the unused release and stops nothing."""
-    release = built["release"]
-    try:
-        setup_env.run_setup(config, target, release)
-    except BaseException:
-        try:
-            agent_client.call_agent(
-                target,
-                config.container.python,
-                "discard",
-                {"workdir": config.container.workdir, "release": release},
-            )
-        except HostError:
-            pass  # an unused release is only space; the next deploy's gc removes it
-        raise
-    # `expect` was checked by the build; the launch's own check would compare the
-    # new release with the old manifest.
-    launch = cast(LaunchParams, {k: v for k, v in params.items() if k != "expect"})
-    launched = stop_and_launch(config, target, dict(launch, release=release))  # type: ignore[arg-type]
-    launched["build"] = built["build"]
-    return launched
-
-
 # --------------------------------------------------------------------------- deploy
 
 
-@dataclass
-class DeployOptions:
-    detach: bool = False
-    dry_run: bool = False
-    start_container: bool = False
-    fresh: bool = False  # start at step 0, not from the replaced run's checkpoint
-    wait: bool = False  # queue behind a deploy in flight instead of being refused
-    extra_args: list[str] = field(default_factory=list)
-    yes: bool = False  # send more than trainer.confirm_above_mb without asking
-
-
-def deploy(
-    config: Config,
-    options: DeployOptions,
-) -> tuple[int, dict[str, Any]]:
-    """Run a deploy on the config's one node; returns (exit code, the JSON summary).
-    Several nodes go through deploy_nodes.deploy_nodes, which is built from the steps
-    here (so this module never imports it)."""
+def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]:
+    """Run a deploy on every node of the config (one, or several as one torchrun job);
+    returns (exit code, the JSON summary)."""
     started = time.monotonic()
     # A mistake in crash_patterns is a config error: said before anything is contacted.
     rules = rules_for(config)
     manifest, skipped = check_source(config)
     meta = config_meta(config)
-    # Asking git takes a few subprocesses: done while the host answers.
+    # Asking git takes a few subprocesses: done while the hosts answer.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
         git = pool.submit(git_state, Path(config.trainer.source))
-        with session(config) as target:
-            summary = None
-            last = None if options.dry_run else releases.load_last_deploy(config)
-            if last is None and not options.dry_run:
-                target.transport.prepare_bulk()  # while the container is inspected
-            if last is not None:
-                try:
-                    plan = plan_from(config, options, manifest, last.release, last.manifest)
-                    confirm_size(config, plan, yes=options.yes)
-                    summary = _execute(config, target, plan, meta, git, started, last)
-                except (agent_client.AgentFailed, pct.ContainerNotRunning) as exc:
-                    if isinstance(exc, agent_client.AgentFailed) and not exc.stale:
-                        raise
-                    # The container changed since our last deploy (or is stopped): ask it.
-            if summary is None:
-                plan = inspected_plan(config, target, options, manifest)
-                if options.dry_run:
-                    return 0, print_plan(config, plan)
-                confirm_size(config, plan, yes=options.yes)
-                summary = _execute(config, target, plan, meta, git, started, None)
-            summary["left_out"] = skipped.names()
-            return follow_unless_detached(config, target, rules, summary, detach=options.detach)
+        with node_sessions(config) as nodes:
+            lasts = [
+                None if options.dry_run else releases.load_last_deploy(n.config) for n in nodes
+            ]
+            for node, last in zip(nodes, lasts, strict=True):
+                if last is None and not options.dry_run:
+                    node.target.transport.prepare_bulk()  # while the container is inspected
+            plans = make_plans(config, nodes, options, manifest, lasts)
+            if options.dry_run:
+                return 0, print_plans(nodes, plans)
+            confirm_size(config, max(plans, key=lambda p: p.bytes_to_send), yes=options.yes)
+            try:
+                summary = execute(config, nodes, plans, options, meta, git, started, lasts)
+            except DflashError as exc:
+                stale = stale_nodes(exc, nodes, lasts)
+                if not stale:
+                    raise
+                # The container changed since our last deploy (or is stopped): ask it.
+                for node in stale:
+                    lasts[node.index] = None
+                plans = make_plans(config, nodes, options, manifest, lasts)
+                confirm_size(config, max(plans, key=lambda p: p.bytes_to_send), yes=options.yes)
+                summary = execute(config, nodes, plans, options, meta, git, started, lasts)
+            for entry in summary.get("nodes") or [summary]:
+                entry["left_out"] = skipped.names()
+            return follow_unless_detached(nodes, rules, summary, detach=options.detach)
 
 
-def plan_from(
-    config: Config,
-    options: DeployOptions,
-    manifest: sync.Manifest,
-    base: str | None,
-    remote: sync.Manifest | None,
-    to_stop: list[ProcessToStop] | None = None,
-) -> Plan:
-    diff = sync.diff_manifests(manifest, remote)
-    return Plan(
-        manifest=manifest,
-        diff=diff,
-        base_release=base,
-        new_release=None if (base and diff.empty) else runs.new_id(),
-        to_stop=to_stop or [],
-        command=trainer_command(config, options.extra_args),
-        fresh=options.fresh,
-        wait=options.wait,
+def stale_nodes(exc: DflashError, nodes: list[Node], lasts: list[Any]) -> list[Node]:
+    """The nodes planned from the last deploy that answered `stale` (or whose container
+    is stopped), when that is all that failed: inspected, they deploy again."""
+    if isinstance(exc, NodesFailed):
+        errors = {n.node: n.error for n in exc.nodes}
+    else:
+        errors = {nodes[0].name: exc}
+    stale = [
+        n
+        for n in nodes
+        if lasts[n.index] is not None
+        and (
+            (isinstance(errors.get(n.name), agent_client.AgentFailed) and errors[n.name].stale)
+            or isinstance(errors.get(n.name), pct.ContainerNotRunning)
+        )
+    ]
+    others_clean = all(
+        err is None or getattr(err, "aborted", False)
+        for name, err in errors.items()
+        if name not in {n.name for n in stale}
     )
+    return stale if stale and others_clean else []
 
 
-def inspected_plan(
-    config: Config, target: Target, options: DeployOptions, manifest: sync.Manifest
-) -> Plan:
-    """Round trip 1 when the last deploy's plan is unknown or out of date."""
-    with terminal.step(f"inspecting {target.describe()}") as step:
-        state = inspect(
-            config,
-            target,
-            # A dry run changes nothing, a stopped container included.
-            may_start=(options.start_container or config.container.start_if_stopped)
-            and not options.dry_run,
-        )
-        base = state.get("release")
-        plan = plan_from(
-            config, options, manifest, base, state.get("manifest"), state.get("to_stop")
-        )
-        plan.active_run = state.get("active_run")
-        plan.continues = state.get("continues")
-        running = [t for t in plan.to_stop if t.get("kind") == "active"]
-        step["done"] = (
-            f"inspected {target.describe()}: "
-            + (f"release {base}" if base else "nothing deployed yet")
-            + (f", run {running[0]['run_id']} running" if running else "")
-            + f", python {state.get('python')}"
-        )
-    return plan
-
-
-def _execute(config, target, plan, meta, git, started, last):
-    """Send what changed, stop stale runs, launch: one round trip. With `last` (the
-    release this machine deployed there last time), the agent first checks that it
-    is still current and intact, else answers `stale` having changed nothing.
-    Returns the deploy's JSON summary."""
+def execute(config, nodes, plans, options, meta, git, started, lasts) -> dict[str, Any]:
+    """Round trip 2 on every node at once: send what changed, build, (on several nodes)
+    agree, stop stale runs, launch. With a node's `lasts` entry (the release this
+    machine deployed there last time) its agent first checks that it is still current
+    and intact, else answers `stale` having changed nothing. Returns the JSON summary."""
     run_id = runs.new_id()
     meta.update(git.result())
-    params = launch_params(
-        config, run_id, plan.release, plan.command, meta, fresh=plan.fresh, wait=plan.wait
-    )
-    if last is not None:
-        params["expect"] = {"release": last.release, "manifest": last.manifest}
+    rendezvous = rendezvous_for(config, nodes)
+    deadline = commit_deadline(max(p.bytes_to_send if p.new_release else 0 for p in plans))
+    if setup_env.setup_params(config):  # a node may make its venv before it arrives
+        deadline += float(setup_env.setup_params(config)["timeout_s"])
+    params = {}
+    for node, plan in zip(nodes, plans, strict=True):
+        params[node.index] = node_launch_params(
+            config, nodes, node, run_id, plan.release, rendezvous, meta,
+            extra_args=options.extra_args, fresh=plan.fresh, by="deploy", wait=plan.wait,
+            deadline_s=deadline,
+        )  # fmt: skip
+        last = lasts[node.index]
+        if last is not None:
+            params[node.index]["expect"] = {"release": last.release, "manifest": last.manifest}
     try:
-        return _send_and_launch(config, target, plan, params, run_id, started)
+        answers, synced_s, t0 = send_and_launch(config, nodes, plans, params)
     except KeyboardInterrupt:
-        report_interrupted(config, run_id, float(params["grace_s"]))
+        for node in nodes:
+            if len(nodes) > 1:
+                terminal.warning(f"{node.describe()}:")
+            report_interrupted(node.config, run_id, float(params[node.index]["grace_s"]))
         raise
+    for node, answer, plan in zip(nodes, answers, plans, strict=True):
+        releases.save_last_deploy(node.config, answer["release"], plan.manifest)
+    entries = []
+    for node, answer, plan in zip(nodes, answers, plans, strict=True):
+        prefix = f"{node.name}: " if len(nodes) > 1 else ""
+        command = params[node.index]["command"]
+        print_launched(answer, run_id, command, time.monotonic() - t0 - synced_s, prefix=prefix)
+        entries.append(node_entry(node, plan, answer, command, started))
+    top = {"run_id": run_id, "release": answers[0]["release"], **lineage_summary(answers[0]["run"])}
+    if rendezvous is not None:
+        top["rendezvous"] = rendezvous.endpoint
+    return summary_of(dict(top, dry_run=False), entries)
 
 
-def _send_and_launch(config, target, plan, params, run_id, started):
-    diff, manifest, command = plan.diff, plan.manifest, plan.command
-    stopping = f", stopping {len(plan.to_stop)} run(s)" if plan.to_stop else ""
-    archive_bytes = 0
-    built: dict[str, Any] = {}
-    streamed_setup = setup_env.needs_streaming(config)
-    t0 = time.monotonic()
-    if plan.new_release:
-        source = Path(config.trainer.source)
-        archive = Archive.of_release(source, manifest, diff.changed, SourceCache(source))
-        archive_bytes = archive.size
-        size = terminal.human_bytes(plan.bytes_to_send)
-        with terminal.transfer(
-            archive.size,
-            f"sending {len(diff.changed)} files",
-            f"unpacking{stopping}, launching",
-        ) as progress:
-            if streamed_setup:  # build only: the setup streams before the launch
-                built_only = upload_and_deploy(
-                    config, target, plan, archive, params, progress, verb="build"
-                )
-            else:
-                launched = upload_and_deploy(config, target, plan, archive, params, progress)
-        if streamed_setup:
-            launched = setup_then_launch(config, target, params, built_only)
-        built = launched["build"]
-        # One call did it all: what the agent did not spend stopping and launching
-        # went into sending and unpacking.
-        synced_s = max(
-            time.monotonic()
-            - t0
-            - float(launched.get("stop_seconds") or 0.0)
-            - float(launched.get("launch_seconds") or 0.0),
-            0.0,
-        )
-        terminal.step_done(
-            f"synced {len(diff.changed)} of {len(manifest)} files "
-            f"({size}, {built.get('linked', 0)} reused"
-            + (f", {len(diff.removed)} removed" if diff.removed else "")
-            + f") into release {plan.new_release}",
-            synced_s,
-        )
-    else:
-        synced_s = 0.0
-        if streamed_setup:
-            setup_env.run_setup(config, target, plan.base_release)
-        with terminal.spinner(f"launching{stopping}"):
-            launched = stop_and_launch(config, target, params)
-        terminal.step_done(f"no changes: release {plan.base_release} stays (nothing sent)", 0.0)
-    releases.save_last_deploy(config, launched["release"], manifest)
-    print_launched(launched, run_id, command, time.monotonic() - t0 - synced_s)
-    summary = {
-        "release": launched["release"],
+def node_entry(node: Node, plan: Plan, answer: LaunchAnswer, command, started) -> dict[str, Any]:
+    """What a deploy did on one node, for its entry of the JSON summary."""
+    built = cast(dict, answer.get("build") or {})
+    new = bool(plan.new_release)
+    return {
+        "node": node.name,
+        "node_rank": node.index,
+        "release": answer["release"],
         "previous_release": plan.base_release,
-        "run_id": run_id,
-        "pid": launched["run"]["pid"],
-        "files_sent": len(diff.changed) if plan.new_release else 0,
-        "bytes_sent": plan.bytes_to_send if plan.new_release else 0,
-        "archive_bytes": archive_bytes,
+        "pid": answer["run"]["pid"],
+        "files_sent": len(plan.diff.changed) if new else 0,
+        "bytes_sent": plan.bytes_to_send if new else 0,
+        "archive_bytes": built.get("archive_bytes", 0) if new else 0,
         # The agent's unpacking and checking of the release, and its CPU time by then.
         "build_seconds": built.get("seconds"),
         "build_cpu_seconds": built.get("cpu_seconds"),
-        "files_total": len(manifest),
-        "files_removed": len(diff.removed) if plan.new_release else 0,
-        "runs_stopped": launched["stopped"],
-        "releases_removed": launched.get("releases_removed", []),
+        "files_total": len(plan.manifest),
+        "files_removed": len(plan.diff.removed) if new else 0,
+        "runs_stopped": answer["stopped"],
+        "releases_removed": answer.get("releases_removed", []),
         "command": command,
-        **lineage_summary(launched["run"]),
-        "target": target.describe(),
+        "target": node.target.describe(),
         "seconds": round(time.monotonic() - started, 3),
-        "dry_run": False,
     }
-    return summary
 
 
-def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
-    """The dry run's answer: what would travel, stop and start. Nothing was changed."""
-    out = terminal.out
-    diff = plan.diff
-    out.print(f"[bold]plan[/bold] (dry run, nothing changed) for {config.container.workdir}")
-    if plan.new_release:
-        out.print(
-            f"  new release {plan.new_release}: send {len(diff.changed)} of "
-            f"{len(plan.manifest)} files ({terminal.human_bytes(plan.bytes_to_send)})"
-            + (f", drop {len(diff.removed)}" if diff.removed else "")
+def send_and_launch(config, nodes, plans, params) -> tuple[list[LaunchAnswer], float, float]:
+    """Each node's one call: `deploy` (the archive of what changed, then build, agree,
+    stop, launch) where something changed, `launch` where nothing did. With a setup to
+    stream, the releases are built first (`build`), the setup streamed, then launched.
+    Returns the answers, the seconds spent sending and building, and when it began."""
+    t0 = time.monotonic()
+    todo = [n for n in nodes if plans[n.index].new_release]
+    run_id = params[nodes[0].index]["run_id"]
+    streamed = setup_env.needs_streaming(config)
+    archives = {}
+    source = Path(config.trainer.source)
+    for node in todo:
+        plan = plans[node.index]
+        archives[node.index] = Archive.of_release(
+            source, plan.manifest, plan.diff.changed, SourceCache(source)
         )
-        for rel in diff.changed:
-            out.print(f"    + {rel}  ({terminal.human_bytes(plan.manifest[rel][0])})")
-        for rel in diff.removed:
-            out.print(f"    - {rel}")
-    else:
-        out.print(f"  no changes: release {plan.base_release} stays (nothing sent)")
-    if plan.to_stop:
-        out.print(f"  stop (SIGTERM, {config.run.stop_grace_s:g} s grace, then SIGKILL):")
-        for item in plan.to_stop:
-            out.print(f"    {describe_target_to_stop(item)}")
-    else:
-        out.print("  nothing to stop")
-    setup = setup_env.setup_params(config)
-    if setup:
-        what = [f"pip install -r {setup['requirements']}"] if setup["requirements"] else []
-        what += setup["commands"]
-        out.print(f"  setup (in a venv, once per content): {'; '.join(what)}")
-    out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
-    out.print(f"  the new run {describe_start(plan.continues, plan.active_run, fresh=plan.fresh)}")
-    return {
-        "dry_run": True,
-        "release": plan.new_release,
-        "previous_release": plan.base_release,
-        "files_to_send": [{"path": p, "size": plan.manifest[p][0]} for p in diff.changed]
-        if plan.new_release
-        else [],
-        "files_removed": diff.removed if plan.new_release else [],
-        "bytes_to_send": plan.bytes_to_send if plan.new_release else 0,
-        "runs_to_stop": plan.to_stop,
-        "command": plan.command,
-        "fresh": plan.fresh,
-        "continues": None if plan.fresh else plan.continues,
-    }
+    if not todo:
+        if streamed:
+            setup_env.setup_every_node(nodes, [p.base_release for p in plans])
+        stopping = sum(len(p.to_stop) for p in plans)
+        with terminal.spinner("launching" + (f", stopping {stopping} run(s)" if stopping else "")):
+            answers = launch_everywhere(
+                nodes, run_id, lambda n: stop_and_launch(n.config, n.target, params[n.index])
+            )
+        where = "" if len(nodes) == 1 else " on every node"
+        terminal.step_done(
+            f"no changes: release {plans[0].base_release} stays{where} (nothing sent)", 0.0
+        )
+        return answers, 0.0, t0
+    total = sum(a.size for a in archives.values())
+    files = sum(len(plans[n.index].diff.changed) for n in todo)
+    to = "" if len(nodes) == 1 else f" to {len(todo)} nodes"
+    stopping = sum(len(p.to_stop) for p in plans)
+    after = (
+        "building the releases"
+        if streamed
+        else "unpacking" + (f", stopping {stopping} run(s)" if stopping else "") + ", launching"
+    )
+
+    def one(node: Node, progress) -> LaunchAnswer:
+        p, plan = params[node.index], plans[node.index]
+        if node not in todo:
+            return stop_and_launch(node.config, node.target, p)
+        archive = archives[node.index]
+        if streamed:
+            return upload_and_deploy(
+                node.config, node.target, plan, archive, p, progress, verb="build"
+            )
+        return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
+
+    with terminal.transfer(total, f"sending {files} files{to}", after) as progress:
+        if streamed:
+            built = build_everywhere(config, todo, plans, lambda n: one(n, progress))
+        else:
+            answers = launch_everywhere(nodes, run_id, lambda n: one(n, progress))
+    if streamed:
+        answers = setup_then_launch(config, nodes, plans, params, built)
+    synced_s = max(
+        time.monotonic()
+        - t0
+        - max(float(a.get("stop_seconds") or 0.0) + float(a.get("launch_seconds") or 0.0)
+              for a in answers),
+        0.0,
+    )  # fmt: skip
+    say_synced(nodes, plans, answers, archives, synced_s)
+    return answers, synced_s, t0
+
+
+def say_synced(nodes, plans, answers, archives, seconds) -> None:
+    for node, plan, answer in zip(nodes, plans, answers, strict=True):
+        if not plan.new_release:
+            continue
+        built = cast(dict, answer.get("build") or {})
+        built.setdefault("archive_bytes", archives[node.index].size)
+        diff = plan.diff
+        prefix = f"{node.name}: " if len(nodes) > 1 else ""
+        terminal.step_done(
+            f"{prefix}synced {len(diff.changed)} of {len(plan.manifest)} files "
+            f"({terminal.human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
+            + (f", {len(diff.removed)} removed" if diff.removed else "")
+            + f") into release {plan.new_release}",
+            seconds,
+        )
+
+
+def build_everywhere(config, todo, plans, build) -> dict[int, dict]:
+    """`build` on every node with a new release, before any setup or launch; a failure
+    anywhere removes the releases built elsewhere and raises, naming the node."""
+    from dflashctl.nodes import values_or_raise
+
+    outcomes = on_every_node(todo, build)
+    if any(not o.ok for o in outcomes):
+        discard(config, [o.node for o in outcomes if o.ok], plans)
+    answers = values_or_raise(outcomes, "building the release")
+    return {n.index: cast(dict, a["build"]) for n, a in zip(todo, answers, strict=True)}
+
+
+def setup_then_launch(config, nodes, plans, params, built) -> list[LaunchAnswer]:
+    """The releases are built (nothing stopped yet): stream their setup, then launch
+    them everywhere. A failed setup removes the unused releases and stops nothing."""
+    try:
+        setup_env.setup_every_node(nodes, [p.release for p in plans])
+    except BaseException:
+        discard(config, [n for n in nodes if plans[n.index].new_release], plans)
+        raise
+    run_id = params[nodes[0].index]["run_id"]
+
+    def launch(node: Node) -> LaunchAnswer:
+        # `expect` was checked by the build; the launch's own check would compare the
+        # new release with the old manifest.
+        p = {k: v for k, v in params[node.index].items() if k != "expect"}
+        answer = stop_and_launch(node.config, node.target, cast(LaunchParams, p))
+        if node.index in built:
+            answer["build"] = built[node.index]
+        return answer
+
+    return launch_everywhere(nodes, run_id, launch)
+
+
+def discard(config: Config, built: list[Node], plans: list[Plan]) -> None:
+    """The releases built on these nodes will not be launched: remove them (best
+    effort: an unused release is only space, the next deploy's gc removes it)."""
+
+    def remove(node: Node) -> None:
+        agent_client.call_agent(
+            node.target,
+            node.config.container.python,
+            "discard",
+            {"workdir": node.config.container.workdir, "release": plans[node.index].new_release},
+        )
+
+    for outcome in on_every_node(built, remove):
+        if not outcome.ok:
+            terminal.warning(
+                f"release {plans[outcome.node.index].new_release} stays unused on "
+                f"{outcome.node.describe()}: {outcome.error}"
+            )

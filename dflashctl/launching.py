@@ -131,6 +131,8 @@ def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> Lau
     timeout = grace + 120 + (24 * 3600 if params.get("wait") else 0)
     if params.get("setup"):  # the launch makes the venv itself when it is missing
         timeout += float(params["setup"]["timeout_s"])
+    if params.get("commit"):  # waiting for the other nodes (agent/commit.py's slack too)
+        timeout += float(params["commit"]["deadline_s"]) + 300
     try:
         answer = agent_client.call_agent(
             target, config.container.python, "launch", params, timeout=timeout
@@ -190,13 +192,16 @@ def describe_target_to_stop(item: ProcessToStop) -> str:
     return f"pid {item['pid']} ({who}, {scope}): {item.get('cmdline', '')}"
 
 
-def print_launched(launched: LaunchAnswer, run_id: str, command: list[str], seconds: float) -> None:
+def print_launched(
+    launched: LaunchAnswer, run_id: str, command: list[str], seconds: float, *, prefix: str = ""
+) -> None:
     """The runs the agent stopped, then the one it launched; `seconds` is the time the
-    stop and launch took together."""
+    stop and launch took together; `prefix` names the node when there are several."""
     stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
-    print_stopped(launched["stopped"], stop_s)
+    for index, item in enumerate(launched["stopped"]):
+        terminal.step_done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
     terminal.step_done(
-        f"launched run {run_id} (pid {launched['run']['pid']}) from release "
+        f"{prefix}launched run {run_id} (pid {launched['run']['pid']}) from release "
         f"{launched['release']}: {shlex.join(command)}",
         max(seconds - stop_s, 0.0),
     )
@@ -248,15 +253,26 @@ def lineage_summary(run: StartedRun) -> dict[str, Any]:
 # --------------------------------------------------------------------------- following
 
 
+def summary_of(top: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A deploy's or restart's summary: what belongs to the run, and each node's entry
+    (one node's beside the run's keys, as json_output.document reads it)."""
+    if len(entries) == 1:
+        return {**entries[0], **top}
+    return {**top, "nodes": entries}
+
+
 def follow_unless_detached(
-    config: Config, target: Target, rules: list[Rule], summary: dict[str, Any], *, detach: bool
+    nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
 ) -> tuple[int, dict[str, Any]]:
-    """Follow the new run's log as `logs --follow` does; (exit code, summary with the
-    run's result)."""
+    """Follow the new run's log on every node as `logs --follow` does; (exit code,
+    summary with the run's result)."""
     run_id = summary["run_id"]
     if detach:
         terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
+    if len(nodes) > 1:  # until one follower serves both
+        return _follow_nodes(nodes, rules, summary)
+    config, target = nodes[0].config, nodes[0].target
     result = follow_run(
         lambda: open_target(config),
         config.container.workdir,
@@ -271,20 +287,13 @@ def follow_unless_detached(
     return report_result(result), summary
 
 
-def follow_nodes_unless_detached(
-    nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
+def _follow_nodes(
+    nodes: list[Node], rules: list[Rule], summary: dict[str, Any]
 ) -> tuple[int, dict[str, Any]]:
-    """Several nodes (config.multi_node): follow the new run on every node at once, as
-    `logs -f` does (dflashctl/follow/multinode.py); (exit code, summary with the result:
-    each node's, and the root cause)."""
     from dflashctl.follow.multinode import follow_nodes
     from dflashctl.follow.nodes_report import report_nodes_result
 
-    run_id = summary["run_id"]
-    if detach:
-        terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
-        return 0, summary
-    result = follow_nodes(nodes, run_id, rules=rules, from_offset=0)
+    result = follow_nodes(nodes, summary["run_id"], rules=rules, from_offset=0)
     summary["result"] = result.to_json()
     return report_nodes_result(result), summary
 

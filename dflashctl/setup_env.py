@@ -168,7 +168,12 @@ def setup_every_node(nodes: list[Any], releases: list[str | None]) -> None:
         return
     outcomes = on_every_node(
         nodes,
-        lambda node: run_setup(node.config, node.target, releases[node.index], label=node.name),
+        lambda node: run_setup(
+            node.config,
+            node.target,
+            releases[node.index],
+            label=node.name if len(nodes) > 1 else "",
+        ),
     )
     values_or_raise(outcomes, "setting up the venv")
 

@@ -1,5 +1,5 @@
-"""restart and stop: the current release launched again, or the runs stopped; each one
-round trip to the agent, nothing synced."""
+"""restart and stop: the current release launched again (on every node, all or
+nothing), or the runs stopped; each one round trip to the agent, nothing synced."""
 
 from __future__ import annotations
 
@@ -7,22 +7,24 @@ import time
 from typing import Any
 
 from dflashctl import runs, setup_env, terminal
+from dflashctl.committing import launch_everywhere
 from dflashctl.config import Config
 from dflashctl.connect import session
 from dflashctl.crash import rules_for
 from dflashctl.errors import HostError
+from dflashctl.launch_command import commit_deadline, node_launch_params, rendezvous_for
 from dflashctl.launching import (
     describe_stopped,
     follow_unless_detached,
-    launch_params,
     lineage_summary,
     print_launched,
     report_interrupted,
     source_meta,
     stop_and_launch,
     stop_runs,
-    trainer_command,
+    summary_of,
 )
+from dflashctl.nodes import node_sessions
 
 
 def restart(
@@ -33,52 +35,63 @@ def restart(
     fresh: bool = False,
     wait: bool = False,
 ) -> tuple[int, dict[str, Any]]:
-    """Stop stale runs and launch the current release again: one round trip, no sync."""
+    """Stop stale runs and launch the current release again on every node: one round
+    trip per node, no sync. On several nodes the commit barrier also checks that every
+    node's current release is the same one."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
-    if config.multi_node:
-        return _restart_nodes(config, rules, detach, extra_args or [], fresh, wait)
-    with session(config) as target:
+    with node_sessions(config) as nodes:
         run_id = runs.new_id()
-        command = trainer_command(config, extra_args or [])
         # The provenance of the release: the source as it is here now (restart sends
         # nothing, so this says what the user would deploy, which is usually it).
         meta = dict(source_meta(config), restart=True)
-        params = launch_params(
-            config, run_id, None, command, meta, fresh=fresh, by="restart", wait=wait
-        )
-        if setup_env.needs_streaming(config):
-            setup_env.run_setup(config, target, None)
+        rendezvous = rendezvous_for(config, nodes)
+        params = {}
+        for node in nodes:
+            params[node.index] = node_launch_params(
+                config, nodes, node, run_id, None, rendezvous, meta,
+                extra_args=extra_args or [], fresh=fresh, by="restart", wait=wait,
+                deadline_s=commit_deadline(0)
+                + (float(setup_env.setup_params(config)["timeout_s"])
+                   if setup_env.setup_params(config) else 0.0),
+            )  # fmt: skip
+            if "commit" in params[node.index]:
+                params[node.index]["commit"]["same_release"] = True
+        setup_env.setup_every_node(nodes, [None] * len(nodes))  # a failure stops nothing
         t0 = time.monotonic()
         try:
             with terminal.spinner("stopping stale runs and launching"):
-                launched = stop_and_launch(config, target, params)
+                answers = launch_everywhere(
+                    nodes, run_id, lambda n: stop_and_launch(n.config, n.target, params[n.index])
+                )
         except KeyboardInterrupt:
-            report_interrupted(config, run_id, float(params["grace_s"]))
+            for node in nodes:
+                report_interrupted(node.config, run_id, float(params[node.index]["grace_s"]))
             raise
-        print_launched(launched, run_id, command, time.monotonic() - t0)
-        summary = {
-            "release": launched["release"],
+        entries = []
+        for node, answer in zip(nodes, answers, strict=True):
+            command = params[node.index]["command"]
+            prefix = f"{node.name}: " if len(nodes) > 1 else ""
+            print_launched(answer, run_id, command, time.monotonic() - t0, prefix=prefix)
+            entries.append(
+                {
+                    "node": node.name,
+                    "node_rank": node.index,
+                    "release": answer["release"],
+                    "pid": answer["run"]["pid"],
+                    "runs_stopped": answer["stopped"],
+                    "command": command,
+                    "target": node.target.describe(),
+                }
+            )
+        top = {
+            "release": answers[0]["release"],
             "run_id": run_id,
-            "pid": launched["run"]["pid"],
-            "runs_stopped": launched["stopped"],
-            "command": command,
-            **lineage_summary(launched["run"]),
-            "target": target.describe(),
+            **lineage_summary(answers[0]["run"]),
         }
-        return follow_unless_detached(config, target, rules, summary, detach=detach)
-
-
-def _restart_nodes(config, rules, detach, extra_args, fresh, wait):
-    from dflashctl.launch_nodes import restart_nodes
-    from dflashctl.launching import follow_nodes_unless_detached
-    from dflashctl.nodes import node_sessions
-
-    with node_sessions(config) as nodes:
-        meta = dict(source_meta(config), restart=True)
-        summary = restart_nodes(
-            config, nodes, extra_args=extra_args, fresh=fresh, wait=wait, meta=meta
-        )
-        return follow_nodes_unless_detached(nodes, rules, summary, detach=detach)
+        if rendezvous is not None:
+            top["rendezvous"] = rendezvous.endpoint
+        summary = summary_of(top, entries)
+        return follow_unless_detached(nodes, rules, summary, detach=detach)
 
 
 def stop(

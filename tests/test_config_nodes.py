@@ -39,7 +39,7 @@ def error(tmp_path: Path, text: str) -> ConfigError:
 def test_nodes_take_the_top_level_sections_as_defaults(tmp_path):
     config = parse(tmp_path, TWO_NODES)
     a, b = config.nodes
-    assert config.multi_node
+    assert len(config.nodes) > 1
     assert (a.name, a.host.address, a.host.port, a.host.user) == ("gpu-a", "gpu-a", 2222, "root")
     assert (a.container.vmid, a.container.workdir, a.container.python) == (
         201,
@@ -60,14 +60,14 @@ def test_for_node_is_the_config_of_that_node_alone(tmp_path):
     config = parse(tmp_path, TWO_NODES)
     second = config.for_node(1)
     assert second.host.address == "gpu-b" and second.container.vmid == 305
-    assert second.proxmox.node == "pve2" and not second.multi_node
+    assert second.proxmox.node == "pve2" and len(second.nodes) == 1
     assert second.digest == config.digest and second.path == config.path
     assert [c.host.address for c in config.node_configs()] == ["gpu-a", "gpu-b"]
 
 
 def test_a_config_without_nodes_is_one_node(tmp_path):
     config = parse(tmp_path, "host:\n  address: pve.lan\ncontainer:\n  vmid: 200\n")
-    assert not config.multi_node
+    assert len(config.nodes) == 1
     (node,) = config.nodes
     assert (node.name, node.host.address, node.container.vmid) == ("pve.lan", "pve.lan", 200)
     assert config.for_node(0).host == config.host

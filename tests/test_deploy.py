@@ -196,7 +196,10 @@ def _no_host(monkeypatch):
     def no_host(config):
         raise AssertionError("the host was contacted")
 
+    from dflashctl import nodes as nodes_mod
+
     monkeypatch.setattr(connect_mod, "open_target", no_host)
+    monkeypatch.setattr(nodes_mod, "open_transport", no_host)
 
 
 def test_syntax_error_refuses_without_contacting_the_host(project, monkeypatch):
@@ -306,44 +309,37 @@ def test_a_missing_interpreter_is_a_host_error_naming_it(project):
     assert "container.python" in info.value.hint
 
 
-class CountingTarget:
-    """The real local target, counting the commands (round trips) it runs."""
+def counting_transports(monkeypatch) -> list[list]:
+    """Every transport the deploy's node sessions open, with the commands run on each."""
+    from dflashctl import nodes as nodes_mod
 
-    def __init__(self, config) -> None:
-        self.inner = open_target(config)
-        self.transport, self.vmid, self.calls = self.inner.transport, self.inner.vmid, []
-        original = self.transport.run
+    opened: list[list] = []
+    real = nodes_mod.open_transport
+
+    def connect(host):
+        transport, calls = real(host), []
+        original = transport.run
 
         def run(argv, **kwargs):
-            self.calls.append(argv)
+            calls.append(argv)
             return original(argv, **kwargs)
 
-        self.transport.run = run
+        transport.run = run
+        opened.append(calls)
+        return transport
 
-    def run(self, argv, **kwargs):
-        return self.inner.run(argv, **kwargs)
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        self.inner.close()
+    monkeypatch.setattr(nodes_mod, "open_transport", connect)
+    return opened
 
 
 def test_a_redeploy_from_the_same_machine_is_one_round_trip(project, monkeypatch):
-    targets = []
-
-    def connect(config):
-        targets.append(CountingTarget(config))
-        return targets[-1]
-
-    monkeypatch.setattr(connect_mod, "open_target", connect)
+    opened = counting_transports(monkeypatch)
     deploy(project.config(), DeployOptions(detach=True))
-    assert len(targets[0].calls) == 2  # inspect, then send + build + launch
+    assert len(opened[0]) == 2  # inspect, then send + build + launch
     (project.source / "helpers.py").write_text("def greeting():\n    return 'one trip'\n")
     _, changed = deploy(project.config(), DeployOptions(detach=True))
     _, unchanged = deploy(project.config(), DeployOptions(detach=True))
-    assert [len(t.calls) for t in targets[1:]] == [1, 1]
+    assert [len(calls) for calls in opened[1:]] == [1, 1]
     assert changed["files_sent"] == 1 and unchanged["files_sent"] == 0
 
 

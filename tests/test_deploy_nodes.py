@@ -146,8 +146,10 @@ def test_a_redeploy_replaces_the_run_on_every_node_and_sends_only_changes(nodes)
     assert second["release"] != first["release"]
     for entry in second["nodes"]:
         assert entry["files_sent"] == 1 and entry["previous_release"] == first["release"]
-        (stopped,) = entry["runs_stopped"]
-        assert stopped["run_id"] == first["run_id"]
+        # The old run, and maybe its rank outside torchrun's group ("member").
+        stopped = entry["runs_stopped"]
+        assert {s["run_id"] for s in stopped} == {first["run_id"]}
+        assert [s["kind"] for s in stopped if s["kind"] != "member"] == ["active"]
     for name in ("a", "b"):
         assert not pid_alive(nodes.pid(name, first["run_id"]))
         assert nodes.meta(name, second["run_id"])["release"] == second["release"]
@@ -155,13 +157,13 @@ def test_a_redeploy_replaces_the_run_on_every_node_and_sends_only_changes(nodes)
 
 def test_a_node_that_fails_to_build_stops_nothing_anywhere(nodes, tmp_path):
     first = deployed(nodes)
-    # Node b's interpreter refuses the build step only (`python -S -c <loader> build`:
-    # the verb is its 4th argument): the failure comes after node a
-    # has built its release, and before anything is launched.
+    # Node b's interpreter refuses the deploy step only (`python -S -c <loader> deploy`:
+    # the verb is its 4th argument): node a builds its release and waits at the commit
+    # barrier, and aborts when told, before anything is stopped.
     wrapper = tmp_path / "python-b"
     wrapper.write_text(
         "#!/bin/sh\n"
-        'if [ "$4" = build ]; then echo "No space left on device" >&2; exit 1; fi\n'
+        'if [ "$4" = deploy ]; then echo "No space left on device" >&2; exit 1; fi\n'
         f'exec {sys.executable} "$@"\n'
     )
     wrapper.chmod(0o755)
@@ -170,7 +172,8 @@ def test_a_node_that_fails_to_build_stops_nothing_anywhere(nodes, tmp_path):
     (nodes.source / "helpers.py").write_text("def greeting():\n    return 'changed'\n")
     result = nodes.cli("deploy", "--detach")
     assert result.returncode == 3, result.stdout + result.stderr
-    assert "node b (this machine) building the release" in result.stderr
+    assert "launched nowhere: node b (this machine) failed" in result.stderr
+    assert "a: aborted: nothing stopped" in result.stderr
     assert "Traceback" not in result.stderr
     for name in ("a", "b"):
         # The old run still runs, from the old release, which is still current.
@@ -196,8 +199,9 @@ def test_restart_refuses_nodes_with_different_releases(nodes):
     deployed(nodes)
     (nodes.workdir("b") / "current").unlink()
     result = nodes.cli("restart", "--detach")
-    assert result.returncode == 2, result.stderr
-    assert "nothing is deployed on b yet" in result.stderr
+    assert result.returncode == 3, result.stderr
+    assert "launched nowhere: node b (this machine) failed: nothing is deployed" in result.stderr
+    assert "a: aborted: nothing stopped" in result.stderr
 
 
 def test_dry_run_shows_every_node_and_changes_nothing(nodes):

@@ -136,16 +136,14 @@ def test_deploy_follows_the_new_run_on_every_node(two, capsys):
     """What deploy and restart call after launching on several nodes."""
     from dflashctl.config import load_config
     from dflashctl.crash import load_rules
-    from dflashctl.launching import follow_nodes_unless_detached
+    from dflashctl.launching import follow_unless_detached
     from dflashctl.nodes import node_sessions
 
     two.start("a", "r1", 3, 0.01)
     two.start("b", "r1", 2, 0.01, "thread-crash")
     with node_sessions(load_config(two.config)) as nodes:
-        code, summary = follow_nodes_unless_detached(
-            nodes, load_rules(), {"run_id": "r1"}, detach=False
-        )
-        assert follow_nodes_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=True) == (
+        code, summary = follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=False)
+        assert follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=True) == (
             0,
             {"run_id": "r1"},
         )

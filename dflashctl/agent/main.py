@@ -4,6 +4,7 @@
 import json
 import sys
 
+from .commit import CommitAborted
 from .errors import AgentError, StaleBase
 
 
@@ -38,6 +39,8 @@ def main(op, params_json):
         answer = {"ok": False, "error": exc.message, "hint": exc.hint}
         if isinstance(exc, StaleBase):
             answer["stale"] = True
+        if isinstance(exc, CommitAborted):
+            answer.update(aborted=True, in_doubt=exc.in_doubt)
         if getattr(exc, "package", None):  # a failed setup: the package pip could not get
             answer["package"] = exc.package
         _answer(answer)

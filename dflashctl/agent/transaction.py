@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 
+from .commit import CommitAborted
 from .errors import AgentError, StaleBase
 from .files import read_text
 from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
@@ -139,6 +140,9 @@ def detached(work):
                 answer = {"ok": True, "answer": work()}
             except StaleBase as exc:
                 answer = {"ok": False, "error": exc.message, "hint": exc.hint, "stale": True}
+            except CommitAborted as exc:
+                answer = {"ok": False, "error": exc.message, "hint": exc.hint, "aborted": True}
+                answer["in_doubt"] = exc.in_doubt
             except AgentError as exc:
                 answer = {"ok": False, "error": exc.message, "hint": exc.hint}
             except OSError as exc:
@@ -167,5 +171,7 @@ def detached(work):
     if not answer["ok"]:
         if answer.get("stale"):
             raise StaleBase(answer["error"], answer.get("hint"))
+        if answer.get("aborted"):
+            raise CommitAborted(answer["error"], answer.get("hint"), bool(answer.get("in_doubt")))
         raise AgentError(answer["error"], answer.get("hint"))
     return answer["answer"]

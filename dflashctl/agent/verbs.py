@@ -7,8 +7,10 @@
   deploy   build the release (unpack an archive of changed files into
            releases/<id>.partial, link the unchanged ones from the base release,
            validate, rename to releases/<id>), then launch, under one lock
-  build    build the release only (a run across several nodes: every node builds
-           before any launches); `discard` removes one that will not be launched
+  build    build the release only (the setup streams before the launch);
+           `discard` removes one that will not be launched
+  abort    mark a run across several nodes aborted here: this node's launch, waiting
+           at the commit barrier, decides abort for every node (commit.py)
   stop     stop the active run and hand-started ones
   runs     runs and their real state (from pid and exit_code files, never from logs)
   prune    remove ended runs' folders beyond the newest N (never the active or a running one)
@@ -34,6 +36,7 @@ import resource
 import shutil
 import time
 
+from . import commit
 from .errors import AgentError, StaleBase
 from .files import lock_workdir, tree_bytes
 from .lineage import latest_checkpoint
@@ -100,30 +103,45 @@ def op_stop(p):
 
 def op_launch(p):
     """Stop what runs, point `current` at the release, start the run, record it, clean up."""
-    lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
     try:
-        return launch(p)
-    finally:
-        os.close(lock)
+        lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
+        try:
+            return launch(p)
+        finally:
+            os.close(lock)
+    except (AgentError, OSError) as exc:
+        tell_barrier(p, exc)
+        raise
+
+
+def tell_barrier(p, exc):
+    """A launch across nodes that failed here before it arrived at the commit barrier:
+    the other nodes need not wait for their deadline to abort."""
+    if not isinstance(exc, commit.CommitAborted):
+        commit.signal_abort(p, exc.message if isinstance(exc, AgentError) else str(exc))
 
 
 def op_deploy(p):
     """build, then launch, under one lock: the new release is complete and validated
     before anything is stopped; a failed build stops nothing, and no other deploy,
     restart or stop can come between the two."""
-    lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
     try:
-        built = timed_build(p)
-        launch_params = {k: v for k, v in p.items() if k != "expect"}
+        lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
         try:
-            launched = launch(dict(launch_params, release=built["release"]))
-        except AgentError:
-            # Refused (or undone) before it became current: no orphan release left.
-            if current_release(p["workdir"]) != built["release"]:
-                remove_release(p["workdir"], built["release"])
-            raise
-    finally:
-        os.close(lock)
+            built = timed_build(p)
+            launch_params = {k: v for k, v in p.items() if k != "expect"}
+            try:
+                launched = launch(dict(launch_params, release=built["release"]))
+            except AgentError:
+                # Refused (or undone) before it became current: no orphan release left.
+                if current_release(p["workdir"]) != built["release"]:
+                    remove_release(p["workdir"], built["release"])
+                raise
+        finally:
+            os.close(lock)
+    except (AgentError, OSError) as exc:
+        tell_barrier(p, exc)
+        raise
     launched["build"] = built
     return launched
 
@@ -154,18 +172,20 @@ def op_discard(p):
     workdir, release = p["workdir"], p["release"]
     lock = lock_workdir(workdir, p.get("holder"), True)
     try:
-        used = {
-            (run_record(workdir, rid).get("meta") or {}).get("release") for rid in run_ids(workdir)
-        }
-        path = os.path.join(releases_dir(workdir), release)
-        removed = (
-            os.path.isdir(path) and current_release(workdir) != release and release not in used
-        )
-        if removed:
-            remove_release(workdir, release)
+        removed = discard_unused(workdir, release)
     finally:
         os.close(lock)
-    return {"removed": bool(removed)}
+    return {"removed": removed}
+
+
+def discard_unused(workdir, release):
+    """Remove `release` unless it is current or a run uses it; the caller holds the lock."""
+    used = {(run_record(workdir, rid).get("meta") or {}).get("release") for rid in run_ids(workdir)}
+    path = os.path.join(releases_dir(workdir), release)
+    removed = os.path.isdir(path) and current_release(workdir) != release and release not in used
+    if removed:
+        remove_release(workdir, release)
+    return bool(removed)
 
 
 def cpu_seconds():
@@ -181,6 +201,8 @@ def launch(p):
     after the old run is gone, so an interruption before that leaves both as they were.
     """
     workdir, run_id = p["workdir"], p["run_id"]
+    if p.get("commit"):
+        commit.clear_leftovers(workdir, run_id)
     release = p.get("release") or current_release(workdir)
     expect = p.get("expect")
     if expect is not None and current_release(workdir) != expect["release"]:
@@ -228,8 +250,18 @@ def with_venv(p, release):
 
 
 def transaction(p, release, previous, previous_release):
-    """Stop, swap, launch, record: in a child that outlives the caller (detached)."""
+    """Stop, swap, launch, record: in a child that outlives the caller (detached).
+    Across several nodes, every node first agrees at the commit barrier (commit.py):
+    on abort nothing is stopped, and the new release and run folder are removed."""
     workdir, run_id = p["workdir"], p["run_id"]
+    if p.get("commit"):
+        try:
+            commit.join(p, p["command"][0], release)
+        except commit.CommitAborted:
+            shutil.rmtree(os.path.join(runs_dir(workdir), run_id), ignore_errors=True)
+            if release != previous_release:
+                discard_unused(workdir, release)
+            raise
     t0 = time.monotonic()
     stopped = stop_targets(
         workdir,
@@ -380,6 +412,7 @@ OPERATIONS = {
     "deploy": op_deploy,
     "build": op_build,
     "discard": op_discard,
+    "abort": commit.op_abort,
     "launch": op_launch,
     "stop": op_stop,
     "runs": op_runs,

@@ -61,8 +61,6 @@ def deploy(
         yes=yes,
         extra_args=list(trainer_args or []),
     )
-    if cfg.multi_node:
-        from dflashctl.deploy_nodes import deploy_nodes as run_deploy
     code, summary = run_deploy(cfg, options)
     if json_output:
         terminal.print_json(summary, command="deploy", node=node_name_of(cfg))

@@ -47,7 +47,7 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
     source_check(doctor, config)
-    if config.multi_node:
+    if len(config.nodes) > 1:
         from dflashctl.fleet.doctor import check_every_node
 
         check_every_node(doctor, config)

@@ -105,7 +105,7 @@ def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
 
     config = load_config(config_path)
     rules = rules_for(config)  # a bad crash rule is a config error, before any contact
-    if config.multi_node:
+    if len(config.nodes) > 1:
         followed = _follow_nodes(
             config, rules, run_id, follow, lines, reconnect_timeout, json_output
         )

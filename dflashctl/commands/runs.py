@@ -66,7 +66,7 @@ def runs(
     if prune is not None and prune < 0:
         raise UsageError(f"--prune {prune}: KEEP must be 0 or more (how many runs to keep)")
     cfg = load_config(config)
-    if cfg.multi_node:
+    if len(cfg.nodes) > 1:
         _on_every_node(cfg, prune, yes=yes, dry_run=dry_run, json_output=json_output)
         return
     if prune is not None:

@@ -56,7 +56,7 @@ def show(
     # Several nodes: rank 0 writes metrics.jsonl and the checkpoints, and it runs on the
     # first node (the top-level sections are that node's), so this reads node 0 alone.
     note = None
-    if cfg.multi_node:
+    if len(cfg.nodes) > 1:
         first = cfg.nodes[0].label()
         note = (
             f"metrics from the first node, {first}: rank 0 writes them there "

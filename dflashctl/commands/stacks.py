@@ -34,7 +34,7 @@ def stacks(
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
     answers = []
-    if cfg.multi_node:
+    if len(cfg.nodes) > 1:
         from dflashctl.nodes import node_sessions
 
         with node_sessions(cfg) as nodes:
@@ -49,7 +49,7 @@ def stacks(
             answers.append(ask_stacks(target, cfg, run_id, wait))
     if json_output:
         terminal.print_json(
-            {"nodes": answers} if cfg.multi_node else answers[0],
+            {"nodes": answers} if len(cfg.nodes) > 1 else answers[0],
             command="stacks",
             node=node_name_of(cfg),
         )

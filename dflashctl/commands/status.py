@@ -64,7 +64,7 @@ def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     from dflashctl.config import load_config
 
     loaded = load_config(config)
-    if loaded.multi_node:
+    if len(loaded.nodes) > 1:
         from dflashctl.fleet.status import status_command
 
         status_command(loaded, as_json=as_json)

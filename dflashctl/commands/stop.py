@@ -33,7 +33,7 @@ def stop(
     if json_output:
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
-    if cfg.multi_node:
+    if len(cfg.nodes) > 1:
         from dflashctl.fleet.stop import stop_every_node
 
         summary, failure = stop_every_node(cfg, grace_s=grace)

@@ -1,0 +1,184 @@
+"""The agent's side of the commit barrier of a run across several nodes
+(commit_barrier.py has the protocol).
+
+A launch that carries `commit` ({world, rank, names, address, port, run_id,
+deadline_s, program}) asks the barrier, once its release is built and checked and
+the run's folder made, and before anything is stopped: `join` returns on commit and
+raises CommitAborted on abort, having changed nothing. The barrier program runs in
+the run's interpreter (it needs torch); this module stays standard-library only.
+
+  abort   the verb the client calls on the other nodes when one fails: it writes
+          the run's abort marker (no lock: the node waiting at the barrier holds it),
+          which the barrier there sees within a tenth of a second
+
+A node that fails before it arrives tells the barrier itself (`signal_abort`, in the
+background), so the others need not wait for their deadline when nobody is left to
+call `abort`. What an attempt leaves (markers, a background abort) is cleared by the
+next launch on the workdir (`clear_leftovers`).
+"""
+
+import json
+import os
+import signal
+import subprocess
+
+from .errors import AgentError
+
+# How long past its deadline the barrier may take (importing torch, which takes tens of
+# seconds on a loaded machine; node 0 waiting for the others to read the decision)
+# before the agent gives up on it.
+SLACK_S = 180.0
+
+
+class CommitAborted(AgentError):
+    """The nodes decided not to launch: nothing was stopped anywhere (or, in doubt,
+    nothing here)."""
+
+    def __init__(self, message, hint=None, in_doubt=False):
+        AgentError.__init__(self, message, hint)
+        self.in_doubt = in_doubt
+
+
+def commit_dir(workdir):
+    return os.path.join(workdir, ".commit")
+
+
+def marker_path(workdir, run_id):
+    return os.path.join(commit_dir(workdir), run_id + ".abort")
+
+
+def holder_path(workdir, run_id):
+    return os.path.join(commit_dir(workdir), run_id + ".pid")
+
+
+def safe_run_id(run_id):
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        raise AgentError(f"not a run id: {run_id!r}", "this is a bug in dflashctl")
+    return run_id
+
+
+def op_abort(p):
+    """Mark run `run_id` aborted on this node: a barrier waiting here (or arriving
+    later) decides abort, unless every node had arrived already (then it committed)."""
+    workdir, run_id = p["workdir"], safe_run_id(p["run_id"])
+    os.makedirs(commit_dir(workdir), exist_ok=True)
+    path = marker_path(workdir, run_id)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(str(p.get("reason") or "aborted by dflashctl") + "\n")
+    os.replace(tmp, path)
+    return {"marked": True}
+
+
+def barrier_params(p, mode, **more):
+    c = p["commit"]
+    return dict(
+        {k: c[k] for k in ("world", "rank", "names", "address", "port", "run_id", "deadline_s")},
+        same_release=bool(c.get("same_release")),
+        mode=mode,
+        marker=marker_path(p["workdir"], c["run_id"]),
+        **more,
+    )
+
+
+def join(p, python, release):
+    """Wait at the barrier, about to launch `release`; returns on commit, raises
+    CommitAborted on abort."""
+    c = p["commit"]
+    args = json.dumps(barrier_params(p, "join", release=release))
+    try:
+        done = subprocess.run(
+            [python, "-c", c["program"], args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=float(c["deadline_s"]) + SLACK_S,
+        )
+        answer = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        answer = {"decision": "abort", "in_doubt": True, "reason": "the commit barrier hung"}
+    except (OSError, ValueError, IndexError):
+        err = locals().get("done")
+        last = err.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
+        answer = {
+            "decision": "abort",
+            # It fails at its start (no torch there, say): before it could arrive.
+            "in_doubt": False,
+            "reason": f"the commit barrier could not run with {python}: "
+            + (last[0] if last else "no answer"),
+        }
+    finally:
+        remove(marker_path(p["workdir"], c["run_id"]))
+    if answer.get("decision") == "commit":
+        return
+    reason = answer.get("reason") or "aborted"
+    if answer.get("in_doubt"):
+        raise CommitAborted(
+            f"in doubt, so not launched here: {reason}; nothing was stopped on this node",
+            "check every node with `dflashctl runs`, then deploy again",
+            in_doubt=True,
+        )
+    raise CommitAborted(
+        f"aborted: {reason}; nothing was stopped, the old run goes on",
+        "fix what the error names, then deploy again",
+    )
+
+
+def signal_abort(p, reason):
+    """This node failed before it arrived: tell the barrier in the background (the
+    answer to the client does not wait for it). Best effort."""
+    c = p.get("commit")
+    if not c:
+        return
+    try:
+        os.makedirs(commit_dir(p["workdir"]), exist_ok=True)
+        who = c["names"][int(c["rank"])]
+        args = json.dumps(barrier_params(p, "abort", reason=f"node {who} failed: {reason}"))
+        child = subprocess.Popen(
+            [p["command"][0], "-c", c["program"], args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        with open(holder_path(p["workdir"], c["run_id"]), "w", encoding="utf-8") as f:
+            f.write(str(child.pid))
+    except OSError:
+        pass  # the others abort at their deadline, or when the client calls `abort`
+
+
+def clear_leftovers(workdir, run_id):
+    """Before a new attempt: the abort markers of earlier ones, and a background abort
+    still holding the commit port (node 0 keeps it up for the others to read)."""
+    folder = commit_dir(workdir)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(run_id + "."):
+            continue
+        path = os.path.join(folder, name)
+        if name.endswith(".pid"):
+            kill_holder(path, name[: -len(".pid")])
+        remove(path)
+
+
+def kill_holder(path, run_id):
+    """End a background abort of run `run_id`, if that is still what the pid is (its
+    command line names the run)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if run_id.encode("utf-8") not in f.read():
+                return  # it ended, and the pid is someone else's now
+        os.killpg(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass  # it ended already
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,209 @@
+"""The commit barrier of a deploy or restart across N nodes: every node's agent, with
+its release built and checked and nothing stopped yet, asks here whether to go on
+(stop the old run, swap `current`, launch) or to leave everything as it is.
+
+It runs in the run's own interpreter (the one with torch), as
+
+    <python> -c <this file's text> '<json params>'
+
+started by the agent (commit.py), which stays standard-library only. The decision
+lives in a torch.distributed TCPStore hosted by node 0 on the rendezvous address at
+torchrun.commit_port, under keys prefixed by the run id:
+
+  - each node adds 1 to `arrived` (and sets `node/<rank>`);
+  - the node whose arrival makes `arrived` == N writes `decision` = "commit";
+  - a node that must abort (its abort marker file appeared: the client saw a node
+    fail; or its deadline passed) writes `decision` = "abort:<why>";
+  - both writes are compare_set(decision, "", ...): the first one wins, atomically,
+    and every node follows what is there. So a commit needs all N arrivals, and once
+    any node has decided abort no late arrival can commit.
+
+Nodes other than 0 add 1 to `acked` once they read the decision; node 0 keeps the
+store up until every one did (bounded), so none is left without an answer.
+
+A node that never reached the store never arrived: it aborts on its own, which is
+safe, because without its arrival nobody can commit. A node that arrived and then
+lost the store (node 0 gone) cannot know the outcome: it answers "in doubt" and
+aborts; the agent says so.
+
+Prints one JSON line: {"decision": "commit" | "abort", "reason": ..., "in_doubt": bool}.
+"""
+
+import datetime
+import json
+import os
+import sys
+import time
+
+POLL_S = 0.1
+CONNECT_TRY_S = 2.0  # one connection attempt: short, so the abort marker is seen meanwhile
+OP_TIMEOUT_S = 30.0
+ACK_WAIT_S = 15.0  # how long node 0 keeps the store up for the others to read the decision
+
+
+def read_marker(path):
+    """The abort marker's reason, or None while there is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or "aborted"
+    except OSError:
+        return None
+
+
+def connect(p, deadline):
+    """The run's prefixed view of node 0's store (node 0 hosts it), or (None, why) when
+    it cannot be had before the deadline or an abort marker appears meanwhile."""
+    import torch.distributed as dist
+
+    master = int(p["rank"]) == 0
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            store = dist.TCPStore(
+                p["address"],
+                int(p["port"]),
+                None,
+                master,
+                datetime.timedelta(seconds=max(min(CONNECT_TRY_S, remaining), 0.5)),
+                wait_for_workers=False,
+            )
+            store.set_timeout(datetime.timedelta(seconds=OP_TIMEOUT_S))
+            return dist.PrefixStore(f"dflash-commit/{p['run_id']}/", store), None
+        except Exception as exc:  # noqa: BLE001 - any failure to connect is a reason to wait or abort
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if master:  # node 0 cannot host the store (its port taken, say)
+                first = p["names"][0]
+                return (
+                    None,
+                    f"node {first} could not host the commit store on port {p['port']}: {why}",
+                )
+        reason = read_marker(p["marker"])
+        if reason is not None:
+            return None, reason
+        if time.monotonic() >= deadline:
+            first, within = p["names"][0], float(p["deadline_s"])
+            return (
+                None,
+                f"node {first} was not reachable at {p['address']}:{p['port']} within {within:.0f} s",
+            )
+        time.sleep(POLL_S)
+
+
+def text(value):
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def cas(store, desired):
+    """Write the decision unless one is there; the one that is there afterwards."""
+    return text(store.compare_set("decision", "", desired))
+
+
+def missing_nodes(store, p):
+    world = int(p["world"])
+    return [p["names"][r] for r in range(world) if not store.check([f"node/{r}"])]
+
+
+def differing_releases(store, p):
+    """With `same_release` (a restart, which launches each node's current release):
+    the abort naming each node's release when they are not one and the same."""
+    if not p.get("same_release"):
+        return None
+    found = [text(store.get(f"release/{r}")) for r in range(int(p["world"]))]
+    if len(set(found)) == 1:
+        return None
+    which = ", ".join(f"{p['names'][r]}: {rel}" for r, rel in enumerate(found))
+    return (
+        f"abort:the nodes have different current releases ({which}); "
+        "a run across nodes needs the same trainer on each"
+    )
+
+
+def decide(store, p, deadline):
+    """Arrive, then wait for the decision; returns its text ("commit" or "abort:...")."""
+    store.set(f"node/{int(p['rank'])}", "1")
+    store.set(f"release/{int(p['rank'])}", p.get("release") or "")
+    if store.add("arrived", 1) == int(p["world"]):
+        return cas(store, differing_releases(store, p) or "commit")
+    while True:
+        if store.check(["decision"]):
+            return text(store.get("decision"))
+        reason = read_marker(p["marker"])
+        if reason is not None:
+            return cas(store, "abort:" + reason)
+        if time.monotonic() >= deadline:
+            missing = missing_nodes(store, p)
+            who, within = ", ".join(missing) or "?", float(p["deadline_s"])
+            return cas(store, f"abort:node {who} did not arrive within {within:.0f} s")
+        time.sleep(POLL_S)
+
+
+def after_decision(store, p):
+    """Node 0 keeps the store up until the others read the decision; they say so."""
+    world = int(p["world"])
+    if int(p["rank"]) != 0:
+        store.add("acked", 1)
+        return
+    until = time.monotonic() + float(p.get("ack_wait_s", ACK_WAIT_S))
+    while store.add("acked", 0) < world - 1 and time.monotonic() < until:
+        time.sleep(POLL_S)
+
+
+def join(p):
+    import torch.distributed  # noqa: F401 - first: on a loaded machine this takes seconds
+
+    deadline = time.monotonic() + float(p["deadline_s"])
+    store, why = connect(p, deadline)
+    if store is None:
+        return {"decision": "abort", "reason": why, "in_doubt": False}
+    try:
+        decision = decide(store, p, deadline)
+    except Exception as exc:  # noqa: BLE001 - the store went away after we arrived
+        return {
+            "decision": "abort",
+            "reason": f"lost the commit store on node {p['names'][0]} after arriving "
+            f"({str(exc).strip().splitlines()[0]}): the other nodes may have committed",
+            "in_doubt": True,
+        }
+    try:
+        after_decision(store, p)
+    except Exception:  # noqa: BLE001 - the decision is known; the ack is a courtesy
+        pass
+    if decision == "commit":
+        return {"decision": "commit", "reason": None, "in_doubt": False}
+    return {"decision": "abort", "reason": decision[len("abort:") :], "in_doubt": False}
+
+
+def abort(p):
+    """A node that failed before it could arrive: write abort if nothing is decided,
+    without arriving (so it can never complete a commit). Best effort, started in the
+    background by the failing node's agent. Node 0 hosts the store with the decision
+    in it for `deadline_s`, for the others to read when they arrive."""
+    deadline = time.monotonic() + float(p["deadline_s"])
+    store, why = connect(p, time.monotonic() + CONNECT_TRY_S)
+    if store is None:
+        return {"decision": "abort", "reason": why, "in_doubt": False}
+    decision = cas(store, "abort:" + p["reason"])
+    if int(p["rank"]) == 0:
+        while store.add("acked", 0) < int(p["world"]) - 1 and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+    if decision == "commit":
+        return {"decision": "commit", "reason": None, "in_doubt": False}
+    return {"decision": "abort", "reason": decision[len("abort:") :], "in_doubt": False}
+
+
+def main(argv):
+    p = json.loads(argv[1])
+    answer = abort(p) if p.get("mode") == "abort" else join(p)
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # Started from a detached child with no terminal: a hangup must not end it
+    # before it decides.
+    import signal
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    sys.exit(main(sys.argv))

@@ -1,0 +1,305 @@
+"""A deploy's plan on each node: the local checks of the source, round trip 1
+(inspect) where this machine does not remember the last deploy, and the dry run's
+answer. deploy.py carries the plans out."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import typer
+
+from dflashctl import agent_client, pct, runs, setup_env, sync, terminal
+from dflashctl.agent_messages import InspectAnswer, ProcessToStop, Resume
+from dflashctl.config import Config
+from dflashctl.connect import open_proxmox
+from dflashctl.errors import UsageError
+from dflashctl.launch_command import node_command
+from dflashctl.launching import (
+    describe_start,
+    describe_target_to_stop,
+    process_scope,
+    summary_of,
+    trainer_command,
+)
+from dflashctl.nodes import Node, on_every_node, values_or_raise
+from dflashctl.source_cache import SourceCache
+
+if TYPE_CHECKING:
+    from dflashctl.proxmox import ContainerStatus
+    from dflashctl.target import Target
+
+
+# --------------------------------------------------------------------------- the target
+
+
+def start_container(config: Config, target: Target) -> ContainerStatus:
+    """Start the container through the Proxmox API (pvesh over this connection, or
+    HTTPS with a token) and wait until it runs; returns its state."""
+    from dflashctl import proxmox
+
+    api = open_proxmox(config, target.transport)
+    return proxmox.start_container(
+        api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
+    )
+
+
+def inspect(config: Config, target: Target, *, may_start: bool) -> InspectAnswer:
+    """Round trip 1; starts a stopped container first when allowed (else exit 3)."""
+    params = {
+        "workdir": config.container.workdir,
+        "entry": config.trainer.entry,
+        "scope": process_scope(config),
+    }
+    try:
+        return cast(
+            InspectAnswer,
+            agent_client.call_agent(target, config.container.python, "inspect", params),
+        )
+    except pct.ContainerNotRunning:
+        if not may_start:
+            raise  # with pct.not_running_hint, the one hint for a stopped container
+    with terminal.step(f"starting container {target.vmid}") as step:
+        status = start_container(config, target)
+        step["done"] = f"started container {target.vmid}"
+    if status.warnings:
+        terminal.warning(f"container {target.vmid} started with warnings: {status.warnings}")
+    return cast(
+        InspectAnswer, agent_client.call_agent(target, config.container.python, "inspect", params)
+    )
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class Plan:
+    manifest: sync.Manifest
+    diff: sync.Diff
+    base_release: str | None  # the release now current, if any
+    new_release: str | None  # None: nothing changed, the current release is reused
+    to_stop: list[ProcessToStop]
+    command: list[str]
+    fresh: bool = False  # the new run starts at step 0 (else it continues the replaced run)
+    wait: bool = False  # queue behind a deploy in flight
+    active_run: str | None = None  # the run a launch now replaces (known after inspecting)
+    continues: Resume | None = None  # where its training stands (known after inspecting)
+
+    @property
+    def bytes_to_send(self) -> int:
+        return sum(self.manifest[p][0] for p in self.diff.changed)
+
+    @property
+    def release(self) -> str | None:
+        return self.new_release or self.base_release
+
+
+def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
+    """The local checks that need no host: the tree (every file readable), the entry
+    script, every .py compiles. Returns the manifest, how many .py files compile, and
+    what trainer.exclude left out."""
+    source = Path(config.trainer.source)
+    cache = SourceCache(source)
+    texts: dict[str, bytes] = {}  # the .py files scan reads, compiled without a second read
+    manifest, skipped = sync.scan(source, config.trainer.exclude, cache, texts)
+    entry = Path(config.trainer.entry).as_posix()
+    if entry not in manifest:
+        raise UsageError(
+            f"trainer.entry {entry} is not in {source} (or trainer.exclude leaves it out)",
+            hint="set trainer.entry to a .py file inside trainer.source",
+        )
+    checked = sync.check_syntax(source, manifest, cache, texts)
+    cache.save(manifest)
+    return manifest, checked, skipped
+
+
+def check_source(config: Config) -> tuple[sync.Manifest, sync.Skipped]:
+    """preflight as a step of a deploy: its line, and one line naming what
+    trainer.exclude left out."""
+    with terminal.step("checking the trainer source") as step:
+        manifest, checked, skipped = preflight(config)
+        step["done"] = (
+            f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
+        )
+    left_out = skipped.describe(terminal.human_bytes)
+    if left_out:
+        terminal.info(f"  {left_out}")
+    return manifest, skipped
+
+
+def confirm_size(config: Config, plan: Plan, *, yes: bool) -> None:
+    """More than trainer.confirm_above_mb to send: ask on a terminal; elsewhere
+    only --yes sends it. Refusing is exit 2 with nothing sent."""
+    limit = config.trainer.confirm_above_mb
+    size = plan.bytes_to_send if plan.new_release else 0
+    if yes or limit is None or size <= limit * 1e6:
+        return
+    largest = sorted(plan.diff.changed, key=lambda p: -plan.manifest[p][0])[:3]
+    what = ", ".join(f"{p} ({terminal.human_bytes(plan.manifest[p][0])})" for p in largest)
+    question = (
+        f"this deploy sends {terminal.human_bytes(size)}, more than "
+        f"trainer.confirm_above_mb ({limit:g} MB); largest: {what}"
+    )
+    hint = "leave big files out with trainer.exclude, or raise trainer.confirm_above_mb"
+    if not (sys.stdin.isatty() and terminal.interactive()):
+        raise UsageError(f"{question}; nothing was sent", hint=f"pass --yes to send it, {hint}")
+    if not typer.confirm(f"{question}. Send it?", err=True):
+        raise UsageError("nothing was sent", hint=hint)
+
+
+@dataclass
+class DeployOptions:
+    detach: bool = False
+    dry_run: bool = False
+    start_container: bool = False
+    fresh: bool = False  # start at step 0, not from the replaced run's checkpoint
+    wait: bool = False  # queue behind a deploy in flight instead of being refused
+    extra_args: list[str] = field(default_factory=list)
+    yes: bool = False  # send more than trainer.confirm_above_mb without asking
+
+
+def plan_from(
+    config: Config,
+    options: DeployOptions,
+    manifest: sync.Manifest,
+    base: str | None,
+    remote: sync.Manifest | None,
+    to_stop: list[ProcessToStop] | None = None,
+) -> Plan:
+    diff = sync.diff_manifests(manifest, remote)
+    return Plan(
+        manifest=manifest,
+        diff=diff,
+        base_release=base,
+        new_release=None if (base and diff.empty) else runs.new_id(),
+        to_stop=to_stop or [],
+        command=trainer_command(config, options.extra_args),
+        fresh=options.fresh,
+        wait=options.wait,
+    )
+
+
+def make_plans(
+    config: Config,
+    nodes: list[Node],
+    options: DeployOptions,
+    manifest: sync.Manifest,
+    lasts: list[Any],
+) -> list[Plan]:
+    """Each node's plan: from the last deploy there when remembered, else inspected
+    (round trip 1, on every such node at once). One release id for every node that
+    needs a new release."""
+    todo = [n for n in nodes if lasts[n.index] is None]
+    inspected: dict[int, Plan] = {}
+    if todo:
+        what = todo[0].target.describe() if len(nodes) == 1 else f"{len(todo)} nodes"
+        with terminal.step(f"inspecting {what}") as step:
+            found = values_or_raise(
+                on_every_node(todo, lambda node: inspected_plan(node, options, manifest)),
+                "inspecting",
+            )
+            inspected = {n.index: p for n, (p, _) in zip(todo, found, strict=True)}
+            step["done"] = "; ".join(said for _, said in found)
+    plans = [
+        inspected.get(n.index)
+        or plan_from(n.config, options, manifest, lasts[n.index].release, lasts[n.index].manifest)
+        for n in nodes
+    ]
+    release_id = runs.new_id()
+    for node, plan in zip(nodes, plans, strict=True):
+        if plan.new_release:
+            plan.new_release = release_id
+        if len(nodes) > 1:  # what the dry run shows; the launch makes it with the address
+            where = (config.torchrun.address or "<first node's address>", config.torchrun.port)
+            plan.command = node_command(
+                config, node, len(nodes), where, "<run id>", options.extra_args
+            )
+    return plans
+
+
+def inspected_plan(node: Node, options: DeployOptions, manifest: sync.Manifest) -> tuple[Plan, str]:
+    """Round trip 1 on a node whose last deploy is unknown or out of date; the plan and
+    what to say of it."""
+    config, target = node.config, node.target
+    state = inspect(
+        config,
+        target,
+        # A dry run changes nothing, a stopped container included.
+        may_start=(options.start_container or config.container.start_if_stopped)
+        and not options.dry_run,
+    )
+    base = state.get("release")
+    plan = plan_from(config, options, manifest, base, state.get("manifest"), state.get("to_stop"))
+    plan.active_run = state.get("active_run")
+    plan.continues = state.get("continues")
+    running = [t for t in plan.to_stop if t.get("kind") == "active"]
+    said = (
+        f"inspected {target.describe()}: "
+        + (f"release {base}" if base else "nothing deployed yet")
+        + (f", run {running[0]['run_id']} running" if running else "")
+        + f", python {state.get('python')}"
+    )
+    return plan, said
+
+
+def print_plans(nodes: list[Node], plans: list[Plan]) -> dict[str, Any]:
+    """The dry run's answer: each node's plan (headed by its node when there are
+    several). Nothing was changed."""
+    entries = []
+    for node, plan in zip(nodes, plans, strict=True):
+        if len(nodes) > 1:
+            terminal.out.print(f"[bold]{node.describe()}[/bold] (node rank {node.index})")
+        entry = print_plan(node.config, plan)
+        entry.pop("dry_run")
+        entries.append({"node": node.name, **entry})
+    top = {"dry_run": True, "release": plans[0].new_release}
+    return summary_of(top, entries)
+
+
+def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
+    """The dry run's answer: what would travel, stop and start. Nothing was changed."""
+    out = terminal.out
+    diff = plan.diff
+    out.print(f"[bold]plan[/bold] (dry run, nothing changed) for {config.container.workdir}")
+    if plan.new_release:
+        out.print(
+            f"  new release {plan.new_release}: send {len(diff.changed)} of "
+            f"{len(plan.manifest)} files ({terminal.human_bytes(plan.bytes_to_send)})"
+            + (f", drop {len(diff.removed)}" if diff.removed else "")
+        )
+        for rel in diff.changed:
+            out.print(f"    + {rel}  ({terminal.human_bytes(plan.manifest[rel][0])})")
+        for rel in diff.removed:
+            out.print(f"    - {rel}")
+    else:
+        out.print(f"  no changes: release {plan.base_release} stays (nothing sent)")
+    if plan.to_stop:
+        out.print(f"  stop (SIGTERM, {config.run.stop_grace_s:g} s grace, then SIGKILL):")
+        for item in plan.to_stop:
+            out.print(f"    {describe_target_to_stop(item)}")
+    else:
+        out.print("  nothing to stop")
+    setup = setup_env.setup_params(config)
+    if setup:
+        what = [f"pip install -r {setup['requirements']}"] if setup["requirements"] else []
+        what += setup["commands"]
+        out.print(f"  setup (in a venv, once per content): {'; '.join(what)}")
+    out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
+    out.print(f"  the new run {describe_start(plan.continues, plan.active_run, fresh=plan.fresh)}")
+    return {
+        "dry_run": True,
+        "release": plan.new_release,
+        "previous_release": plan.base_release,
+        "files_to_send": [{"path": p, "size": plan.manifest[p][0]} for p in diff.changed]
+        if plan.new_release
+        else [],
+        "files_removed": diff.removed if plan.new_release else [],
+        "bytes_to_send": plan.bytes_to_send if plan.new_release else 0,
+        "runs_to_stop": plan.to_stop,
+        "command": plan.command,
+        "fresh": plan.fresh,
+        "continues": None if plan.fresh else plan.continues,
+    }

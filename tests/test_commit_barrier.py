@@ -1,0 +1,183 @@
+"""The commit barrier's decision (dflashctl/agent/commit_barrier.py), with real
+TCPStores on 127.0.0.1, each node's barrier in a process of its own as the agent
+starts it: all arrive => commit everywhere; an abort marker on one node => abort
+everywhere; a node that never arrives => abort at the deadline, naming it; a node
+arriving after the abort => abort, not a commit."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("torch"), reason="the barrier needs torch"
+)
+
+PROGRAM = resources.files("dflashctl.agent").joinpath("commit_barrier.py").read_text("utf-8")
+NAMES = ["a", "b", "c"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Barrier:
+    """One run's barrier across `world` nodes; each node's marker in tmp_path."""
+
+    def __init__(self, tmp_path: Path, world: int, deadline_s: float = 60.0) -> None:
+        self.tmp_path = tmp_path
+        self.world = world
+        self.port = free_port()
+        self.deadline_s = deadline_s
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def marker(self, rank: int) -> Path:
+        return self.tmp_path / f"abort-{rank}"
+
+    def params(self, rank: int, **more) -> dict:
+        return {
+            "world": self.world,
+            "rank": rank,
+            "names": NAMES[: self.world],
+            "address": "127.0.0.1",
+            "port": self.port,
+            "run_id": "20261202-000000-test",
+            "deadline_s": self.deadline_s,
+            "marker": str(self.marker(rank)),
+            "ack_wait_s": 5,
+            **more,
+        }
+
+    def start(self, rank: int, **more) -> None:
+        self.procs[rank] = subprocess.Popen(
+            [sys.executable, "-c", PROGRAM, json.dumps(self.params(rank, **more))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def answer(self, rank: int, timeout: float = 120) -> dict:
+        out, err = self.procs[rank].communicate(timeout=timeout)
+        assert self.procs[rank].returncode == 0, err
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def barrier(tmp_path):
+    made = []
+
+    def make(world: int, deadline_s: float = 60.0) -> Barrier:
+        made.append(Barrier(tmp_path, world, deadline_s))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def test_every_node_arriving_commits_everywhere(barrier):
+    b = barrier(3)
+    for rank in (2, 1, 0):  # node 0 hosts the store: the others wait for it
+        b.start(rank)
+    answers = [b.answer(rank) for rank in range(3)]
+    assert [a["decision"] for a in answers] == ["commit"] * 3
+    assert not any(a["in_doubt"] for a in answers)
+
+
+def test_an_abort_marker_on_one_node_aborts_every_node(barrier):
+    b = barrier(3)
+    b.start(0)
+    b.start(1)
+    b.marker(1).write_text("node c failed: no space left on device\n")
+    answers = [b.answer(rank) for rank in (0, 1)]
+    assert [a["decision"] for a in answers] == ["abort", "abort"]
+    assert all(a["reason"] == "node c failed: no space left on device" for a in answers)
+
+
+def test_a_node_that_never_arrives_aborts_everyone_at_the_deadline_naming_it(barrier):
+    b = barrier(3, deadline_s=6)
+    b.start(0)
+    b.start(2)
+    answers = [b.answer(rank) for rank in (0, 2)]
+    assert [a["decision"] for a in answers] == ["abort", "abort"]
+    # Node c may be named too when its start-up (importing torch) took longer.
+    reason = answers[0]["reason"]
+    assert reason.startswith("node b") and reason.endswith("did not arrive within 6 s")
+    assert "a" not in reason.split(" did not")[0].replace("node", "")
+    assert answers[1]["reason"] == reason
+
+
+def decided(b: Barrier, timeout: float = 120) -> str:
+    """The decision in node 0's store, read as the nodes read it (waits for it)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        "127.0.0.1",
+        b.port,
+        None,
+        False,
+        datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+    view = dist.PrefixStore("dflash-commit/20261202-000000-test/", store)
+    view.wait(["decision"], datetime.timedelta(seconds=timeout))
+    return view.get("decision").decode()
+
+
+def test_a_node_arriving_after_the_abort_aborts_too(barrier):
+    b = barrier(2)
+    b.marker(0).write_text("node b failed: the build failed\n")
+    b.start(0, ack_wait_s=120)  # keeps the store up for node b to read
+    assert decided(b) == "abort:node b failed: the build failed"
+    # Node b arrives only now: its arrival makes 2 of 2, yet the abort stands.
+    b.start(1)
+    late, first = b.answer(1), b.answer(0)
+    assert late == {
+        "decision": "abort",
+        "reason": "node b failed: the build failed",
+        "in_doubt": False,
+    }
+    assert first["decision"] == "abort"
+
+
+def test_a_node_without_node_0_aborts_when_its_marker_appears(barrier):
+    b = barrier(2)
+    b.start(1)  # node 0 never hosts the store (its build failed, say)
+    time.sleep(1)
+    b.marker(1).write_text("node a failed: the build failed\n")
+    answer = b.answer(1)
+    assert answer == {
+        "decision": "abort",
+        "reason": "node a failed: the build failed",
+        "in_doubt": False,
+    }
+
+
+def test_a_failed_node_telling_the_barrier_aborts_the_others_at_once(barrier):
+    b = barrier(2)
+    b.start(1)
+    # Node 0 failed before it arrived: its agent tells the barrier in the background.
+    b.start(0, mode="abort", reason="node a failed: disk full", deadline_s=120)
+    assert b.answer(1) == {
+        "decision": "abort",
+        "reason": "node a failed: disk full",
+        "in_doubt": False,
+    }
+    assert b.answer(0)["decision"] == "abort"
