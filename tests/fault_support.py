@@ -269,10 +269,18 @@ def _building(node: Node) -> Callable[[Pair, dict], bool]:
 
 
 def _built_everywhere(pair: Pair, before: dict) -> bool:
-    """Every node has the new release, complete, and none launched it yet."""
-    return all(
-        release_ids(n.container) - before["releases"][n.name] for n in pair.nodes
-    ) and not any(_new_runs(n, before) for n in pair.nodes)
+    """Every node has the new release, complete, and none has swapped `current` or
+    started the new run yet (a run folder made ahead of the launch may be there)."""
+    if not all(release_ids(n.container) - before["releases"][n.name] for n in pair.nodes):
+        return False
+    for node, old in zip(pair.nodes, before["currents"], strict=True):
+        try:
+            current = os.path.basename(os.readlink(node.view / "current").rstrip("/"))
+        except OSError:
+            current = None
+        if current != old:
+            return False
+    return not any(_launched(n)(pair, before) for n in pair.nodes)
 
 
 def _launching(node: Node) -> Callable[[Pair, dict], bool]:
@@ -321,6 +329,7 @@ class Trial:
         self.marks = {
             "runs": {n.name: run_ids(n.container) for n in pair.nodes},
             "releases": {n.name: release_ids(n.container) for n in pair.nodes},
+            "currents": [s.current for s in self.before],
         }
         self.logs = Path(pair.config).parent / f"cli-{time.time_ns()}"
         self._out, self._err = open(f"{self.logs}.out", "w+"), open(f"{self.logs}.err", "w+")
