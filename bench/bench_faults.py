@@ -64,7 +64,7 @@ TRIALS_ENV = "BENCH_FAULT_TRIALS"
 
 def one_trial(pair: fs.Pair, kind: str, deploy_s: float) -> tuple[bool, str]:
     """(good, what was wrong): the fault, the outcome, then the repair."""
-    fs.old_runs_everywhere(pair)
+    old = fs.old_runs_everywhere(pair)
     moment = fs.moments(pair)[MOMENT[kind]] if kind in MOMENT else None
     problems = []
     if kind.startswith("sigkill"):
@@ -78,6 +78,9 @@ def one_trial(pair: fs.Pair, kind: str, deploy_s: float) -> tuple[bool, str]:
     if kind == "unreachable-b":
         pair.b.host.crash()
     if kind == "full-disk-b":
+        # A rank still starting would die of the full disk by itself (its first print
+        # fails): not the deploy's doing, so the old run has said its line first.
+        fs.wait_until(lambda: fs.joined(pair, old), 180, "the old run's ranks to join")
         fs.fill_workdir(pair.b)
     random_s = deploy_s if kind.endswith("random") else 0.0
     trial, code, outcome = fs.strike(pair, moment, fault, random_s=random_s)

@@ -91,6 +91,9 @@ def test_a_node_that_cannot_be_reached_changes_nothing_anywhere(pair, old_run):
 
 
 def test_a_full_disk_on_node_b_refuses_the_deploy_and_stop_still_stops(pair, old_run):
+    # The old run said its line first: a rank still starting would die of the full
+    # disk by itself (its first print fails), which is not the deploy's doing.
+    fs.wait_until(lambda: fs.joined(pair, old_run), 180, "the old run's ranks to join")
     fs.fill_workdir(pair.b)
     assert full_disk.is_full(pair.b.view)
     trial, code, outcome = fs.strike(pair, None, lambda t: None)
