@@ -13,10 +13,14 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
+# editable_mode=compat: the editable install's .pth file only names the checkout. The
+# default one imports a finder (pathlib, urllib, ipaddress) as Python starts, before
+# dflashctl can take Ctrl-C: a Ctrl-C then died with a traceback from importlib.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[trainer,dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[trainer,dev]' \
+	  --config-settings editable_mode=compat
 	touch $@
 
 # The tests' real SSH host needs sshd, nsenter and LXC (bubblewrap where LXC cannot start

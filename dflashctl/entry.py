@@ -38,8 +38,20 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-def main() -> None:
+def _say_early_interrupts() -> None:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+
+# At import, not only in main(): `python -m dflashctl` and the console script import
+# this module first, and the moment it is imported the handler is in place (a test
+# that sees the import end may send SIGINT at once). What Python runs before this
+# (its own start-up, site and any .pth file, runpy) is outside our reach: `make
+# install` installs dflashctl in a mode whose .pth file imports nothing.
+_say_early_interrupts()
+
+
+def main() -> None:
+    _say_early_interrupts()
     from dflashctl.cli import main as run
 
     run()

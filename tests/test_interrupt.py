@@ -85,3 +85,76 @@ def test_ctrl_c_while_following_the_run_says_it_without_a_traceback(project):
     assert proc.returncode == 130, said
     assert not any("Traceback" in line for line in said), said
     assert said[-1] == "interrupted" or any("interrupted" in line for line in said), said
+
+
+def import_order(project) -> list[str]:
+    """Every module a `deploy` imports after dflashctl.entry (whose import puts the
+    handler in place), in the order their imports end, up to its first step line."""
+    proc = start(project, "deploy")
+    order, after_entry = [], False
+    for line in proc.stderr:
+        if line.startswith("import time:"):
+            module = line.rsplit("|", 1)[-1].strip()
+            after_entry = after_entry or module == "dflashctl.entry"
+            if after_entry and module != "dflashctl.entry":
+                order.append(module)
+        elif "launched run" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    return order
+
+
+def test_ctrl_c_at_many_moments_is_always_one_line_and_exit_130(project):
+    """Once dflashctl.entry is imported, Ctrl-C at any moment, once or twice in a row
+    (a second during the report of the first), exits 130 with no traceback: right
+    after each of 16 imports spread over the start-up, and while the run is followed."""
+    order = import_order(project)
+    assert len(order) > 16, order
+    picks = [order[i * (len(order) - 1) // 15] for i in range(16)]
+    failures = []
+    for number, module in enumerate(picks + ["launched run"] * 4):
+        twice = number % 2 == 1
+        proc = start(project, "deploy")
+        if module == "launched run":
+            wanted = lambda line: "launched run" in line  # noqa: E731
+        else:
+            wanted = lambda line, m=module: imported(line, m)  # noqa: E731
+        said: list[str] = []
+        for line in proc.stderr:
+            if wanted(line.rstrip("\n")):
+                break
+            if not line.startswith("import time:"):
+                said.append(line.rstrip("\n"))
+        proc.send_signal(signal.SIGINT)
+        if twice:
+            proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+        said += [line for line in rest.splitlines() if not line.startswith("import time:")]
+        if proc.returncode != 130 or any("Traceback" in line for line in said):
+            failures.append((module, twice, proc.returncode, said[-12:]))
+    assert not failures, failures
+
+
+def test_python_start_up_runs_no_import_of_dflashctls_install():
+    """Before dflashctl.entry runs, Ctrl-C is Python's: a KeyboardInterrupt with a
+    traceback from importlib, or death by the signal. Keep that window bare: an
+    editable install (`make install`) must not import a finder from its .pth file
+    as every Python starts (the default editable mode does: pathlib, urllib, ...)."""
+    import site
+
+    folders = [*site.getsitepackages(), site.getusersitepackages()]
+    ours = [
+        path
+        for folder in folders
+        if os.path.isdir(folder)
+        for path in (os.path.join(folder, name) for name in os.listdir(folder))
+        if path.endswith(".pth") and "dflashctl" in os.path.basename(path)
+    ]
+    for path in ours:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+        assert not [line for line in lines if line.startswith("import")], (
+            f"{path} imports at every start-up: reinstall with "
+            "`pip install -e . --config-settings editable_mode=compat` (as `make install` does)"
+        )

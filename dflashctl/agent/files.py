@@ -21,6 +21,17 @@ def read_text(path, default=None):
         return default
 
 
+def write_best_effort(path, text):
+    """write_atomic, but a full disk (or any write error) only leaves the file as it
+    was: for records that must never stand between a stop and its signal. True when
+    written."""
+    try:
+        write_atomic(path, text)
+    except OSError:
+        return False
+    return True
+
+
 def write_atomic(path, text):
     """Write via a temporary name and rename, so a reader never sees half a file."""
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -99,8 +110,18 @@ def lock_workdir(workdir, holder=None, wait=False):
             ) from None
         fcntl.flock(fd, fcntl.LOCK_EX)  # queued: blocks until the holder is done
     record = dict(holder or {}, since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(record, sort_keys=True).encode("utf-8"), 0)
+    # Who holds it is only said to a refused caller: a full disk must not refuse the
+    # lock (a stop on a full disk still stops). Written over the old record, then cut
+    # to length, so the write needs no block the file does not already have, mostly.
+    raw = json.dumps(record, sort_keys=True).encode("utf-8")
+    try:
+        os.pwrite(fd, raw, 0)
+        os.ftruncate(fd, len(raw))
+    except OSError:
+        try:
+            os.ftruncate(fd, 0)  # no holder said rather than a stale one
+        except OSError:
+            pass
     return fd
 
 

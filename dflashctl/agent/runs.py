@@ -9,7 +9,14 @@ import sys
 import time
 
 from .errors import AgentError
-from .files import BYTECODE_DIR, oldest_first, read_int, read_text, write_atomic
+from .files import (
+    BYTECODE_DIR,
+    oldest_first,
+    read_int,
+    read_text,
+    write_atomic,
+    write_best_effort,
+)
 from .processes import alive, process_env, read_proc
 from .progress import hang_settings, metrics_progress
 
@@ -41,7 +48,11 @@ def record_stop(workdir, run_id, how):
     if not os.path.isdir(run_dir):
         return
     record = dict(how, at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    write_atomic(os.path.join(run_dir, STOPPED_FILE), json.dumps(record, sort_keys=True))
+    # Best effort: on a full disk the run is stopped all the same (it then reads as
+    # killed or exited, not `stopped`); stopping must never need free space.
+    return write_best_effort(
+        os.path.join(run_dir, STOPPED_FILE), json.dumps(record, sort_keys=True)
+    )
 
 
 def stop_record(workdir, run_id):
@@ -139,7 +150,7 @@ def settle_exit_code(workdir, run_id, was_killed):
     code = read_int(path)
     if code is None and os.path.isdir(run_dir):
         code = 128 + (signal.SIGKILL if was_killed else signal.SIGTERM)
-        write_atomic(path, f"{code}\n")
+        write_best_effort(path, f"{code}\n")  # the run is gone either way
     return code
 
 

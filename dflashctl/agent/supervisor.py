@@ -226,8 +226,11 @@ class Supervisor:
         self.stop_signal = signum
 
     def say(self, text):
-        sys.stdout.write("dflashctl: " + text + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write("dflashctl: " + text + "\n")
+            sys.stdout.flush()
+        except OSError:  # train.log on a full disk: the run goes on, unsaid
+            pass
 
     def run(self):
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -374,7 +377,10 @@ class Supervisor:
 
     def end(self, code):
         """The real end: exit_code (atomically), then run.on_exit once."""
-        _write_atomic(os.path.join(self.run_dir, "exit_code"), f"{code}\n")
+        try:
+            _write_atomic(os.path.join(self.run_dir, "exit_code"), f"{code}\n")
+        except OSError as exc:  # a full disk: the run still ends, and on_exit runs
+            self.say(f"could not record exit status {code}: {exc.strerror or exc}")
         hook = os.environ.get("DFLASH_ON_EXIT")
         if hook:
             env = dict(
@@ -461,9 +467,16 @@ def _utc(seconds):
 
 def _write_atomic(path, text):
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        try:  # no half-written temporary left on a full disk
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def main(argv):

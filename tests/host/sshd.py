@@ -212,6 +212,45 @@ SetEnv "PATH={STANDIN_BIN}:{SESSION_PATH}" "FAKEPVE_STATE={self.state_dir}" SHLV
                 self._process.wait()
         self._process = None
 
+    def crash(self) -> None:
+        """sshd dies at once, as on a host that went down: SIGKILL to the listener and to
+        every connection's sshd. Clients see their connections drop mid-command; the
+        reaper then exits. `restart()` brings it back on the same port and keys."""
+        pids = [pid for pid in [self.listener_pid, *self.connection_pids()] if pid]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._process.pid, signal.SIGKILL)
+                self._process.wait()
+        self._process = None
+
+    def restart(self, timeout: float = 15.0) -> None:
+        """sshd again after stop() or crash(): the same port, host key and clients, so a
+        config (and known_hosts) made for it still holds."""
+        if self._process is not None and self._process.poll() is None:
+            return
+        self._process = None
+        deadline = time.monotonic() + timeout
+        while True:  # the port may linger a moment after the old listener died
+            try:
+                self._launch(timeout)
+                return
+            except SshdFailed:
+                self.stop()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    @property
+    def is_up(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
     def log_tail(self, chars: int = 4000) -> str:
         try:
             return self.sshd_log.read_text(errors="replace")[-chars:]
