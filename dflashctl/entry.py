@@ -50,8 +50,24 @@ def _say_early_interrupts() -> None:
 _say_early_interrupts()
 
 
+def _interrupted_while_ending(signum: int, frame: object) -> None:
+    # The command is over (its answer said, its exit status chosen); what is left is
+    # Python's teardown: joining threads, closing connections. A KeyboardInterrupt
+    # there would end the process by the signal, with a traceback from threading.
+    try:
+        sys.stdout.flush()
+    except Exception:  # a closed or broken stdout: nothing more can be said there
+        pass
+    os.write(2, b"interrupted (after the command had finished)\n")
+    os._exit(EXIT_INTERRUPTED)
+
+
 def main() -> None:
     _say_early_interrupts()
     from dflashctl.cli import main as run
 
-    run()
+    try:
+        run()
+    finally:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, _interrupted_while_ending)
