@@ -1,7 +1,7 @@
 # ruff: noqa: F811  (fixtures are imported, and then asked for by name)
 """What the real pct and pvesh do (../shared/notes/proxmox-and-ssh.md, the table at the
-end), met by dflashctl: a stopped container's text, a push that exits 0 after a failed
-copy, pct exec's environment, WARNINGS, HA starts, slow starts, a failing /version.
+end), met by dflashctl: a stopped container's text, a big archive past a small /tmp,
+pct exec's environment, WARNINGS, HA starts, slow starts, a failing /version.
 
 Against the test host, whose stand-ins follow that table on real LXC containers."""
 
@@ -18,12 +18,11 @@ import pytest
 
 from dflashctl import pct, proxmox
 from dflashctl.config import load_config
-from dflashctl.connect import connect, open_target
+from dflashctl.connect import connect
 from dflashctl.errors import HostError
 from dflashctl.transport.base import CommandResult
 from tests.json_answers import flat
 from tests.test_deploy_support import write_trainer
-from tests.test_proxmox_pct import push as push_checked
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 WORKDIR = "/root/dflash"
@@ -51,15 +50,6 @@ def small_tmp(container, size: str = "64k"):
     finally:
         container.stop()
         subprocess.run(["umount", "-l", str(container.tmp)], check=True)
-
-
-def push(config, payload: bytes, dest: str, mode: int = 0o644) -> None:
-    """One file into the container the way deploy pushes its archive (checked there)."""
-    target = open_target(config)
-    try:
-        push_checked(target.transport, config.container.vmid, payload, dest, mode)
-    finally:
-        target.close()
 
 
 @contextmanager
@@ -112,22 +102,7 @@ def test_logs_follow_on_a_stopped_container_ends_at_once(make_container, write_c
     assert "reconnecting" not in result.stderr
 
 
-# -- pct push exits 0 after a failed copy --------------------------------------------------
-
-
-def test_a_short_push_is_caught_in_the_container_and_removed(
-    make_container, write_config, tmp_path
-):
-    container = make_container(200, running=False)
-    config = load_config(write_config(tmp_path))
-    payload = os.urandom(200 * 1024)  # incompressible, larger than the 64 KiB /tmp
-    with small_tmp(container):
-        with pytest.raises(HostError) as caught:
-            push(config, payload, "/tmp/payload")
-        message = caught.value.message
-        assert "pct push wrote" in message and "of 200.0 KiB to /tmp/payload" in message
-        assert "No space left on device" in message
-        assert not (container.tmp / "payload").exists()  # no truncated file left behind
+# -- a small /tmp in the container ----------------------------------------------------------
 
 
 def test_a_container_with_a_small_tmp_still_takes_a_big_archive(
@@ -150,17 +125,6 @@ def test_a_container_with_a_small_tmp_still_takes_a_big_archive(
             f"{WORKDIR}/releases/{flat(json.loads(result.stdout))['release']}"
         )
         assert (release / "weights.bin").read_bytes() == (source / "weights.bin").read_bytes()
-
-
-def test_a_push_into_a_missing_folder_reports_pcts_own_words(container, write_config, tmp_path):
-    config = load_config(write_config(tmp_path))
-    with pytest.raises(pct.ContainerPathMissing, match="/root/missing/f"):
-        push(config, b"x", "/root/missing/f")
-    with pytest.raises(HostError, match="Read-only file system"):
-        push(config, b"x", "/etc/dflash")
-    push(config, b"whole", "/root/whole", mode=0o600)
-    assert (container.root / "whole").read_bytes() == b"whole"
-    assert (container.root / "whole").stat().st_mode & 0o777 == 0o600
 
 
 # -- pct exec's environment ------------------------------------------------------------------
