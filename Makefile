@@ -62,7 +62,8 @@ $(MIN_STAMP): pyproject.toml .ci/min_pins.py
 	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/pip install --quiet --disable-pip-version-check \
 	  $$($(PYTHON) .ci/min_pins.py) "pytest>=8" "pytest-timeout>=2.3"
-	$(MIN_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(MIN_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e . \
+	  --config-settings editable_mode=compat
 	touch $@
 
 test-min: $(MIN_STAMP) system-deps
