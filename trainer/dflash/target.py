@@ -202,22 +202,31 @@ def _cache_kwarg(target: nn.Module) -> str:
 def cached_forward(target: nn.Module, input_ids: torch.Tensor, start: int, cache, *, hidden: bool):
     """Run `input_ids` at positions start.. on top of `cache`; returns the model output."""
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
-    return masked_forward(target, input_ids, positions, None, cache, hidden=hidden)
+    kwargs = {_cache_kwarg(target): cache}
+    out = target(
+        input_ids=input_ids,
+        position_ids=positions,
+        use_cache=True,
+        output_hidden_states=hidden,
+        **kwargs,
+    )
+    if hidden:
+        _check_hidden_states(out.hidden_states, num_layers(target) + 1)
+    return out
 
 
 def masked_forward(
     target: nn.Module,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor,
     cache,
     *,
     hidden: bool,
 ):
     """A batched cached forward: `input_ids` [N, q] at per-row `position_ids` [N, q] on top of
     `cache`; `attention_mask` [N, cached + q] (0 = a slot no query may see: left padding, or
-    a rejected draft left in the cache; None: every slot). Rows then need not hold equally
-    many real tokens."""
+    a rejected draft left in the cache). Rows then need not hold equally many real tokens."""
     kwargs = {_cache_kwarg(target): cache}
     out = target(
         input_ids=input_ids,
