@@ -21,14 +21,13 @@ from dflashctl.agent_messages import (
 )
 from dflashctl.config import Config
 from dflashctl.connect import open_target
-from dflashctl.crash import Rule
 from dflashctl.errors import HostError
-from dflashctl.follow import follow_fleet, report_fleet
 
 # Deploy and restart stop runs as `stop` does (stopping.py, which `stop` imports alone);
 from dflashctl.stopping import describe_stopped, process_scope
 
 if TYPE_CHECKING:
+    from dflashctl.crash import Rule
     from dflashctl.nodes import Node
     from dflashctl.target import Target
 
@@ -227,6 +226,10 @@ def follow_unless_detached(
     if detach:
         terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
+    # Imported here: a detached deploy never follows, and the follower with the crash
+    # engine is a fifth of the CLI's imports (bench_transfer.py --only one-file).
+    from dflashctl.follow import follow_fleet, report_fleet
+
     result = follow_fleet(nodes, run_id, rules=rules, from_offset=0)
     summary["result"] = result.to_json()
     return report_fleet(result), summary

@@ -16,8 +16,33 @@ cause, error files), error_files.py (torchelastic's error files), ordering.py (r
 cause and consequences), stops.py (clean stops), facts.py (a category's particulars).
 """
 
-from dflashctl.crash.detector import CrashDetector, classify_text
-from dflashctl.crash.events import CrashEvent
-from dflashctl.crash.rules import Rule, load_rules, rules_for
+from __future__ import annotations
 
-__all__ = ["CrashDetector", "CrashEvent", "Rule", "classify_text", "load_rules", "rules_for"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dflashctl.crash.detector import CrashDetector, classify_text
+    from dflashctl.crash.events import CrashEvent
+    from dflashctl.crash.rules import Rule, load_rules, rules_for
+
+# Each name from its module on first use (PEP 562): a launch needs only rules.py (the
+# rules it sends the run's supervisor), and importing the detector compiles every
+# pattern of the engine, a tenth of a one-file redeploy's client CPU.
+_HOMES = {
+    "CrashDetector": "detector",
+    "classify_text": "detector",
+    "CrashEvent": "events",
+    "Rule": "rules",
+    "load_rules": "rules",
+    "rules_for": "rules",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
