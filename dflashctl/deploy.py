@@ -40,7 +40,6 @@ from dflashctl.agent_messages import LaunchAnswer, LaunchParams
 from dflashctl.archive import Archive
 from dflashctl.committing import NodesFailed, launch_everywhere
 from dflashctl.config import Config
-from dflashctl.crash import rules_for
 from dflashctl.deploy_plan import (  # noqa: F401 - DeployOptions, inspect, preflight: the API
     DeployOptions,
     Plan,
@@ -76,6 +75,14 @@ ABANDONED_UPLOAD_MIN = 1
 # --------------------------------------------------------------------------- uploading
 
 
+def upload_argv(config: Config, target: Target, verb: str) -> list[str]:
+    """The command of upload_and_deploy's one call: the agent, which reads its program
+    and then the archive off stdin (the same command every time, so that it can be
+    started before either is ready: transport.prepare_bulk)."""
+    agent = agent_client.agent_argv(config.container.python, verb, preload=True)
+    return agent if target.vmid is None else pct.exec_argv(target.vmid, agent)
+
+
 def upload_and_deploy(
     config: Config,
     target: Target,
@@ -106,9 +113,8 @@ def upload_and_deploy(
         "upload_prefix": releases.upload_prefix(workdir, target.vmid),
     }
     program = agent_client.agent_input(verb, params)
-    agent = agent_client.streamed_agent_argv(python, verb, len(program))
-    argv = agent if target.vmid is None else pct.exec_argv(target.vmid, agent)
     stdin = itertools.chain([program], archive.chunks(progress))
+    argv = upload_argv(config, target, verb)
     # Room for a slow link: 1 MB/s on top of the agent's own work.
     timeout = 600 + float(params["grace_s"]) + archive.size / 1e6
     if params.get("setup"):  # the deploy verb makes the venv when it is missing
@@ -140,12 +146,21 @@ def upload_and_deploy(
 # --------------------------------------------------------------------------- deploy
 
 
+def _rules(config: Config) -> list[Any]:
+    from dflashctl.crash import rules_for
+
+    return rules_for(config)
+
+
 def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]:
     """Run a deploy on every node of the config (one, or several as one torchrun job);
     returns (exit code, the JSON summary)."""
     started = time.monotonic()
-    # A mistake in crash_patterns is a config error: said before anything is contacted.
-    rules = rules_for(config)
+    # The crash rules are for following the run: a detached deploy of a config with no
+    # crash_patterns of its own neither loads nor compiles them (a tenth of a one-file
+    # redeploy's CPU). A mistake in crash_patterns is a config error: said before
+    # anything is contacted.
+    rules = _rules(config) if config.crash_patterns or not options.detach else []
     manifest, skipped = check_source(config)
     meta = config_meta(config)
     # Asking git takes a few subprocesses: done while the hosts answer.
@@ -155,9 +170,11 @@ def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]
             lasts = [
                 None if options.dry_run else releases.load_last_deploy(n.config) for n in nodes
             ]
-            for node, last in zip(nodes, lasts, strict=True):
-                if last is None and not options.dry_run:
-                    node.target.transport.prepare_bulk()  # while the container is inspected
+            # The upload's connection, `pct exec` and the agent's interpreter start
+            # while the container is inspected and the archive planned.
+            verb = "build" if setup_env.needs_streaming(config) else "deploy"
+            for node in nodes if not options.dry_run else []:
+                node.target.transport.prepare_bulk(upload_argv(node.config, node.target, verb))
             plans = make_plans(config, nodes, options, manifest, lasts)
             if options.dry_run:
                 return 0, print_plans(nodes, plans)

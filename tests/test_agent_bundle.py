@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ def _programs() -> dict[str, str]:
     programs = {f"dflashctl/agent/{n}.py": s for n, s in agent_client.agent_modules().items()}
     programs["the bundle"] = agent_client.bundle_source()
     programs["the bootstrap"] = agent_client.bootstrap("runs", {"workdir": "/w"}, with_bundle=True)
+    programs["the loader, preloading"] = agent_client.agent_argv("python3", "deploy", preload=True)[3]
     return programs
 
 
@@ -73,7 +75,7 @@ def test_the_bundle_is_the_same_program_every_time():
 
 def _call(op, params, *, with_bundle, env):
     done = subprocess.run(
-        [sys.executable, "-S", "-", op],
+        agent_client.agent_argv(sys.executable, op),
         input=agent_client.agent_input(op, params, with_bundle=with_bundle),
         capture_output=True,
         env=env,
@@ -118,3 +120,54 @@ def test_a_poll_sends_a_small_bootstrap_not_the_agent():
     assert len(poll) < 1500 < 10 * len(poll) < len(full)
     argv = agent_client.log_reader_argv("python3", "/srv/dflash", "r1", 0, -1, once=False)
     assert sum(len(a) for a in argv) < 1500
+
+
+def _started_ahead(stdin: bytes, env, workdir: str) -> subprocess.CompletedProcess:
+    argv = agent_client.agent_argv(sys.executable, "runs", preload=True)
+    return subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=60)
+
+
+def test_an_agent_started_ahead_that_gets_no_program_does_nothing(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    workdir = str(tmp_path / "work")
+    _call("runs", {"workdir": workdir}, with_bundle=True, env=env)  # keeps the bundle
+    shutil.rmtree(workdir, ignore_errors=True)
+    # Its stdin closed before any program came (the deploy planned nothing to send, or
+    # was stopped): no answer, no error, nothing made.
+    done = _started_ahead(b"", env, workdir)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert not os.path.exists(workdir)
+    # A program cut short is not run either.
+    program = agent_client.agent_input("runs", {"workdir": workdir})
+    done = _started_ahead(program[:-10], env, workdir)
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert not os.path.exists(workdir)
+
+
+def test_an_agent_started_ahead_runs_its_program_with_the_kept_modules(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    params = {"workdir": str(tmp_path / "work")}
+    for kept in (False, True):  # no copy kept yet: the program brings the bundle
+        program = agent_client.agent_input("runs", params, with_bundle=not kept)
+        done = _started_ahead(program, env, params["workdir"])
+        answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        assert (done.returncode, answer["ok"], answer["runs"]) == (0, True, []), done.stderr
+    folder = tmp_path / "tmp" / f"dflashctl-agent-{os.getuid()}"
+    # The compiled modules are kept beside the bundle, for the interpreter that made them.
+    assert (folder / f"{agent_client.bundle_hash()}.{sys.implementation.cache_tag}.code").is_file()
+
+
+def test_a_damaged_code_cache_is_compiled_afresh(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    params = {"workdir": str(tmp_path / "work")}
+    _call("runs", params, with_bundle=True, env=env)
+    folder = tmp_path / "tmp" / f"dflashctl-agent-{os.getuid()}"
+    code = folder / f"{agent_client.bundle_hash()}.{sys.implementation.cache_tag}.code"
+    assert code.is_file()
+    code.write_bytes(b"not marshal data")
+    status, answer = _call("runs", params, with_bundle=False, env=env)
+    assert (status, answer["ok"]) == (0, True)
+    assert code.read_bytes() != b"not marshal data"  # written again

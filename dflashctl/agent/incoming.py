@@ -2,7 +2,7 @@
 agent's own program: exactly `size` bytes, no fewer.
 
 The deploy's command reads its program off stdin first (a known number of bytes, see
-agent_client.streamed_agent_argv), so what stdin holds next is the archive, read here
+agent_client.LOADER), so what stdin holds next is the archive, read here
 as it comes and unpacked straight into the release: no copy of it on the host or in
 the container, and every byte read once. A stream that ends early (the connection
 dropped, the client was stopped) fails the build, which then leaves nothing behind.

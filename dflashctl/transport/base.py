@@ -175,8 +175,9 @@ class Transport:
     ) -> CommandResult:
         raise NotImplementedError
 
-    def prepare_bulk(self) -> None:
-        """A large stdin will follow soon (a deploy): get its way ready meanwhile."""
+    def prepare_bulk(self, argv: Sequence[str] | None = None) -> None:
+        """A large stdin will follow soon (a deploy), for run_bulk(argv): get its way
+        ready meanwhile and, where the transport can, start `argv` already."""
 
     def run_bulk(
         self, argv: Sequence[str], *, stdin: Stdin, timeout: float | None

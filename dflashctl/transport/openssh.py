@@ -112,6 +112,7 @@ class OpenSSH:
         name = hashlib.sha256(identity.encode()).hexdigest()[:20]
         self.control_path = str(folder / name)
         self._base = [ssh, *options, "-o", f"ControlPath={_option_path(self.control_path)}"]
+        self._prestarted: dict[tuple[str, ...], subprocess.Popen] = {}
 
     def _argv(self, *extra: str) -> list[str]:
         return [*self._base, *extra, self.host.address]
@@ -159,9 +160,7 @@ class OpenSSH:
                 return text or f"ssh exited with status {started.returncode}"
             return None
 
-    def run(self, argv: Sequence[str], *, stdin: Stdin, timeout: float | None) -> CommandResult:
-        """`argv` on the host with `stdin` streamed to it; check=False semantics."""
-        argv = [str(a) for a in argv]
+    def _popen(self, argv: list[str]) -> subprocess.Popen:
         process = subprocess.Popen(
             self._argv("-o", "ControlMaster=no", "-T") + ["--", shlex.join(argv)],
             stdin=subprocess.PIPE,
@@ -173,6 +172,35 @@ class OpenSSH:
             fcntl.fcntl(process.stdin.fileno(), F_SETPIPE_SZ, PIPE_CHUNK)  # type: ignore[union-attr]
         except OSError:
             pass
+        return process
+
+    def prestart(self, argv: Sequence[str]) -> None:
+        """Start `argv` now, for the run() of the same argv that follows: its stdin
+        stays open (the command waits on it) until run() writes it."""
+        key = tuple(str(a) for a in argv)
+        if key not in self._prestarted:
+            self._prestarted[key] = self._popen(list(key))
+
+    def discard_prestarted(self) -> None:
+        """Close the stdin of every command started ahead and not run: each one sees
+        its stdin end before it got a program, and ends having done nothing."""
+        while self._prestarted:
+            _, process = self._prestarted.popitem()
+            for pipe in (process.stdin, process.stdout, process.stderr):
+                try:
+                    pipe.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            try:
+                process.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def run(self, argv: Sequence[str], *, stdin: Stdin, timeout: float | None) -> CommandResult:
+        """`argv` on the host with `stdin` streamed to it; check=False semantics."""
+        argv = [str(a) for a in argv]
+        process = self._prestarted.pop(tuple(argv), None) or self._popen(argv)
         outputs = [bytearray(), bytearray()]
         feeder = _Feeder(process, stdin)
         readers = [

@@ -59,14 +59,21 @@ class RemoteTransport(Transport):
                 self._openssh = openssh.connect(self.host, self.destination) or False
             return self._openssh or None
 
-    def prepare_bulk(self) -> None:
+    def prepare_bulk(self, argv: Sequence[str] | None = None) -> None:
         """Start the OpenSSH master in the background (a handshake, a few tenths of a
-        second) while the deploy inspects the container and plans."""
-        if self._openssh is None and self._preparing is None:
-            self._preparing = threading.Thread(
-                target=self.openssh, name="openssh-master", daemon=True
-            )
-            self._preparing.start()
+        second) while the deploy inspects the container and plans, and `argv` over it
+        (its stdin left open for the run_bulk that follows: the session, `pct exec`
+        and the agent's interpreter start meanwhile)."""
+        if self._preparing is not None:
+            return
+
+        def prepare() -> None:
+            runner = self.openssh()
+            if runner is not None and argv is not None:
+                runner.prestart(argv)
+
+        self._preparing = threading.Thread(target=prepare, name="openssh-master", daemon=True)
+        self._preparing.start()
 
     # What doctor asks of the connection itself.
     def connect(self) -> None:
@@ -95,6 +102,8 @@ class RemoteTransport(Transport):
     ) -> CommandResult:
         """Through the OpenSSH master when there is one to be had (ssh encrypts in C,
         paramiko in Python: see bench/README.md), else over paramiko."""
+        if self._preparing is not None:
+            self._preparing.join()
         runner = self.openssh()
         if runner is None:
             return self.paramiko.run(argv, stdin=stdin, timeout=timeout, check=False)
@@ -110,7 +119,12 @@ class RemoteTransport(Transport):
         return self.paramiko.get_file(remote_path)
 
     def close(self) -> None:
-        # The OpenSSH master stays (ControlPersist): the next command reuses it.
+        # The OpenSSH master stays (ControlPersist): the next command reuses it. A
+        # command started ahead that was not used gets its stdin closed: it ends.
+        if self._preparing is not None:
+            self._preparing.join()
+        if self._openssh:
+            self._openssh.discard_prestarted()  # type: ignore[union-attr]
         with self._lock:
             if self._paramiko is not None:
                 self._paramiko.close()
