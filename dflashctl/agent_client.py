@@ -212,8 +212,7 @@ def agent_input(op: str, params: Mapping[str, Any], *, with_bundle: bool = True)
 # first): nothing runs, so an agent started ahead of its call (transport.prepare_bulk)
 # that never gets one ends having done nothing.
 LOADER = (
-    "import sys;r=sys.stdin.buffer;n=int(r.readline() or 0);p=r.read(n);"
-    "len(p)==n>0 and exec(p)"
+    "import sys;r=sys.stdin.buffer;n=int(r.readline() or 0);p=r.read(n);len(p)==n>0 and exec(p)"
 )
 
 # Before LOADER, for an agent started ahead of its call: the modules of the bundle with

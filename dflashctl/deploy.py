@@ -56,6 +56,7 @@ from dflashctl.launching import (
     config_meta,
     follow_unless_detached,
     git_state,
+    import_follower,
     lineage_summary,
     print_launched,
     report_interrupted,
@@ -161,6 +162,8 @@ def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]
     # redeploy's CPU). A mistake in crash_patterns is a config error: said before
     # anything is contacted.
     rules = _rules(config) if config.crash_patterns or not options.detach else []
+    if not options.detach:
+        import_follower()
     manifest, skipped = check_source(config)
     meta = config_meta(config)
     # Asking git takes a few subprocesses: done while the hosts answer.
@@ -173,7 +176,9 @@ def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]
             # The upload's connection, `pct exec` and the agent's interpreter start
             # while the container is inspected and the archive planned.
             verb = "build" if setup_env.needs_streaming(config) else "deploy"
-            for node in nodes if not options.dry_run else []:
+            # (Not where the deploy may start the container: it is not running yet.)
+            early = not (options.dry_run or options.start_container)
+            for node in nodes if early else []:
                 node.target.transport.prepare_bulk(upload_argv(node.config, node.target, verb))
             plans = make_plans(config, nodes, options, manifest, lasts)
             if options.dry_run:

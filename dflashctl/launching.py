@@ -216,6 +216,14 @@ def summary_of(top: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, 
     return {**top, "nodes": entries}
 
 
+def import_follower() -> None:
+    """Import the follower (and the crash engine) before the run starts, for a deploy
+    or restart that follows it: a Ctrl-C while the run is followed must not land
+    inside an import. A detached one never imports them (a fifth of the CLI's imports:
+    bench_transfer.py --only one-file)."""
+    import dflashctl.follow  # noqa: F401
+
+
 def follow_unless_detached(
     nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
 ) -> tuple[int, dict[str, Any]]:
@@ -226,9 +234,7 @@ def follow_unless_detached(
     if detach:
         terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
-    # Imported here: a detached deploy never follows, and the follower with the crash
-    # engine is a fifth of the CLI's imports (bench_transfer.py --only one-file).
-    from dflashctl.follow import follow_fleet, report_fleet
+    from dflashctl.follow import follow_fleet, report_fleet  # (import_follower)
 
     result = follow_fleet(nodes, run_id, rules=rules, from_offset=0)
     summary["result"] = result.to_json()

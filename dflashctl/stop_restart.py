@@ -13,6 +13,7 @@ from dflashctl.crash import rules_for
 from dflashctl.launch_command import commit_deadline, node_launch_params, rendezvous_for
 from dflashctl.launching import (
     follow_unless_detached,
+    import_follower,
     lineage_summary,
     print_launched,
     report_interrupted,
@@ -35,6 +36,8 @@ def restart(
     trip per node, no sync. On several nodes the commit barrier also checks that every
     node's current release is the same one."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
+    if not detach:
+        import_follower()
     with node_sessions(config) as nodes:
         run_id = runs.new_id()
         # The provenance of the release: the source as it is here now (restart sends

@@ -21,7 +21,9 @@ def _programs() -> dict[str, str]:
     programs = {f"dflashctl/agent/{n}.py": s for n, s in agent_client.agent_modules().items()}
     programs["the bundle"] = agent_client.bundle_source()
     programs["the bootstrap"] = agent_client.bootstrap("runs", {"workdir": "/w"}, with_bundle=True)
-    programs["the loader, preloading"] = agent_client.agent_argv("python3", "deploy", preload=True)[3]
+    programs["the loader, preloading"] = agent_client.agent_argv("python3", "deploy", preload=True)[
+        3
+    ]
     return programs
 
 

@@ -38,7 +38,7 @@ _HOMES = {
     "rules_for": "rules",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = ["CrashDetector", "CrashEvent", "Rule", "classify_text", "load_rules", "rules_for"]
 
 
 def __getattr__(name: str) -> Any:

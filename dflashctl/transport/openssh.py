@@ -200,7 +200,14 @@ class OpenSSH:
     def run(self, argv: Sequence[str], *, stdin: Stdin, timeout: float | None) -> CommandResult:
         """`argv` on the host with `stdin` streamed to it; check=False semantics."""
         argv = [str(a) for a in argv]
-        process = self._prestarted.pop(tuple(argv), None) or self._popen(argv)
+        process = self._prestarted.pop(tuple(argv), None)
+        if process is not None and process.poll() is not None:
+            # It ended before its stdin came (the container was not running yet when
+            # it started, the connection dropped): this call is made afresh.
+            self._prestarted[tuple(argv)] = process
+            self.discard_prestarted()
+            process = None
+        process = process or self._popen(argv)
         outputs = [bytearray(), bytearray()]
         feeder = _Feeder(process, stdin)
         readers = [
