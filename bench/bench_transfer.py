@@ -87,7 +87,7 @@ RSS_WRAPPER = (
     "    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime\n"
     "    sys.stderr.write(f'peak-rss-kib={me.ru_maxrss} cpu-s={cpu:.3f}\\n')\n"
     "atexit.register(report)\n"
-    "from dflashctl.cli import main\n"
+    "from dflashctl.entry import main\n"
     "sys.argv[0] = 'dflashctl'\n"
     "main()\n"
 )

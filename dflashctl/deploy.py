@@ -35,7 +35,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
-from dflashctl import agent_client, hints, pct, releases, runs, setup_env, terminal
+from dflashctl import (
+    agent_client,
+    early_upload,
+    hints,
+    pct,
+    releases,
+    runs,
+    setup_env,
+    terminal,
+)
 from dflashctl.agent_messages import LaunchAnswer, LaunchParams
 from dflashctl.archive import Archive
 from dflashctl.committing import NodesFailed, launch_everywhere
@@ -198,7 +207,17 @@ def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]
                 summary = execute(config, nodes, plans, options, meta, git, started, lasts)
             for entry in summary.get("nodes") or [summary]:
                 entry["left_out"] = skipped.names()
+            remember_uploads(config, nodes, verb)
             return follow_unless_detached(nodes, rules, summary, detach=options.detach)
+
+
+def remember_uploads(config: Config, nodes: list[Node], verb: str) -> None:
+    """The upload commands of this config's nodes, for the next deploy of the same
+    config to start as it starts (dflashctl/early_upload.py)."""
+    lines = [
+        n.target.transport.bulk_command_line(upload_argv(n.config, n.target, verb)) for n in nodes
+    ]
+    early_upload.remember(config.path, None if None in lines else cast(list, lines))
 
 
 def stale_nodes(exc: DflashError, nodes: list[Node], lasts: list[Any]) -> list[Node]:

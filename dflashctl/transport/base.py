@@ -186,6 +186,11 @@ class Transport:
         the SSH transport sends it through the system's OpenSSH when it can."""
         return self.run(argv, stdin=stdin, timeout=timeout, check=False)
 
+    def bulk_command_line(self, argv: Sequence[str]) -> list[str] | None:
+        """The local command line that run_bulk(argv) runs, where it is one process
+        that another could start ahead (dflashctl/early_upload.py); else None."""
+        return None
+
     def stream(self, argv: Sequence[str]) -> Stream:
         raise NotImplementedError
 

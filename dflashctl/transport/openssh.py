@@ -35,6 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from dflashctl import early_upload
 from dflashctl.config import HostConfig
 from dflashctl.transport.base import (
     CommandResult,
@@ -160,9 +161,13 @@ class OpenSSH:
                 return text or f"ssh exited with status {started.returncode}"
             return None
 
+    def command_line(self, argv: Sequence[str]) -> list[str]:
+        """The local command that runs `argv` on the host over the master."""
+        return self._argv("-o", "ControlMaster=no", "-T") + ["--", shlex.join(map(str, argv))]
+
     def _popen(self, argv: list[str]) -> subprocess.Popen:
         process = subprocess.Popen(
-            self._argv("-o", "ControlMaster=no", "-T") + ["--", shlex.join(argv)],
+            self.command_line(argv),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -179,7 +184,9 @@ class OpenSSH:
         stays open (the command waits on it) until run() writes it."""
         key = tuple(str(a) for a in argv)
         if key not in self._prestarted:
-            self._prestarted[key] = self._popen(list(key))
+            # Started already by this process's first steps (dflashctl/early_upload.py)?
+            early = early_upload.take(self.command_line(key))
+            self._prestarted[key] = early or self._popen(list(key))
 
     def discard_prestarted(self) -> None:
         """Close the stdin of every command started ahead and not run: each one sees

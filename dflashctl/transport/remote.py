@@ -109,6 +109,13 @@ class RemoteTransport(Transport):
             return self.paramiko.run(argv, stdin=stdin, timeout=timeout, check=False)
         return runner.run(argv, stdin=stdin, timeout=timeout)
 
+    def bulk_command_line(self, argv: Sequence[str]) -> list[str] | None:
+        """The local command run_bulk(argv) runs now, through the OpenSSH master (None:
+        over paramiko, no command line to give)."""
+        if self._preparing is not None:
+            self._preparing.join()
+        return self._openssh.command_line(argv) if self._openssh else None  # type: ignore[union-attr]
+
     def stream(self, argv: Sequence[str]) -> Stream:
         return self.paramiko.stream(argv)
 
