@@ -219,8 +219,9 @@ def summary_of(top: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, 
 def import_follower() -> None:
     """Import the follower (and the crash engine) before the run starts, for a deploy
     or restart that follows it: a Ctrl-C while the run is followed must not land
-    inside an import. A detached one never imports them (a fifth of the CLI's imports:
-    bench_transfer.py --only one-file)."""
+    inside an import (one that did ended the CLI by the signal, exit -2, after it had
+    said "interrupted"). A detached one never imports them (a fifth of the CLI's
+    imports: bench_transfer.py --only one-file)."""
     import dflashctl.follow  # noqa: F401
 
 

@@ -11,6 +11,11 @@ from rich.console import Console
 from rich.text import Text
 
 from dflashctl.agent.supervisor import CRASHED, NEW_ATTEMPT, NOT_RETRIED
+
+# At import, not when the first line comes: a follower is stopped by Ctrl-C, which must
+# not land inside an import (one that did ended the CLI by the signal, exit -2, after it
+# had said "interrupted").
+from dflashctl.crash.detector import CrashDetector
 from dflashctl.run_summary import RunSummary
 
 if TYPE_CHECKING:
@@ -46,8 +51,6 @@ class LineSink:
         on_line: Callable[[str, bool], None] | None = None,
         node: str | None = None,
     ) -> None:
-        from dflashctl.crash import CrashDetector
-
         self.rules = rules
         self.node = node  # the node this log is from: every crash in it names it
         self.detector = CrashDetector(rules, node=node)
@@ -127,8 +130,6 @@ class LineSink:
     def _new_attempt(self, number: int) -> None:
         """The supervisor restarted the trainer: what the last attempt died of is
         settled (shown, and kept as recovered); the new attempt's crashes are its own."""
-        from dflashctl.crash import CrashDetector
-
         events = self.detector.finish(self._attempt_exit)
         self._attempt_exit = None
         self._tell(events)
