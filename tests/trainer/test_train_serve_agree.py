@@ -23,7 +23,7 @@ import pytest
 import torch
 import yaml
 from dflash import build_tiny_target, drafter_loss
-from dflash.data import build_tiny_tokenizer, collate, load_samples, Sample
+from dflash.data import Sample, build_tiny_tokenizer, collate, load_samples
 from dflash.decode_batch import speculative_generate_batch
 from dflash.objective import drafter_block_hidden
 from dflash.regenerate import main as regenerate_main
@@ -110,11 +110,13 @@ def test_training_accept_len_equals_served_acceptance(tiny_target, setup):
         train_logits, train_len = _training_view(drafter, tiny_target, cfg, sequence, anchor)
         serve_logits, served, spec = _serving_view(drafter, tiny_target, cfg, sequence, anchor)
         torch.testing.assert_close(train_logits, serve_logits, atol=1e-4, rtol=1e-4)
-        assert spec.tokens[: served] == sequence[anchor : anchor + served]  # lossless
+        assert spec.tokens[:served] == sequence[anchor : anchor + served]  # lossless
         train_lengths.append(round(train_len))
         served_lengths.append(served)
     assert train_lengths == served_lengths
-    assert len(set(served_lengths)) > 1, f"the drafter must accept varying lengths: {served_lengths}"
+    assert len(set(served_lengths)) > 1, (
+        f"the drafter must accept varying lengths: {served_lengths}"
+    )
 
 
 def test_batched_decoder_accepts_what_training_counts(tiny_target, setup):

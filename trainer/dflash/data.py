@@ -172,7 +172,9 @@ def _sample_from_ids(tokenizer, messages, prompt_ids, token_ids, template_kwargs
     before = _render(tokenizer, messages[:-1], True, template_kwargs)
     if not through.startswith(before + content):
         return None
-    tail = list(tokenizer(through[len(before) + len(content) :], add_special_tokens=False)["input_ids"])
+    tail = list(
+        tokenizer(through[len(before) + len(content) :], add_special_tokens=False)["input_ids"]
+    )
     # An answer cut at max_new_tokens did not end: its end-of-turn marker is not the
     # target's, so it is not a label.
     ended = bool(token_ids.get("ended", True))

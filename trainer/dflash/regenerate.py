@@ -130,7 +130,9 @@ class Generator:
         )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def answer(self, prompts: list[list[int]]) -> tuple[list[str], int, list[tuple[list[int], bool]]]:
+    def answer(
+        self, prompts: list[list[int]]
+    ) -> tuple[list[str], int, list[tuple[list[int], bool]]]:
         """Answers for token-id prompts (one batch), the tokens generated, and per answer
         its token ids (stop token left out) and whether it ended with a stop token."""
         import torch
