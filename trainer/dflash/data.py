@@ -94,6 +94,11 @@ def load_tokenizer(path: str | Path):
 class Sample:
     input_ids: list[int]
     loss_mask: list[bool]
+    # A chat sample's prompt as a server sends it: the messages before the last assistant
+    # turn rendered with the generation prompt and tokenized alone (the eval's prompt).
+    # Cut from the full rendering instead, byte-level BPE may have merged the prompt's
+    # final "\n" with the answer's first characters: a prompt no server ever sends.
+    prompt_ids: list[int] | None = None
 
     @property
     def num_loss_tokens(self) -> int:
@@ -107,14 +112,30 @@ def _render(tokenizer, messages, generation_prompt: bool, template_kwargs: dict)
 
 
 def tokenize_conversation(
-    tokenizer, messages: list[dict], *, template_kwargs: dict | None = None
+    tokenizer,
+    messages: list[dict],
+    *,
+    template_kwargs: dict | None = None,
+    token_ids: dict | None = None,
 ) -> Sample:
     """Render with the chat template; loss mask on tokens inside assistant turns.
 
     An assistant turn spans from the end of the generation prompt that precedes it
     to the end of its own rendering, so it includes the end-of-turn marker.
+    `token_ids` ({"prompt", "answer", "ended"}, written by `dflash.regenerate`): the
+    exact ids the target was prompted with and wrote; used when they still decode to the
+    final assistant turn, see `_sample_from_ids`.
     """
     template_kwargs = template_kwargs or {}
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+    prompt_ids = None
+    if last is not None:
+        prompt_text = _render(tokenizer, messages[:last], True, template_kwargs) if last else ""
+        prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+        if token_ids and last == len(messages) - 1:
+            exact = _sample_from_ids(tokenizer, messages, prompt_ids, token_ids, template_kwargs)
+            if exact is not None:
+                return exact
     full = _render(tokenizer, messages, False, template_kwargs)
     spans = []
     for i, message in enumerate(messages):
@@ -130,7 +151,36 @@ def tokenize_conversation(
         spans.append((len(before), len(through)))
     encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = [any(lo <= start < hi for lo, hi in spans) for start, _ in encoded["offset_mapping"]]
-    return Sample(list(encoded["input_ids"]), mask)
+    return Sample(list(encoded["input_ids"]), mask, prompt_ids)
+
+
+def _sample_from_ids(tokenizer, messages, prompt_ids, token_ids, template_kwargs):
+    """The sample as the target saw and wrote it: prompt ids + answer ids + the turn's end.
+
+    Re-tokenizing the decoded answer inside the full rendering does not give the target's
+    tokens back: byte-level BPE merges the generation prompt's "\n" with the answer's
+    leading whitespace, and a target may write a non-canonical split. The drafter would
+    then train on token sequences the target never produces while serving. None (use the
+    text) when the ids are stale: another prompt rendering, or content edited since."""
+    prompt, answer = token_ids.get("prompt"), token_ids.get("answer")
+    if not isinstance(prompt, list) or not isinstance(answer, list) or prompt != prompt_ids:
+        return None
+    content = messages[-1].get("content", "")
+    if tokenizer.decode(answer, skip_special_tokens=True) != content:
+        return None
+    through = _render(tokenizer, messages, False, template_kwargs)
+    before = _render(tokenizer, messages[:-1], True, template_kwargs)
+    if not through.startswith(before + content):
+        return None
+    tail = list(
+        tokenizer(through[len(before) + len(content) :], add_special_tokens=False)["input_ids"]
+    )
+    # An answer cut at max_new_tokens did not end: its end-of-turn marker is not the
+    # target's, so it is not a label.
+    ended = bool(token_ids.get("ended", True))
+    ids = list(prompt) + list(answer) + tail
+    mask = [False] * len(prompt) + [True] * len(answer) + [ended] * len(tail)
+    return Sample(ids, mask, list(prompt))
 
 
 def tokenize_text(tokenizer, text: str) -> Sample:
@@ -181,14 +231,19 @@ def prepare_samples(
         try:
             if "messages" in record:
                 sample = tokenize_conversation(
-                    tokenizer, record["messages"], template_kwargs=template_kwargs
+                    tokenizer,
+                    record["messages"],
+                    template_kwargs=template_kwargs,
+                    token_ids=record.get("token_ids"),
                 )
             else:
                 sample = tokenize_text(tokenizer, record["text"])
         except ValueError:
             stats.unrenderable += 1
             continue
-        sample = Sample(sample.input_ids[:max_length], sample.loss_mask[:max_length])
+        sample = Sample(
+            sample.input_ids[:max_length], sample.loss_mask[:max_length], sample.prompt_ids
+        )
         if sample.num_loss_tokens < 2 * block_size:
             stats.too_few_loss_tokens += 1
             continue

@@ -491,6 +491,9 @@ class DFlashWorkload(Workload):
             held = self.heldout
         prompts = []
         for sample in held[: ev.num_prompts]:
+            if sample.prompt_ids:  # chat: what a server sends (see Sample.prompt_ids)
+                prompts.append(list(sample.prompt_ids))
+                continue
             first_loss = next(
                 (i for i, m in enumerate(sample.loss_mask) if m), len(sample.input_ids)
             )
@@ -510,7 +513,8 @@ class DFlashWorkload(Workload):
 
 
 def prompts_in_training(prompts: list[list[int]], samples: list[Sample]) -> list[int]:
-    """Indices of eval prompts that begin some training sample: a prompt trained on.
+    """Indices of eval prompts that begin some training sample (or are its chat prompt):
+    a prompt trained on.
     One look-up per sample, keyed by as many first tokens as the shortest prompt has (chat
     prompts share their template's opening, so a short key would match them all)."""
     head = min(len(p) for p in prompts) if prompts else 1
@@ -521,7 +525,9 @@ def prompts_in_training(prompts: list[list[int]], samples: list[Sample]) -> list
     for sample in samples:
         for index in by_head.get(tuple(sample.input_ids[:head]), ()):
             prompt = prompts[index]
-            if sample.input_ids[: len(prompt)] == prompt:
+            # A chat sample re-tokenized from its text may have merged the prompt's last
+            # "\n" into its answer: its own generation prompt is compared as well.
+            if sample.input_ids[: len(prompt)] == prompt or sample.prompt_ids == prompt:
                 found.add(index)
     return sorted(found)
 

@@ -130,8 +130,11 @@ class Generator:
         )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def answer(self, prompts: list[list[int]]) -> tuple[list[str], int]:
-        """Answers for token-id prompts (one batch), and the tokens generated."""
+    def answer(
+        self, prompts: list[list[int]]
+    ) -> tuple[list[str], int, list[tuple[list[int], bool]]]:
+        """Answers for token-id prompts (one batch), the tokens generated, and per answer
+        its token ids (stop token left out) and whether it ended with a stop token."""
         import torch
 
         width = max(len(p) for p in prompts)
@@ -144,16 +147,18 @@ class Generator:
             out = self.target.generate(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **self.kwargs
             )
-        texts, count = [], 0
+        texts, count, ids_out = [], 0, []
         for row in out[:, width:].tolist():
             kept = []
             for t in row:
                 if t in self.stop_ids:
                     break
                 kept.append(t)
-            count += len(kept) + (1 if len(kept) < len(row) else 0)
+            ended = len(kept) < len(row)
+            count += len(kept) + (1 if ended else 0)
             texts.append(self.tokenizer.decode(kept, skip_special_tokens=True))
-        return texts, count
+            ids_out.append((kept, ended))
+        return texts, count, ids_out
 
 
 def stop_token_ids(tokenizer, generation_config) -> list[int]:
@@ -214,11 +219,19 @@ def run(cfg, *, log=print) -> dict:
     with part.open("a", encoding="utf-8") as out:
         for first in range(0, len(encoded), section.batch_size):
             batch = encoded[first : first + section.batch_size]
-            texts, count = generator.answer([ids for _, ids in batch])
+            texts, count, answers = generator.answer([ids for _, ids in batch])
             tokens += count
-            for (job, _), text in zip(batch, texts, strict=True):
+            for (job, prompt), text, (kept, ended) in zip(batch, texts, answers, strict=True):
                 answer = {"role": "assistant", "content": text}
-                record = {**job.record, "messages": job.messages + [answer], "prompt_id": job.pid}
+                # The exact ids: the trainer trains on them, not on a re-tokenization of
+                # the text (dflash.data._sample_from_ids says why).
+                ids = {"prompt": prompt, "answer": kept, "ended": ended}
+                record = {
+                    **job.record,
+                    "messages": job.messages + [answer],
+                    "prompt_id": job.pid,
+                    "token_ids": ids,
+                }
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()  # an interrupted run keeps every finished batch
             log(
