@@ -42,9 +42,10 @@ system-deps:
 	  fi; \
 	fi
 
-# TEST_WORKERS=2 spreads the test files over two processes (each with its own test hosts;
-# the tiny trainer runs are trained once and shared); 0 runs them in this one.
-TEST_WORKERS ?= 0
+# Two processes share the test files out (each with its own test hosts; the tiny trainer
+# runs are trained once and shared): 19 min against 40 on a 2-core machine.
+# TEST_WORKERS=0 runs them all in this one.
+TEST_WORKERS ?= 2
 test: install system-deps
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
