@@ -28,7 +28,8 @@ def target_dir(tmp_path_factory):
     return folder
 
 
-def _setup(tmp_path, target_dir, **regenerate):
+def regenerate_config(tmp_path, target_dir, **regenerate):
+    """(regenerate config path, output path) for QUESTIONS as a chat JSONL."""
     data = tmp_path / "chat.jsonl"
     lines = [
         {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "old"}]}
@@ -50,7 +51,7 @@ def _answers(path):
 
 
 def test_the_target_answers_every_prompt_and_the_trainer_reads_it(tmp_path, target_dir, capsys):
-    config, output = _setup(tmp_path, target_dir)
+    config, output = regenerate_config(tmp_path, target_dir)
     assert main(["--config", str(config)]) == 0
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["messages"][0]["content"] for r in records] == QUESTIONS  # input order
@@ -64,13 +65,13 @@ def test_the_target_answers_every_prompt_and_the_trainer_reads_it(tmp_path, targ
 
     # Batched with left padding gives what one prompt at a time gives (greedy).
     (tmp_path / "one").mkdir()
-    single, single_out = _setup(tmp_path / "one", target_dir, batch_size=1)
+    single, single_out = regenerate_config(tmp_path / "one", target_dir, batch_size=1)
     assert main(["--config", str(single)]) == 0
     assert _answers(single_out) == _answers(output)
 
 
 def test_a_rerun_answers_only_what_is_missing(tmp_path, target_dir, capsys):
-    config, output = _setup(tmp_path, target_dir)
+    config, output = regenerate_config(tmp_path, target_dir)
     assert main(["--config", str(config)]) == 0
     full = output.read_text().splitlines()
     output.write_text("\n".join(full[:3]) + "\n" + full[3][:10])  # interrupted mid-line
@@ -83,7 +84,7 @@ def test_a_rerun_answers_only_what_is_missing(tmp_path, target_dir, capsys):
 
 
 def test_ranks_take_their_shares_and_the_last_one_merges(tmp_path, target_dir, monkeypatch):
-    config, output = _setup(tmp_path, target_dir)
+    config, output = regenerate_config(tmp_path, target_dir)
     assert main(["--config", str(config)]) == 0
     whole = output.read_text()
     output.unlink()
@@ -99,7 +100,7 @@ def test_ranks_take_their_shares_and_the_last_one_merges(tmp_path, target_dir, m
 
 
 def test_bad_input_is_a_clear_error(tmp_path, target_dir, capsys):
-    config, _ = _setup(tmp_path, target_dir, input=str(tmp_path / "missing.jsonl"))
+    config, _ = regenerate_config(tmp_path, target_dir, input=str(tmp_path / "missing.jsonl"))
     assert main(["--config", str(config)]) == 2
     assert "regenerate.input" in capsys.readouterr().err
     config.write_text(yaml.safe_dump({"regenerate": {"input": str(config), "output": "x.jsonl"}}))

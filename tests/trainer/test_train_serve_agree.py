@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the target_dir fixture is imported, and then asked for by name)
 """Training's acceptance and serving's acceptance agree on the target's own greedy text.
 
 tau~ (the teacher-forced `accept_len` of `drafter_loss`) and eval tau (real speculative
@@ -21,7 +22,6 @@ import json
 
 import pytest
 import torch
-import yaml
 from dflash import build_tiny_target, drafter_loss
 from dflash.data import Sample, build_tiny_tokenizer, collate, load_samples
 from dflash.decode_batch import speculative_generate_batch
@@ -29,6 +29,8 @@ from dflash.objective import drafter_block_hidden
 from dflash.regenerate import main as regenerate_main
 from dflash.spec_decode import DrafterCache, draft_block_logits, speculative_generate
 from dflash.target import cached_forward, greedy_generate, new_cache, select_layers, target_context
+
+from tests.trainer.test_regenerate import QUESTIONS, regenerate_config, target_dir  # noqa: F401
 
 PROMPT_LEN, NEW = 10, 40
 
@@ -133,30 +135,10 @@ def test_batched_decoder_accepts_what_training_counts(tiny_target, setup):
 
 
 # -- the chat seam: the tokens training sees are the tokens the target wrote ---------------------
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("target")
-    build_tiny_target(seed=0).save_pretrained(folder)
-    build_tiny_tokenizer().save_pretrained(folder)
-    return folder
-
-
-QUESTIONS = ["what is two plus two?", "name three colours", "def main(): return sum(range(10))"]
-
-
 def test_regenerated_samples_hold_the_targets_own_tokens(tmp_path, target_dir):
     tokenizer = build_tiny_tokenizer()
     target = build_tiny_target(seed=0)
-    data = tmp_path / "chat.jsonl"
-    records = [
-        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "x"}]}
-        for q in QUESTIONS
-    ]
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    out = tmp_path / "regen.jsonl"
-    config = tmp_path / "regen.yaml"
-    section = {"input": str(data), "output": str(out), "max_new_tokens": 24, "device": "cpu"}
-    config.write_text(yaml.safe_dump({"target": {"path": str(target_dir)}, "regenerate": section}))
+    config, out = regenerate_config(tmp_path, target_dir, max_new_tokens=24)
     assert regenerate_main(["--config", str(config)]) == 0
     samples, stats = load_samples(out, tokenizer, max_length=512, block_size=2)
     assert stats.kept == len(QUESTIONS)
