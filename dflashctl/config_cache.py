@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from typing import Any, TypeVar
 from platformdirs import user_cache_path
 
 from dflashctl import __version__
+from dflashctl.private_files import only_ours
 from dflashctl.resources import template_path
 
 T = TypeVar("T")
@@ -67,26 +67,10 @@ def _key(path: Path, text: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _trusted(file: Path) -> bool:
-    """Ours and writable by us alone: pickle runs what it reads, so nothing else."""
-    try:
-        info = os.lstat(file)
-        folder = os.lstat(file.parent)
-    except OSError:
-        return False
-    uid = os.getuid()
-    return (
-        stat.S_ISREG(info.st_mode)
-        and info.st_uid == folder.st_uid == uid
-        and not info.st_mode & 0o022
-        and not folder.st_mode & 0o022
-    )
-
-
 def load(path: Path, text: str, expected: type[T]) -> T | None:
     """The Config validated from exactly this `text` at `path`, or None."""
     entry = _entry_path(path)
-    if not _trusted(entry):
+    if not only_ours(entry):  # pickle runs what it reads
         return None
     try:
         key, config = pickle.loads(entry.read_bytes())

@@ -21,9 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import subprocess
 from pathlib import Path
+
+from dflashctl.private_files import only_ours
 
 _FORMAT = 1
 _started: dict[tuple[str, ...], subprocess.Popen] = {}
@@ -56,20 +57,6 @@ def _digest(config_path: Path) -> str:
     return hashlib.sha256(config_path.read_bytes()).hexdigest()
 
 
-def _ours(file: Path) -> bool:
-    """Ours and writable by us alone: what it names is run."""
-    try:
-        info, folder = os.lstat(file), os.lstat(file.parent)
-    except OSError:
-        return False
-    uid = os.getuid()
-    return (
-        stat.S_ISREG(info.st_mode)
-        and info.st_uid == folder.st_uid == uid
-        and not (info.st_mode | folder.st_mode) & 0o022
-    )
-
-
 def start(args: list[str]) -> None:
     """Start the remembered uploads for `dflashctl <args>` when it is a deploy of the
     same config bytes; never fails (a deploy that finds none starts its own)."""
@@ -83,7 +70,7 @@ def start(args: list[str]) -> None:
     try:
         config_path = _config_named(mine)
         record = _record_path(config_path)
-        if not _ours(record):
+        if not only_ours(record):
             return
         saved = json.loads(record.read_text(encoding="utf-8"))
         if saved.get("format") != _FORMAT or saved.get("config_sha256") != _digest(config_path):
