@@ -19,12 +19,15 @@ from typing import Any
 from dflashctl.config import Config
 from dflashctl.crash.rules import rule_mappings
 
-# The supervisor, then the modules of the crash detector it imports (full names).
+# The supervisor, then the modules it imports (full names): the checkpoint folder
+# rules and the crash detector.
 SUPERVISOR = ("dflash_supervisor", "dflashctl.agent", "supervisor.py")
 ENGINE = (
     ("dflashctl", "dflashctl", "__init__.py"),
     ("dflashctl.errors", "dflashctl", "errors.py"),
     ("dflashctl.resources", "dflashctl", "resources.py"),
+    ("dflashctl.agent", "dflashctl.agent", "__init__.py"),  # a docstring: the package
+    ("dflashctl.agent.checkpoint_folders", "dflashctl.agent", "checkpoint_folders.py"),
     ("dflashctl.crash", "dflashctl.crash", "__init__.py"),
     ("dflashctl.crash.events", "dflashctl.crash", "events.py"),
     ("dflashctl.crash.rules", "dflashctl.crash", "rules.py"),

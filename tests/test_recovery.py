@@ -285,6 +285,47 @@ def test_without_a_checkpoint_of_its_own_a_continued_run_restarts_where_it_start
     assert text.count("from " + earlier) == 2  # the variable as the run was given it
 
 
+def test_a_checkpoint_on_disk_that_the_log_never_named_is_resumed_from(tmp_path):
+    """Killed between writing a checkpoint and logging it: the folder is the truth."""
+    settings = recovery.recovery_settings(_config_with(tmp_path))
+    settings["retry"].update(backoff_s=0)
+    folder = tmp_path / "run" / "outputs" / "checkpoints" / "step-000004"
+    script = (
+        "import os, signal\n"
+        "print('from', os.environ.get('DFLASH_RESUME_FROM'), flush=True)\n"
+        "if os.environ['DFLASH_ATTEMPT'] == '1':\n"
+        "    print('step 6/8 | loss 1.0', flush=True)\n"
+        f"    os.makedirs({str(folder)!r})\n"
+        f"    open(os.path.join({str(folder)!r}, 'state'), 'w').close()\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run_dir, done, text = run_program(tmp_path, settings, script)
+    assert done.returncode == 0, text
+    assert "dflashctl: attempt 2/4, resumed at step 4 after killed" in text
+    assert f"from {folder}" in text
+    first = json.loads((run_dir / "attempts.json").read_text())["attempts"][0]
+    assert (first["checkpoint"], first["checkpointed"]) == (str(folder), True)
+
+
+def test_a_restart_before_any_checkpoint_of_a_finished_runs_successor_says_step_0(tmp_path):
+    """The run continues a finished one (a new training from step 0): a restart before
+    its first checkpoint starts at step 0 again, and says so, not "step 300"."""
+    settings = recovery.recovery_settings(_config_with(tmp_path))
+    settings["retry"].update(backoff_s=0)
+    script = (
+        "import os, signal\n"
+        "if os.environ['DFLASH_ATTEMPT'] == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    earlier = "/w/runs/earlier/outputs/checkpoints/step-000300"
+    _, done, text = run_program(
+        tmp_path, settings, script, DFLASH_RESUME_FROM=earlier, DFLASH_RESUMED_FINISHED="1"
+    )
+    assert done.returncode == 0, text
+    assert "the run it continues had finished" in text
+    assert "dflashctl: attempt 2/4, resumed at step 0 after killed" in text
+
+
 def _config_with(tmp_path, **extra):
     from dflashctl.config import load_config
 

@@ -22,55 +22,15 @@ stand"; deploy, restart (and later automatic retries) all ask it.
 
 import json
 import os
-import re
 
+from .checkpoint_folders import checkpoint_step, newest_complete
 from .files import read_text
 from .runs import run_state, runs_dir
 
-CHECKPOINTS = os.path.join("outputs", "checkpoints")
-LATEST = "latest"
-STEP_NAME = re.compile(r"(?:^|[^0-9])0*([0-9]+)$")
-
-
-def checkpoint_step(folder):
-    """The step a checkpoint folder holds, from its name (`step-000120`), else None."""
-    match = STEP_NAME.search(os.path.basename(folder.rstrip("/")))
-    return int(match.group(1)) if match else None
-
 
 def own_checkpoint(workdir, run_id):
-    """The newest complete checkpoint this run wrote itself, or None: the one `latest`
-    names, else (a pointer naming a missing folder, or none) the newest on disk."""
-    base = os.path.join(runs_dir(workdir), run_id, CHECKPOINTS)
-    name = (read_text(os.path.join(base, LATEST)) or "").strip()
-    if name and not name.startswith(".") and "/" not in name:
-        folder = os.path.join(base, name)
-        if os.path.isdir(folder):
-            return folder
-    return newest_on_disk(base)
-
-
-def newest_on_disk(base):
-    """The step folder with the highest step under `base` (hidden ones are half-written
-    and empty ones hold nothing), or None."""
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return None
-    best = None
-    for name in names:
-        step = checkpoint_step(name)
-        folder = os.path.join(base, name)
-        if name.startswith(".") or step is None or not os.path.isdir(folder):
-            continue
-        try:
-            if not os.listdir(folder):
-                continue
-        except OSError:
-            continue
-        if best is None or step > best[0]:
-            best = (step, folder)
-    return best[1] if best else None
+    """The newest complete checkpoint this run wrote itself, or None."""
+    return newest_complete(os.path.join(runs_dir(workdir), run_id))
 
 
 def run_finished(workdir, run_id):

@@ -10,8 +10,9 @@ size it had here, which the sha256 is of.
 
 import os
 
+from .checkpoint_folders import CHECKPOINTS, checkpoint_step
 from .files import sha256_file
-from .lineage import CHECKPOINTS, checkpoint_step, latest_checkpoint, own_checkpoint
+from .lineage import latest_checkpoint, own_checkpoint
 from .runs import run_ids, runs_dir
 
 METRICS_FILES = ("metrics.jsonl", "meta.json")

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from dflashctl.agent.checkpoint_folders import checkpoint_step, newest_complete
+
 ATTEMPTS_FILE = "attempts.json"
 SETTINGS_FILE = "recovery.json"
 # The line that starts each attempt after the first ("dflashctl: attempt 2/4, resumed
@@ -253,7 +255,7 @@ class Supervisor:
                     env.update(
                         DFLASH_RESUME_FROM=checkpoint,
                         DFLASH_RESUMED_RUN=os.environ.get("DFLASH_RUN_ID", ""),
-                        DFLASH_RESUMED_STEP=str(_checkpoint_step(checkpoint) or ""),
+                        DFLASH_RESUMED_STEP=str(checkpoint_step(checkpoint) or ""),
                         DFLASH_RESUMED_FINISHED="",  # this run's own: not a finished one
                     )
             # Where this attempt starts: its own run's latest checkpoint, else the one
@@ -269,7 +271,7 @@ class Supervisor:
             code = _wait(self.child)
             lines = _lines_from(self.log, offset)
             step = last_step(lines)
-            written = last_checkpoint(lines)
+            written = last_checkpoint(lines) or _on_disk_past(self.run_dir, checkpoint)
             checkpoint = written or checkpoint
             record = {
                 "attempt": number,
@@ -323,9 +325,17 @@ class Supervisor:
             # Without a checkpoint of its own yet, the run starts again where it
             # started: step 0, or the checkpoint of the run it continues.
             start = checkpoint or os.environ.get("DFLASH_RESUME_FROM") or None
-            record["resume_step"] = _checkpoint_step(start) if start else 0
+            # The checkpoint of a run that finished is where a new training starts
+            # from step 0 (the trainer's choice, from DFLASH_RESUMED_FINISHED).
+            over = not checkpoint and os.environ.get("DFLASH_RESUMED_FINISHED") == "1"
+            record["resume_step"] = checkpoint_step(start) if start and not over else 0
             self.record(record)
-            resume = f"from checkpoint {start}" if start else "from the start (no checkpoint yet)"
+            if over:
+                resume = "from the start (no checkpoint yet; the run it continues had finished)"
+            elif start:
+                resume = f"from checkpoint {start}"
+            else:
+                resume = "from the start (no checkpoint yet)"
             self.say(
                 f"attempt {_numbered(number, limit)} crashed{at} ({what}, exit code {code}); restarting in {wait:g} s, resuming {resume} (run.retry)"
             )
@@ -448,17 +458,20 @@ def _lines_from(path, offset):
     return data.decode("utf-8", "replace").splitlines()
 
 
+def _on_disk_past(run_dir, known):
+    """This run's newest complete checkpoint on disk when it is past `known`: one whose
+    "checkpoint:" line never reached the log (the trainer killed between the write
+    and the line). None otherwise."""
+    found = newest_complete(run_dir)
+    return found if found and _is_newer(found, known) else None
+
+
 def _is_newer(written, start):
     """Whether checkpoint `written` is progress past `start` (None: step 0)."""
     if not written or written == start:
         return False
-    new, old = _checkpoint_step(written), _checkpoint_step(start) if start else 0
+    new, old = checkpoint_step(written), checkpoint_step(start) if start else 0
     return new is None or old is None or new > old
-
-
-def _checkpoint_step(path):
-    found = re.search(r"(\d+)/*$", path or "")
-    return int(found.group(1)) if found else None
 
 
 def _utc(seconds):

@@ -317,6 +317,7 @@ def _train(
             writer.save_async(step, lambda: collect(step), workload.export_weights, if_busy="skip")
 
     ctx.on_checkpoint = save_periodic
+    ctx.checkpoint_settled = writer.wait if writer is not None else None
 
     def eval_periodic(step: int, drafter) -> None:
         """Speculative decoding of the held-out prompts with the live drafter (drafter-0's

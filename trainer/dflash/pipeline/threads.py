@@ -80,6 +80,8 @@ class RunContext:
     hang_point: FailurePoint | None = None  # debug.hang_in
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss)
     on_checkpoint: object = None  # callable(step) used by drafter-0 for periodic saves
+    # callable(): blocks until the periodic checkpoint in flight is on disk (rank 0)
+    checkpoint_settled: object = None
     on_eval: object = None  # callable(step, drafter) used by drafter-0 every eval.every steps
     world: World = field(default_factory=World)  # a world of one unless torchrun made more
     warmup_started: float = 0.0  # perf_counter when the drafters began warming up
@@ -131,6 +133,14 @@ def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
         with open(marker, "w") as f:
             f.write(f"{thread} at {where}\n")
     if ctx.cfg.debug.fail_kind == "sigkill":
+        # The checkpoint being written lands first: an injected kill is a demo and a
+        # test of resuming from it, which a kill mid-write would make a matter of timing
+        # (a real one may land mid-write: the supervisor then resumes from the one before).
+        if ctx.checkpoint_settled is not None:
+            try:
+                ctx.checkpoint_settled()
+            except Exception:  # noqa: BLE001 - the writer logged its failure
+                pass
         ctx.log.line(f"injected SIGKILL in {thread} at {where} (debug.fail_in)")
         os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFailure(f"injected failure in {thread} at {where} (debug.fail_in)")
