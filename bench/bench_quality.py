@@ -65,7 +65,7 @@ SCALES = {
         prompt_lines=12,
         answer_lines=16,
         train_convs=4000,
-        regen_convs=4000,
+        regen_convs=12000,
         eval_prompts=32,
         eval_batch=32,
         regen_tokens=128,
@@ -79,12 +79,13 @@ SCALES = {
         batch=16,
         steps=2500,
         eval_every=250,
-        eval_tokens=64,
+        eval_tokens=128,  # as long as the regenerated answers: tau~ walks them whole
         device="cuda:0",
         dtype="bfloat16",
         compile="eager",
         lr=6e-4,
         tokenizer_files=400,
+        walk_rows=4,
     ),
     "tiny": dict(
         vocab=384,
@@ -123,6 +124,7 @@ SCALES = {
         compile="eager",
         lr=1e-2,
         tokenizer_files=30,
+        walk_rows=2,
     ),
 }
 
@@ -188,7 +190,11 @@ def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Pat
                 "num_anchors": s["anchors"],
             },
             "optim": {"lr": s["lr"], "warmup_ratio": 0.04, "min_lr_ratio": 0.1},
-            "train": {"steps": s["steps"], "log_every": max(1, s["steps"] // 20)},
+            "train": {
+                "steps": s["steps"],
+                "log_every": max(1, s["steps"] // 20),
+                "tau_walk_rows": s["walk_rows"],
+            },
             "runtime": {
                 "target_devices": [device],
                 "drafter_devices": [device],
@@ -228,8 +234,11 @@ def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Pat
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     evals_ = [r for r in records if r["kind"] == "eval"]
+    last = steps[-3:]  # each step line walks a few rows: three lines, for less noise
     return {
-        "train_tau": steps[-1]["tau"],
+        "train_tau": sum(r["tau"] for r in last) / len(last),
+        "train_tau_anchors": sum(r.get("tau_anchors", r["tau"]) for r in last) / len(last),
+        "train_curve": [(r["step"], round(r["tau"], 3)) for r in steps],
         "eval_tau": evals_[-1]["tau"],
         "eval_curve": [(e["step"], round(e["tau"], 3)) for e in evals_],
         "eval_line": result.eval_line,
@@ -238,6 +247,32 @@ def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Pat
         "seconds": round(seconds, 1),
         "checkpoint": str(result.checkpoint),
     }
+
+
+# What the target and the regenerated data depend on: a run with the same values may reuse them.
+TARGET_KEYS = (
+    "vocab hidden layers heads kv_heads ffn target_seconds target_batch target_len "
+    "target_convs target_held_convs target_check_every target_patience prompt_lines "
+    "answer_lines tokenizer_files device dtype"
+).split()
+REGEN_KEYS = ("regen_convs", "regen_tokens", "regen_batch", "loop_prompts")
+
+
+def _earlier_results(out: Path, s: dict) -> dict:
+    """The phases of an earlier run in `out` that this one may reuse (--reuse)."""
+    try:
+        earlier = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    settings = earlier.get("settings") or {}
+    same = lambda keys: all(settings.get(k) == s[k] for k in keys)  # noqa: E731
+    kept = {}
+    if "target" in earlier and same(TARGET_KEYS) and (out / "target" / "config.json").is_file():
+        kept["target"] = earlier["target"]
+        regen = out / "regenerated.jsonl"
+        if "regenerate" in earlier and same(REGEN_KEYS) and regen.is_file():
+            kept["regenerate"] = earlier["regenerate"]
+    return kept
 
 
 # -- where the tau goes -----------------------------------------------------------------------
@@ -335,7 +370,13 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--only",
         choices=("a-data-file", "b-regenerated"),
-        help="train one of the two drafters (a shorter diagnostic run; no table)",
+        help="train one of the two drafters (a shorter diagnostic run: one line, no table)",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the target and the regenerated data an earlier run left in --out with "
+        "the same target and regeneration settings (drafter runs only)",
     )
     args = parser.parse_args(argv)
     s = dict(SCALES[args.scale])
@@ -374,16 +415,25 @@ def main(argv=None) -> int:
         f"{len(data)} in the data file, {len(regen_prompts)} regeneration prompts, "
         f"{len(evals)} eval prompts | {time.perf_counter() - began:.0f} s"
     )
-    results["target"] = train_target(tokenizer, target_data, target_held, s, target_dir)
-    log(f"target | {results['target']} | {time.perf_counter() - began:.0f} s")
+    earlier = _earlier_results(out, s) if args.reuse else {}
+    if "target" in earlier:
+        results["target"] = earlier["target"]
+        log(f"target | reused from {out / 'results.json'} | {results['target']}")
+    else:
+        results["target"] = train_target(tokenizer, target_data, target_held, s, target_dir)
+        log(f"target | {results['target']} | {time.perf_counter() - began:.0f} s")
     save = lambda: (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")  # noqa: E731
     save()  # after every phase: a run cut short still leaves what it measured
 
     regen = out / "regenerated.jsonl"
-    for stale in (regen, out / "loop.jsonl"):
-        stale.unlink(missing_ok=True)
-    results["regenerate"] = regenerate_data(target_dir, out / "regen-prompts.jsonl", regen, s)
-    log(f"regenerate | {results['regenerate']} | {time.perf_counter() - began:.0f} s")
+    if "regenerate" in earlier:
+        results["regenerate"] = earlier["regenerate"]
+        log(f"regenerate | reused {regen} | {results['regenerate']}")
+    else:
+        for stale in (regen, out / "loop.jsonl"):
+            stale.unlink(missing_ok=True)
+        results["regenerate"] = regenerate_data(target_dir, out / "regen-prompts.jsonl", regen, s)
+        log(f"regenerate | {results['regenerate']} | {time.perf_counter() - began:.0f} s")
     save()
 
     for name, source in (("a-data-file", out / "data.jsonl"), ("b-regenerated", regen)):
@@ -399,13 +449,20 @@ def main(argv=None) -> int:
             f"where tau goes {name} | {results[name]['where']} | {time.perf_counter() - began:.0f} s"
         )
         save()
-    if args.only:
-        return 0
     results["prompt_lookup"] = prompt_lookup_tau(target_dir, out / "eval.jsonl", s)
     results["seconds"] = round(time.perf_counter() - began, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
     lookup = results["prompt_lookup"]["tau"]
+    if args.only:
+        r = results[args.only]
+        log(
+            f"{args.only}: eval tau {r['eval_tau']:.2f}, train tau~ {r['train_tau']:.2f} "
+            f"(anchors' mean {r['train_tau_anchors']:.2f}), {r['eval_tau'] / lookup:.2f}x "
+            f"prompt lookup ({lookup:.2f}); eval curve {r['eval_curve']}; "
+            f"train curve {r['train_curve']} | total {results['seconds']:.0f} s"
+        )
+        return 0
     log("")
     log(
         f"block {s['block']}, {s['drafter_layers']} draft layers, {s['steps']} steps, "
@@ -422,6 +479,10 @@ def main(argv=None) -> int:
             f"{r['eval_tau'] / r['train_tau']:>11.2f}{r['eval_tau'] / lookup:>9.2f}  {headline}"
         )
         log(f"{'':<16}eval curve (step, tau): {r['eval_curve']}")
+        log(
+            f"{'':<16}train tau~ is the serving walk over training rows; the sampled anchors' "
+            f"mean acceptance: {r['train_tau_anchors']:.2f}"
+        )
         w = r["where"]
         log(
             f"{'':<16}serving tau on {s['eval_prompts']} prompts it trained on: "

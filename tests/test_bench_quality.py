@@ -55,3 +55,17 @@ def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path
     held = prompts("eval.jsonl")
     assert held and not prompts("data.jsonl") & held and not prompts("regen-prompts.jsonl") & held
     assert not prompts("data.jsonl") & prompts("regen-prompts.jsonl")  # the target never saw them
+
+    # --reuse: a second drafter run keeps the target and the regenerated data.
+    before = (tmp_path / "regenerated.jsonl").read_bytes()
+    again = subprocess.run(
+        [sys.executable, str(BENCH), "--scale", "tiny", "--out", str(tmp_path), "--reuse"]
+        + ["--only", "b-regenerated"]
+        + [arg for item in shrink for arg in ("--set", item)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "target | reused" in again.stdout and "regenerate | reused" in again.stdout
+    assert (tmp_path / "regenerated.jsonl").read_bytes() == before

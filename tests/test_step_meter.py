@@ -177,3 +177,25 @@ def test_tensorboard_without_the_package_is_a_config_error(tmp_path, monkeypatch
     with pytest.raises(TrainConfigError, match=r"logging\.tensorboard: true needs the tensorboard"):
         load_train_config(None, ["logging.tensorboard=true"])
     assert load_train_config(None, ["logging.tensorboard=false"]).logging.tensorboard is False
+
+
+def test_tau_is_the_serving_walk_when_measured_beside_the_anchors_mean(tmp_path):
+    meter, log, writer = meter_for(tmp_path, every=5)
+    assert [step for step in range(1, 11) if meter.due(step)] == [5, 10]
+    for step in range(1, 6):
+        add(meter, step, acc=0.9)  # the anchors' mean acceptance: 1.9
+    meter.add(6, loss=2.0, tokens=1, metrics={}, tau=1.9, lr=1e-3, queue_depth=0, queue_size=8)
+    for step in range(7, 10):
+        add(meter, step, acc=0.9)
+    # measured on step 10's text only, as the pipeline asks on the steps that print
+    meter.add(
+        10, loss=2.0, tokens=1, metrics={}, tau=1.9, lr=1e-3, queue_depth=0,
+        queue_size=8, serving_tau=1.25,
+    )  # fmt: skip
+    writer.close()
+    first, second = (
+        json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    )
+    assert (first["tau"], first["tau_anchors"]) == (pytest.approx(1.9), pytest.approx(1.9))
+    assert (second["tau"], second["tau_anchors"]) == (1.25, pytest.approx(1.9))
+    assert "| tau~ 1.25 |" in log.lines[-1]

@@ -27,6 +27,7 @@ from dflash.data import Sample, build_tiny_tokenizer, collate, load_samples
 from dflash.decode_batch import speculative_generate_batch
 from dflash.objective import drafter_block_hidden
 from dflash.regenerate import main as regenerate_main
+from dflash.serving_walk import dense_acceptance, walk, walk_tau
 from dflash.spec_decode import DrafterCache, draft_block_logits, speculative_generate
 from dflash.target import cached_forward, greedy_generate, new_cache, select_layers, target_context
 
@@ -174,3 +175,36 @@ def test_edited_content_falls_back_to_the_text(tmp_path):
     (sample,), _ = load_samples(path, tokenizer, max_length=512, block_size=2)
     full = tokenizer.apply_chat_template(record["messages"], tokenize=False)
     assert sample.input_ids == tokenizer(full, add_special_tokens=False)["input_ids"]
+
+
+# -- tau~ as serving meets the text ------------------------------------------------------------
+def test_the_serving_walk_over_training_text_accepts_what_the_decoder_accepts(tiny_target, setup):
+    """Acceptance at every anchor of a padded training batch, walked from the answer's
+    first token (next anchor = anchor + accepted + 1), gives the decoder's own block
+    lengths; the uniform mean over anchors does not."""
+    cfg, drafter, sequence = setup
+    other = Sample(list(range(3, 3 + len(sequence) // 2)), [True] * (len(sequence) // 2))
+    batch = collate(
+        [Sample(sequence, [False] * PROMPT_LEN + [True] * NEW), other], len(sequence) + 8, 2, 0
+    )
+    context = target_context(
+        tiny_target, batch.input_ids, batch.attention_mask, cfg.target_layer_ids
+    )
+    lengths = dense_acceptance(drafter, context, batch.input_ids, batch.loss_mask, chunk=5)
+    visited = walk(lengths[0].tolist())
+    spec = speculative_generate(drafter, tiny_target, torch.tensor([sequence[:PROMPT_LEN]]), NEW)
+    # The walk stops where a whole block no longer fits before the padding; up to there it
+    # is the decoder's walk, block by block.
+    assert visited == spec.acceptance_lengths[: len(visited)]
+    assert sum(visited) > NEW - 2 * cfg.block_size
+    assert len(set(visited)) > 1
+    answer = lengths[0][lengths[0] > 0].float()
+    walked = walk_tau(drafter, context[:1], batch.input_ids[:1], batch.loss_mask[:1], chunk=5)
+    assert walked == sum(visited) / len(visited)
+    assert walked != pytest.approx(float(answer.mean()), abs=1e-3)
+
+
+def test_a_row_of_several_answers_is_walked_answer_by_answer():
+    """Prompt tokens (0) end one walk; the next answer starts at its first token."""
+    assert walk([0, 0, 3, 1, 1, 2, 1, 1, 0, 0, 2, 2, 1]) == [3, 2, 1, 2, 1]
+    assert walk([0, 0, 0]) == []

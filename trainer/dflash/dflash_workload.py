@@ -38,6 +38,7 @@ from dflash.data import (
 from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TargetSection, TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
+from dflash.serving_walk import walk_tau
 from dflash.spec_decode import EvalResult, evaluate
 from dflash.target import build_tiny_target, freeze, layers_run_for_context, load_target
 
@@ -397,6 +398,21 @@ class DFlashWorkload(Workload):
         if "accept_len" in metrics:  # teacher-forced acceptance length, measured directly
             return float(metrics["accept_len"])
         return expected_acceptance_length(metrics.get("per_slot_acc", []))
+
+    def serving_tau(self, drafter: nn.Module, inputs: DrafterInputs) -> float | None:
+        rows = self.cfg.train.tau_walk_rows
+        if not rows:
+            return None
+        # The eager drafter, as it is (no dropout to switch off; a mode switch would
+        # change what the compiled loss was guarded on).
+        return walk_tau(
+            drafter,
+            inputs.context,
+            inputs.input_ids,
+            inputs.loss_mask,
+            rows=rows,
+            chunk=self.cfg.train.loss_chunk or 64,
+        )
 
     def _target_layers_run(self) -> int:
         first = torch.device(self.cfg.runtime.target_devices[0])

@@ -95,9 +95,14 @@ class StepMeter:
         queue_depth: int,
         queue_size: int,
         grad_norm: float | None = None,
+        serving_tau: float | None = None,
     ) -> int:
         """A finished step with a finite loss (``tokens``: over all replicas); prints the
-        step line when one is due and returns how many steps that line covers (else 0)."""
+        step line when one is due and returns how many steps that line covers (else 0).
+
+        ``tau``: the step's mean acceptance over its sampled anchors; ``serving_tau``
+        (on the steps that print, when measured): tau as serving meets the batch's text,
+        which the step line's tau~ then is."""
         acc = metrics.get("acc", 0.0)
         per_slot = metrics.get("per_slot_acc") or []
         per_slot = [float(a) for a in per_slot] if isinstance(per_slot, list) else [per_slot]
@@ -112,13 +117,19 @@ class StepMeter:
                 window.grad_norm_max = grad_norm
             window.grad_norm_steps += 1
         self.last_step = step
-        if step % self.log_every and step != self.total_steps:
+        if not self.due(step):
             return 0
         steps = self._window.steps
-        self._emit(step, lr, queue_depth, queue_size)
+        self._emit(step, lr, queue_depth, queue_size, serving_tau)
         return steps
 
-    def _emit(self, step: int, lr: float, queue_depth: int, queue_size: int) -> None:
+    def due(self, step: int) -> bool:
+        """Does step `step` print a step line?"""
+        return step % self.log_every == 0 or step == self.total_steps
+
+    def _emit(
+        self, step: int, lr: float, queue_depth: int, queue_size: int, serving_tau=None
+    ) -> None:
         now = self.clock()
         window, n = self._window, self._window.steps
         timed_steps = n - self._window_steps_timed
@@ -139,7 +150,10 @@ class StepMeter:
             "loss": window.loss / n,
             "acc": window.acc / n,
             "acc_per_slot": [round(a / n, 4) for a in window.acc_per_slot],
-            "tau": window.tau / n,
+            # tau~: what serving would measure on the step's text when it was walked,
+            # else the anchors' mean; tau_anchors: the anchors' mean of the window.
+            "tau": window.tau / n if serving_tau is None else serving_tau,
+            "tau_anchors": window.tau / n,
             "lr": lr,
             # total norm of the gradients before clipping (mean of the window, and its max)
             "grad_norm": window.grad_norm / window.grad_norm_steps

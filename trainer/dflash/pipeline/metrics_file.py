@@ -11,7 +11,9 @@ TensorBoard event files.
     {"kind": "eval", "step": 600, "time": ..., "tau": 1.63, "lossless": true, ...}
 
 and first, at each start, ``{"kind": "start", "step": <first step - 1>, "config": {...}}``
-with the resolved config. ``grad_norm`` is the window's mean total gradient norm before
+with the resolved config. ``tau`` is tau~: what speculative decoding of the step's text
+would measure (dflash/serving_walk.py), ``tau_anchors`` the mean acceptance over the
+window's sampled anchors. ``grad_norm`` is the window's mean total gradient norm before
 clipping (``grad_norm_max`` its largest). TensorBoard and the trackers (trackers.py) get
 the same numbers, and the config as hyperparameters.
 

@@ -465,6 +465,10 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
     Returns True when the run should stop after this step."""
     cfg = ctx.cfg
     step_number = inputs.step + 1
+    serving_tau = None
+    if replica.rank == 0 and ctx.is_lead and ctx.meter.due(step_number):
+        # Before this step trains on the batch: its text is measured as a server meets it.
+        serving_tau = ctx.workload.serving_tau(replica.model, inputs)
     loss, metrics = replica.loss_fn(*inputs.tensors())
     if step_number in cfg.debug.nonfinite_at_steps:
         loss = loss * float("nan")
@@ -516,6 +520,7 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
                     tokens=inputs.num_tokens * ctx.total_shards,
                     metrics=values,
                     tau=ctx.workload.tau_estimate(values),
+                    serving_tau=serving_tau,
                     lr=lr,
                     queue_depth=replica.inputs.qsize(),
                     queue_size=replica.inputs.maxsize,

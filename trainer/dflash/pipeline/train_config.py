@@ -199,6 +199,10 @@ class TrainSection(Section):
     # ceil(epochs * samples / samples per step) steps and train.steps is not used.
     epochs: Annotated[Number, AfterValidator(_above_zero)] | None = None
     log_every: Count = 10
+    # tau~ on each step line: speculative decoding walked over this many rows of the
+    # step's batch (what serving would measure on that text); 0: the mean acceptance
+    # over the sampled anchors, which easy stretches pull above serving's.
+    tau_walk_rows: Amount = 4
     checkpoint_every: Amount = 0  # 0 -> only at the end (and on SIGTERM)
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: Amount = 3  # stop after more than this many non-finite losses

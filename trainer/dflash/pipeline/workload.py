@@ -161,6 +161,11 @@ class Workload:
     def tau_estimate(self, metrics: dict[str, float]) -> float:
         return 1.0
 
+    def serving_tau(self, drafter: torch.nn.Module, inputs: DrafterInputs) -> float | None:
+        """tau as serving would measure it on this batch's text (None: not measured);
+        asked for on the steps that print a step line only, so it may cost a forward."""
+        return None
+
     def flops_per_batch(self) -> float:
         """Target forward plus drafter forward+backward FLOPs for one drafter's batch."""
         return 0.0
