@@ -198,7 +198,10 @@ def train_target(
     best_state, curve = None, []
     gen = torch.Generator().manual_seed(1)
     check = s["target_check_every"]
-    while time.perf_counter() - started < s["target_seconds"]:
+    # A step cap makes the tiny target the same on any machine: trained by wall time
+    # alone, a fast idle machine taught it to end every answer at once (no samples).
+    max_steps = s.get("target_max_steps") or float("inf")
+    while time.perf_counter() - started < s["target_seconds"] and step < max_steps:
         starts = torch.randint(0, len(data) - length - 1, (batch,), generator=gen)
         ids = torch.stack([data[i : i + length] for i in starts.tolist()]).to(device)
         warm = min(1.0, (step + 1) / 100)

@@ -40,6 +40,8 @@ def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path
         where = run["where"]  # the batched eval agrees with the one-prompt path here
         assert where["one_at_a_time_tau"] == where["batched_same_prompts_tau"]
         assert where["trained_prompts_tau"] >= 1.0
+        # tau~'s walk over the same training rows whose prompts were decoded
+        assert where["trained_rows_walked"] > 0 and where["trained_rows_walk_tau"] >= 1.0
     assert results["prompt_lookup"]["tau"] >= 1.0
     assert results["regenerate"]["prompts"] > 0 and results["regenerate"]["tokens_per_s"] > 0
     regenerated = [json.loads(x) for x in (tmp_path / "regenerated.jsonl").read_text().splitlines()]
@@ -47,6 +49,8 @@ def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path
     out = done.stdout
     assert "eval tau train tau~" in out and "prompt lookup" in out and "lossless yes" in out
     assert "eval curve (step, tau): [(2, " in out
+    # every goal of the bench is judged in the run itself, met or not
+    assert len(results["goals"]) == 5 and "goals, drafter (b): eval tau >= 3.0" in out
 
     # Held-out prompts are never training prompts, nor regeneration prompts.
     def prompts(name):
