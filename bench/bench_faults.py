@@ -88,7 +88,7 @@ def one_trial(pair: fs.Pair, kind: str, deploy_s: float) -> tuple[bool, str]:
     if moment is not None and not trial.hit:
         problems.append(f"(the deploy ended before {moment.name!r})")
     if not outcome.good:
-        problems.append(outcome.detail)
+        problems.append(f"{outcome.detail} [left: {fs.new_runs_left(trial)}]")
     if kind.startswith("ctrl-c") and trial.hit and (code != 130 or "Traceback" in trial.err):
         problems.append(f"Ctrl-C: exit {code}, stderr tail {trial.err[-400:]!r}")
     if kind in ("unreachable-b", "full-disk-b", "sshd-b-build") and (

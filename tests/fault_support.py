@@ -53,9 +53,18 @@ BLOB_BYTES = 4 << 20
 # waits here, as a real rank would), says so, then idles until stopped.
 STANDIN = """\
 import datetime, os, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+RANK = []
+SLOW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_stop_rank0")
+def stop(*_):
+    # A real rank 0 writes a checkpoint on SIGTERM: its torchrun (and the job's store)
+    # outlives the other nodes' stop by that long.
+    if RANK == [0] and os.path.exists(SLOW):
+        time.sleep(2.5)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
 import torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+RANK.append(dist.get_rank())
 print("[rank%d]: joined run %s" % (dist.get_rank(), os.environ.get("DFLASH_RUN_ID")), flush=True)
 while True:
     time.sleep(1)
@@ -406,6 +415,33 @@ def strike(pair: Pair, moment: Moment | None, fault: Callable[[Trial], None], *,
         fault(trial)
     code = trial.finish()
     return trial, code, trial.outcome()
+
+
+def new_runs_left(trial: Trial) -> str:
+    """What each node's new run folders hold (their files, the end of their logs): for
+    a failed trial's message, since the containers go with the test."""
+    lines = []
+    for node in trial.pair.nodes:
+        try:
+            fresh = sorted(_new_runs(node, trial.marks))
+        except OSError as exc:
+            lines.append(f"{node.name}: unreadable ({exc})")
+            continue
+        for run in fresh:
+            folder = node.view / "runs" / run
+            try:
+                names = sorted(p.name for p in folder.iterdir())
+            except OSError:
+                names = []
+            lines.append(f"{node.name}: run {run}: {', '.join(names)}")
+            for name in names:
+                if name.endswith((".log", ".json")) or name in ("status", "exit", "pid"):
+                    try:
+                        text = (folder / name).read_text(errors="replace")[-1500:]
+                    except OSError:
+                        continue
+                    lines.append(f"  --- {name}:\n{text}")
+    return "\n".join(lines) or "no new run folder on any node"
 
 
 def old_runs_everywhere(pair: Pair) -> str:

@@ -181,3 +181,74 @@ def test_a_failed_node_telling_the_barrier_aborts_the_others_at_once(barrier):
         "in_doubt": False,
     }
     assert b.answer(0)["decision"] == "abort"
+
+
+# -- the barrier started ahead, while the release is built (agent/commit.py) ---------------
+def agent_params(b: Barrier, rank: int, workdir: Path) -> dict:
+    keys = ("world", "rank", "names", "address", "port", "run_id", "deadline_s")
+    commit = {k: v for k, v in b.params(rank).items() if k in keys}
+    return {
+        "workdir": str(workdir),
+        "command": [sys.executable, "train.py"],
+        "commit": dict(commit, program=PROGRAM),
+    }
+
+
+def join_in_thread(p: dict, warm) -> dict:
+    """commit.join on its own thread; the dict gets "ok" or the CommitAborted."""
+    import threading
+
+    from dflashctl.agent import commit
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            commit.join(p, sys.executable, "r1", warm)
+            out["ok"] = True
+        except commit.CommitAborted as exc:
+            out["aborted"] = exc
+
+    out["thread"] = threading.Thread(target=run, daemon=True)
+    out["thread"].start()
+    return out
+
+
+def test_barriers_started_ahead_commit_once_given_the_release(barrier, tmp_path):
+    from dflashctl.agent import commit
+
+    b = barrier(2)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    warm = [commit.prestart(p) for p in params]
+    assert all(w is not None and w.poll() is None for w in warm)  # importing, then waiting
+    joins = [join_in_thread(p, w) for p, w in zip(params, warm, strict=True)]
+    for j in joins:
+        j["thread"].join(120)
+    assert [j.get("ok") for j in joins] == [True, True]
+
+
+def test_a_cancelled_barrier_never_arrives_so_the_other_node_aborts(barrier, tmp_path):
+    from dflashctl.agent import commit
+
+    b = barrier(2, deadline_s=6)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    warm = [commit.prestart(p) for p in params]
+    commit.cancel(warm[1])  # node b's build failed: it will not send a release
+    assert warm[1].wait(120) == 0 and warm[1].stdout.read() == b""
+    a = join_in_thread(params[0], warm[0])
+    a["thread"].join(120)
+    assert "node b did not arrive within 6 s" in a["aborted"].message
+
+
+def test_a_barrier_started_ahead_that_died_is_started_again_at_the_join(barrier, tmp_path):
+    from dflashctl.agent import commit
+
+    b = barrier(2)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    dead = commit.prestart(params[1])
+    dead.kill()
+    dead.wait()
+    joins = [join_in_thread(params[0], commit.prestart(params[0])), join_in_thread(params[1], dead)]
+    for j in joins:
+        j["thread"].join(120)
+    assert [j.get("ok") for j in joins] == [True, True]

@@ -81,18 +81,68 @@ def barrier_params(p, mode, **more):
     )
 
 
-def join(p, python, release):
-    """Wait at the barrier, about to launch `release`; returns on commit, raises
-    CommitAborted on abort."""
-    c = p["commit"]
-    args = json.dumps(barrier_params(p, "join", release=release))
+def prestart(p):
+    """Start the barrier's interpreter while the release is built: it imports torch
+    (seconds, tens of them on a loaded host), then waits for the release on its stdin
+    (`join(..., warm=)`). None without a commit, or when it cannot be started (the
+    barrier then starts at the join, as before). Its own session, like the detached
+    launch that will talk to it: a hangup of ours must not end it."""
+    c = p.get("commit")
+    if not c:
+        return None
+    args = json.dumps(barrier_params(p, "join", wait_for_release=True))
     try:
-        done = subprocess.run(
-            [python, "-c", c["program"], args],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=float(c["deadline_s"]) + SLACK_S,
+        return subprocess.Popen(
+            [p["command"][0], "-c", c["program"], args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
+    except OSError:
+        return None
+
+
+def cancel(warm):
+    """This process will not send the release: close our end of its stdin. It ends
+    without arriving once no process holds that end (a forked launch that holds it
+    still sends the release first)."""
+    if warm is not None and warm.stdin is not None and not warm.stdin.closed:
+        try:
+            warm.stdin.close()
+        except OSError:
+            pass
+
+
+def _ask(p, python, release, warm):
+    """The barrier's answer: from the interpreter started ahead while it is alive
+    (any interpreter with torch will do), else from one started now."""
+    c = p["commit"]
+    timeout = float(c["deadline_s"]) + SLACK_S
+    if warm is not None and warm.poll() is None:
+        line = (json.dumps({"release": release}) + "\n").encode("utf-8")
+        try:
+            out, err = warm.communicate(line, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(warm.pid, signal.SIGKILL)
+            raise
+        return subprocess.CompletedProcess(warm.args, warm.returncode, out, err)
+    cancel(warm)
+    args = json.dumps(barrier_params(p, "join", release=release))
+    return subprocess.run(
+        [python, "-c", c["program"], args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def join(p, python, release, warm=None):
+    """Wait at the barrier, about to launch `release`; returns on commit, raises
+    CommitAborted on abort. `warm`: the barrier `prestart` started, if any."""
+    c = p["commit"]
+    try:
+        done = _ask(p, python, release, warm)
         answer = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
         answer = {"decision": "abort", "in_doubt": True, "reason": "the commit barrier hung"}

@@ -27,6 +27,8 @@ lost the store (node 0 gone) cannot know the outcome: it answers "in doubt" and
 aborts; the agent says so.
 
 Prints one JSON line: {"decision": "commit" | "abort", "reason": ..., "in_doubt": bool}.
+With `wait_for_release` it is started while the release is still being built, and
+waits for `{"release": ...}` on stdin before it arrives (the deadline counts from then).
 """
 
 import datetime
@@ -191,8 +193,24 @@ def abort(p):
     return {"decision": "abort", "reason": decision[len("abort:") :], "in_doubt": False}
 
 
+def wait_for_release(p):
+    """Started ahead (`wait_for_release`): import torch while the agent builds the
+    release, then read it from stdin. None when the agent closed stdin instead (the
+    build failed, or the agent is gone): this node never arrives."""
+    import torch.distributed  # noqa: F401 - the seconds this start ahead is for
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    return dict(p, release=json.loads(line)["release"])
+
+
 def main(argv):
     p = json.loads(argv[1])
+    if p.get("wait_for_release"):
+        p = wait_for_release(p)
+        if p is None:
+            return 0
     answer = abort(p) if p.get("mode") == "abort" else join(p)
     sys.stdout.write(json.dumps(answer) + "\n")
     sys.stdout.flush()

@@ -127,17 +127,20 @@ def op_deploy(p):
     restart or stop can come between the two."""
     try:
         lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
+        # Across nodes: the barrier's interpreter imports torch while the release is built.
+        warm = commit.prestart(p)
         try:
             built = timed_build(p)
             launch_params = {k: v for k, v in p.items() if k != "expect"}
             try:
-                launched = launch(dict(launch_params, release=built["release"]))
+                launched = launch(dict(launch_params, release=built["release"]), warm)
             except AgentError:
                 # Refused (or undone) before it became current: no orphan release left.
                 if current_release(p["workdir"]) != built["release"]:
                     remove_release(p["workdir"], built["release"])
                 raise
         finally:
+            commit.cancel(warm)
             os.close(lock)
     except (AgentError, OSError) as exc:
         tell_barrier(p, exc)
@@ -194,8 +197,9 @@ def cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def launch(p):
-    """The launch itself; the caller holds the workdir lock.
+def launch(p, warm=None):
+    """The launch itself; the caller holds the workdir lock. `warm`: the commit
+    barrier started ahead (commit.prestart), if any.
 
     The release is checked before anything is stopped; `current` is swapped only
     after the old run is gone, so an interruption before that leaves both as they were.
@@ -230,7 +234,7 @@ def launch(p):
     previous_release = current_release(workdir)
     run_dir = prepare_run(workdir, run_id, p)  # before anything is stopped
     try:
-        return detached(lambda: transaction(p, release, previous, previous_release))
+        return detached(lambda: transaction(p, release, previous, previous_release, warm))
     except AgentError:
         if os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, "pid")):
             shutil.rmtree(run_dir, ignore_errors=True)  # never a half-made run folder
@@ -249,14 +253,14 @@ def with_venv(p, release):
     return dict(p, command=command, venv=made["venv"], meta=meta)
 
 
-def transaction(p, release, previous, previous_release):
+def transaction(p, release, previous, previous_release, warm=None):
     """Stop, swap, launch, record: in a child that outlives the caller (detached).
     Across several nodes, every node first agrees at the commit barrier (commit.py):
     on abort nothing is stopped, and the new release and run folder are removed."""
     workdir, run_id = p["workdir"], p["run_id"]
     if p.get("commit"):
         try:
-            commit.join(p, p["command"][0], release)
+            commit.join(p, p["command"][0], release, warm)
         except commit.CommitAborted:
             shutil.rmtree(os.path.join(runs_dir(workdir), run_id), ignore_errors=True)
             if release != previous_release:
