@@ -128,9 +128,12 @@ class _LaunchAnswer(TypedDict):
 
 
 class LaunchAnswer(_LaunchAnswer, total=False):
-    """The `launch` verb's answer; `deploy` adds `build`."""
+    """The `launch` verb's answer; `deploy` adds `build`; a launch across nodes, the
+    stop gate's answer (`{"gate": "open"}`, or why it launched without every node
+    stopped: "timeout"/"closed" with `missing`, "lost" with `why`)."""
 
     build: BuildAnswer
+    gate: dict[str, Any]
 
 
 class StopAnswer(TypedDict):

@@ -183,35 +183,51 @@ def test_a_failed_node_telling_the_barrier_aborts_the_others_at_once(barrier):
     assert b.answer(0)["decision"] == "abort"
 
 
-# -- the barrier started ahead, while the release is built (agent/commit.py) ---------------
+# -- the agent's side (agent/commit.py): started ahead, the commit, the stop gate ---------
 def agent_params(b: Barrier, rank: int, workdir: Path) -> dict:
     keys = ("world", "rank", "names", "address", "port", "run_id", "deadline_s")
     commit = {k: v for k, v in b.params(rank).items() if k in keys}
     return {
         "workdir": str(workdir),
         "command": [sys.executable, "train.py"],
+        "grace_s": 0,
         "commit": dict(commit, program=PROGRAM),
     }
 
 
-def join_in_thread(p: dict, warm) -> dict:
-    """commit.join on its own thread; the dict gets "ok" or the CommitAborted."""
+def in_thread(work) -> dict:
+    """work() on its own thread; the dict gets its "result" or its "error"."""
     import threading
-
-    from dflashctl.agent import commit
 
     out: dict = {}
 
     def run() -> None:
         try:
-            commit.join(p, sys.executable, "r1", warm)
-            out["ok"] = True
-        except commit.CommitAborted as exc:
-            out["aborted"] = exc
+            out["result"] = work()
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            out["error"] = exc
 
     out["thread"] = threading.Thread(target=run, daemon=True)
     out["thread"].start()
     return out
+
+
+def joined(*calls: dict) -> list:
+    for call in calls:
+        call["thread"].join(120)
+        assert "error" not in call, call.get("error")
+    return [call["result"] for call in calls]
+
+
+def commit_all(params: list[dict], warm: list) -> list:
+    """Every node joins (with its barrier started ahead, or None); their open barriers."""
+    from dflashctl.agent import commit
+
+    calls = [
+        in_thread(lambda p=p, w=w: commit.join(p, sys.executable, "r1", w))
+        for p, w in zip(params, warm, strict=True)
+    ]
+    return joined(*calls)
 
 
 def test_barriers_started_ahead_commit_once_given_the_release(barrier, tmp_path):
@@ -220,11 +236,38 @@ def test_barriers_started_ahead_commit_once_given_the_release(barrier, tmp_path)
     b = barrier(2)
     params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
     warm = [commit.prestart(p) for p in params]
-    assert all(w is not None and w.poll() is None for w in warm)  # importing, then waiting
-    joins = [join_in_thread(p, w) for p, w in zip(params, warm, strict=True)]
-    for j in joins:
-        j["thread"].join(120)
-    assert [j.get("ok") for j in joins] == [True, True]
+    assert all(w is not None and w.proc.poll() is None for w in warm)  # importing, waiting
+    opened = commit_all(params, warm)
+    assert opened == warm  # the ones started ahead arrived, none was started again
+    gates = [in_thread(lambda o=o: commit.pass_gate(o, True, 0)) for o in opened]
+    assert joined(*gates) == [{"gate": "open"}] * 2
+
+
+def test_no_node_passes_the_stop_gate_before_every_node_stopped(barrier, tmp_path):
+    from dflashctl.agent import commit
+
+    b = barrier(2)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    opened = commit_all(params, [None, None])
+    node_b = in_thread(lambda: commit.pass_gate(opened[1], True, 0))
+    node_b["thread"].join(3)
+    assert node_b["thread"].is_alive()  # node a has not stopped its old run yet
+    node_a = in_thread(lambda: commit.pass_gate(opened[0], True, 0))
+    assert joined(node_a, node_b) == [{"gate": "open"}] * 2
+
+
+def test_a_node_whose_stop_failed_does_not_hold_the_others_for_ever(barrier, tmp_path, monkeypatch):
+    from dflashctl.agent import commit
+
+    monkeypatch.setattr(commit, "GATE_SLACK_S", 3.0)
+    b = barrier(2)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    opened = commit_all(params, [None, None])
+    node_a = in_thread(lambda: commit.pass_gate(opened[0], False, 0))  # its old run is stuck
+    node_b = in_thread(lambda: commit.pass_gate(opened[1], True, 0))
+    a, b_ = joined(node_a, node_b)
+    assert a["gate"] == "closed" and "a" in a["missing"]  # it says so and goes on at once
+    assert b_ == {"gate": "timeout", "missing": ["a"]}
 
 
 def test_a_cancelled_barrier_never_arrives_so_the_other_node_aborts(barrier, tmp_path):
@@ -234,10 +277,10 @@ def test_a_cancelled_barrier_never_arrives_so_the_other_node_aborts(barrier, tmp
     params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
     warm = [commit.prestart(p) for p in params]
     commit.cancel(warm[1])  # node b's build failed: it will not send a release
-    assert warm[1].wait(120) == 0 and warm[1].stdout.read() == b""
-    a = join_in_thread(params[0], warm[0])
-    a["thread"].join(120)
-    assert "node b did not arrive within 6 s" in a["aborted"].message
+    assert warm[1].proc.wait(120) == 0 and warm[1].proc.stdout.read() == b""
+    node_a = in_thread(lambda: commit.join(params[0], sys.executable, "r1", warm[0]))
+    node_a["thread"].join(120)
+    assert "node b did not arrive within 6 s" in node_a["error"].message
 
 
 def test_a_barrier_started_ahead_that_died_is_started_again_at_the_join(barrier, tmp_path):
@@ -246,9 +289,31 @@ def test_a_barrier_started_ahead_that_died_is_started_again_at_the_join(barrier,
     b = barrier(2)
     params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
     dead = commit.prestart(params[1])
-    dead.kill()
-    dead.wait()
-    joins = [join_in_thread(params[0], commit.prestart(params[0])), join_in_thread(params[1], dead)]
-    for j in joins:
-        j["thread"].join(120)
-    assert [j.get("ok") for j in joins] == [True, True]
+    dead.proc.kill()
+    dead.proc.wait()
+    opened = commit_all(params, [commit.prestart(params[0]), dead])
+    assert opened[1] is not dead
+    gates = [in_thread(lambda o=o: commit.pass_gate(o, True, 0)) for o in opened]
+    assert joined(*gates) == [{"gate": "open"}] * 2
+
+
+def test_a_forked_launch_uses_the_barrier_its_parent_started_ahead(barrier, tmp_path):
+    """As on a node: the agent starts the barrier ahead, the launch runs in a forked,
+    detached child (agent/transaction.py), which must send the release to that one
+    rather than start another (it cannot wait for a process it is not the parent of)."""
+    from dflashctl.agent import commit
+    from dflashctl.agent.transaction import detached
+
+    b = barrier(2)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    warm = [commit.prestart(p) for p in params]
+
+    def launch(p, w) -> dict:
+        def work() -> dict:
+            arrived = commit.join(p, sys.executable, "r1", w)
+            return {"warm": arrived is w, "gate": commit.pass_gate(arrived, True, 0)}
+
+        return detached(work)
+
+    calls = [in_thread(lambda p=p, w=w: launch(p, w)) for p, w in zip(params, warm, strict=True)]
+    assert joined(*calls) == [{"warm": True, "gate": {"gate": "open"}}] * 2

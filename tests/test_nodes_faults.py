@@ -113,16 +113,27 @@ def test_a_full_disk_on_node_b_refuses_the_deploy_and_stop_still_stops(pair, old
     fs.deploy_ok(pair)
 
 
-def test_no_node_launches_before_every_node_stopped_its_old_run(pair, old_run):
+def test_no_node_launches_before_every_node_stopped_its_old_run(pair, old_run, tmp_path):
     """Node 0's old torchrun hosts the job's store on torchrun.port until its rank has
-    stopped (a checkpoint on SIGTERM takes seconds). A new rank on another node that
-    starts meanwhile joins that old store, and dies with it: the nodes would then run
-    a mix. Every node stops its old run before any node launches the new one."""
-    (pair.source / "slow_stop_rank0").write_text("")
-    pair.new_source()
-    fs.deploy_ok(pair)  # the run to replace: slow to stop on node 0
-    (pair.source / "slow_stop_rank0").unlink()
-    pair.new_source()
-    run_id = fs.deploy_ok(pair)
-    fs.wait_until(lambda: fs.joined(pair, run_id), 120, f"both ranks of {run_id} joined")
-    assert all(s.running == {run_id} for s in fs.settle(pair)), fs.settle(pair)
+    stopped (the trainer writes a checkpoint on SIGTERM: seconds, minutes for a big
+    drafter). A new rank on another node that starts meanwhile joins that old store,
+    and dies with it: the nodes would run a mix. Every node stops its old run before
+    any node launches the new one."""
+    import yaml
+
+    config = yaml.safe_load(pair.config.read_text())
+    config["run"]["stop_grace_s"] = 60
+    slow = tmp_path / "dflash.yaml"
+    slow.write_text(yaml.safe_dump(config))
+    default, pair.config = pair.config, slow
+    try:
+        (pair.source / "slow_stop_rank0").write_text("15")
+        pair.new_source()
+        fs.deploy_ok(pair)  # the run to replace: its rank 0 takes 15 s to stop
+        (pair.source / "slow_stop_rank0").unlink()
+        pair.new_source()
+        run_id = fs.deploy_ok(pair)
+        fs.wait_until(lambda: fs.joined(pair, run_id), 120, f"both ranks of {run_id} joined")
+        assert all(s.running == {run_id} for s in fs.settle(pair)), fs.settle(pair)
+    finally:
+        pair.config = default

@@ -19,8 +19,11 @@ next launch on the workdir (`clear_leftovers`).
 
 import json
 import os
+import select
 import signal
 import subprocess
+import tempfile
+import time
 
 from .errors import AgentError
 
@@ -28,6 +31,8 @@ from .errors import AgentError
 # seconds on a loaded machine; node 0 waiting for the others to read the decision)
 # before the agent gives up on it.
 SLACK_S = 180.0
+# How long past the stop's grace the gate waits for the other nodes' stops.
+GATE_SLACK_S = 60.0
 
 
 class CommitAborted(AgentError):
@@ -81,85 +86,145 @@ def barrier_params(p, mode, **more):
     )
 
 
+class BarrierProcess:
+    """The barrier's interpreter for this launch, spoken to a line at a time (stdin in,
+    stdout out; stderr to a file, so no pipe fills while nobody reads it). It may be
+    used from a forked child of the process that started it: nothing here waits for
+    it as its parent would (its exit status cannot be had there)."""
+
+    def __init__(self, proc, stderr):
+        self.proc = proc
+        self.stderr = stderr
+        self.buffer = b""
+
+    def send(self, message):
+        """False when it is gone (its stdin is closed at the other end)."""
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode("utf-8"))
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def receive(self, timeout):
+        """Its next line as a dict; None when it ended without one; raises
+        subprocess.TimeoutExpired when none came in `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.proc.args, timeout)
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line.decode("utf-8", "replace"))
+
+    def last_error(self):
+        try:
+            self.stderr.seek(0)
+            lines = self.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        except (OSError, ValueError):
+            return None
+        return lines[-1] if lines else None
+
+    def close(self):
+        """Our end of its stdin: once no process holds it, it reads the end and goes on
+        (before a release: it ends without arriving; at the gate: not stopped here)."""
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def start(p, python, **more):
+    """The barrier for this launch, in its own session (like the detached launch that
+    talks to it: a hangup of ours must not end it). A commit is followed by the stop
+    gate, waited for up to the stop's grace and a minute more."""
+    c = p["commit"]
+    gate_s = float(p.get("grace_s", 10.0)) + GATE_SLACK_S
+    args = json.dumps(barrier_params(p, "join", gate=True, gate_s=gate_s, **more))
+    stderr = tempfile.TemporaryFile()
+    proc = subprocess.Popen(
+        [python, "-c", c["program"], args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
+    return BarrierProcess(proc, stderr)
+
+
 def prestart(p):
     """Start the barrier's interpreter while the release is built: it imports torch
     (seconds, tens of them on a loaded host), then waits for the release on its stdin
     (`join(..., warm=)`). None without a commit, or when it cannot be started (the
-    barrier then starts at the join, as before). Its own session, like the detached
-    launch that will talk to it: a hangup of ours must not end it."""
-    c = p.get("commit")
-    if not c:
+    barrier then starts at the join, as before)."""
+    if not p.get("commit"):
         return None
-    args = json.dumps(barrier_params(p, "join", wait_for_release=True))
     try:
-        return subprocess.Popen(
-            [p["command"][0], "-c", c["program"], args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        return start(p, p["command"][0], wait_for_release=True)
     except OSError:
         return None
 
 
 def cancel(warm):
-    """This process will not send the release: close our end of its stdin. It ends
-    without arriving once no process holds that end (a forked launch that holds it
-    still sends the release first)."""
-    if warm is not None and warm.stdin is not None and not warm.stdin.closed:
-        try:
-            warm.stdin.close()
-        except OSError:
-            pass
+    """This process will not send the release: close our end of the started-ahead
+    barrier's stdin. It ends without arriving once no process holds that end (a forked
+    launch that holds it still sends the release first)."""
+    if warm is not None:
+        warm.close()
 
 
-def _ask(p, python, release, warm):
-    """The barrier's answer: from the interpreter started ahead while it is alive
-    (any interpreter with torch will do), else from one started now."""
-    c = p["commit"]
-    timeout = float(c["deadline_s"]) + SLACK_S
-    if warm is not None and warm.poll() is None:
-        line = (json.dumps({"release": release}) + "\n").encode("utf-8")
-        try:
-            out, err = warm.communicate(line, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(warm.pid, signal.SIGKILL)
-            raise
-        return subprocess.CompletedProcess(warm.args, warm.returncode, out, err)
+def _arrive(p, python, release, warm):
+    """The barrier that arrives with `release`: the one started ahead when it takes
+    the release (any interpreter with torch will do), else one started now. A barrier
+    that took the release is never started again: it may have arrived."""
+    if warm is not None and warm.send({"release": release}):
+        return warm
     cancel(warm)
-    args = json.dumps(barrier_params(p, "join", release=release))
-    return subprocess.run(
-        [python, "-c", c["program"], args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=timeout,
-    )
+    return start(p, python, release=release)
 
 
 def join(p, python, release, warm=None):
-    """Wait at the barrier, about to launch `release`; returns on commit, raises
+    """Wait at the barrier, about to launch `release`. On commit, returns the barrier,
+    to be passed to `pass_gate` once this node's old run is stopped; raises
     CommitAborted on abort. `warm`: the barrier `prestart` started, if any."""
     c = p["commit"]
+    barrier = None
     try:
-        done = _ask(p, python, release, warm)
-        answer = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        barrier = _arrive(p, python, release, warm)
+        answer = barrier.receive(float(c["deadline_s"]) + SLACK_S)
+        if answer is None:
+            raise ValueError("no answer")
     except subprocess.TimeoutExpired:
+        barrier.kill()
         answer = {"decision": "abort", "in_doubt": True, "reason": "the commit barrier hung"}
-    except (OSError, ValueError, IndexError):
-        err = locals().get("done")
-        last = err.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
+    except (OSError, ValueError):
+        last = barrier.last_error() if barrier is not None else None
         answer = {
             "decision": "abort",
             # It fails at its start (no torch there, say): before it could arrive.
             "in_doubt": False,
-            "reason": f"the commit barrier could not run with {python}: "
-            + (last[0] if last else "no answer"),
+            "reason": f"the commit barrier could not run with {python}: {last or 'no answer'}",
         }
     finally:
         remove(marker_path(p["workdir"], c["run_id"]))
     if answer.get("decision") == "commit":
-        return
+        return barrier
+    if barrier is not None:
+        barrier.close()
     reason = answer.get("reason") or "aborted"
     if answer.get("in_doubt"):
         raise CommitAborted(
@@ -171,6 +236,21 @@ def join(p, python, release, warm=None):
         f"aborted: {reason}; nothing was stopped, the old run goes on",
         "fix what the error names, then deploy again",
     )
+
+
+def pass_gate(barrier, stopped, grace_s):
+    """After the commit and this node's stop: wait until every node has stopped its
+    old run (`stopped` False: ours did not stop; the others are not held for it). The
+    gate's answer, e.g. {"gate": "open"}; a gate that did not open is launched through
+    all the same: the commit stands, and a run that cannot form says so itself."""
+    if stopped:
+        barrier.send({"stopped": True})
+    barrier.close()
+    try:
+        answer = barrier.receive(float(grace_s) + GATE_SLACK_S + SLACK_S)
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        answer = None
+    return answer or {"gate": "lost", "why": "the commit barrier ended"}
 
 
 def signal_abort(p, reason):

@@ -29,6 +29,14 @@ aborts; the agent says so.
 Prints one JSON line: {"decision": "commit" | "abort", "reason": ..., "in_doubt": bool}.
 With `wait_for_release` it is started while the release is still being built, and
 waits for `{"release": ...}` on stdin before it arrives (the deadline counts from then).
+
+With `gate`, a commit is followed by the stop gate: the agent stops its old run, says
+`{"stopped": true}` on stdin (or closes it: the stop failed), and the barrier sets
+`stopped/<rank>` and prints `{"gate": "open"}` once every node has stopped its old run
+(`{"gate": "timeout" | "closed" | "lost", ...}` otherwise). No node launches before
+that: node 0's old torchrun holds torchrun.port (the job's store) until its rank has
+stopped, which takes as long as its checkpoint on SIGTERM, and a new rank elsewhere that
+started meanwhile would join that old store and die with it.
 """
 
 import datetime
@@ -150,6 +158,35 @@ def after_decision(store, p):
         time.sleep(POLL_S)
 
 
+def say(answer):
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
+def pass_gate(store, p):
+    """After a commit: mark this node stopped when the agent says it stopped its old
+    run, then wait until every node is marked (bounded by gate_s)."""
+    line = sys.stdin.readline()
+    stopped = bool(line.strip()) and bool(json.loads(line).get("stopped"))
+    try:
+        if stopped:
+            store.set(f"stopped/{int(p['rank'])}", "1")
+        deadline = time.monotonic() + float(p.get("gate_s", 120.0))
+        while True:
+            missing = [
+                p["names"][r] for r in range(int(p["world"])) if not store.check([f"stopped/{r}"])
+            ]
+            if not missing:
+                return {"gate": "open"}
+            if not stopped:
+                return {"gate": "closed", "missing": missing}
+            if time.monotonic() >= deadline:
+                return {"gate": "timeout", "missing": missing}
+            time.sleep(POLL_S)
+    except Exception as exc:  # noqa: BLE001 - the store went away: launch without waiting
+        return {"gate": "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
+
+
 def join(p):
     import torch.distributed  # noqa: F401 - first: on a loaded machine this takes seconds
 
@@ -166,12 +203,15 @@ def join(p):
             f"({str(exc).strip().splitlines()[0]}): the other nodes may have committed",
             "in_doubt": True,
         }
+    if decision == "commit" and p.get("gate"):
+        say({"decision": "commit", "reason": None, "in_doubt": False})
+        say(pass_gate(store, p))
     try:
         after_decision(store, p)
     except Exception:  # noqa: BLE001 - the decision is known; the ack is a courtesy
         pass
     if decision == "commit":
-        return {"decision": "commit", "reason": None, "in_doubt": False}
+        return None if p.get("gate") else {"decision": "commit", "reason": None, "in_doubt": False}
     return {"decision": "abort", "reason": decision[len("abort:") :], "in_doubt": False}
 
 
@@ -212,8 +252,8 @@ def main(argv):
         if p is None:
             return 0
     answer = abort(p) if p.get("mode") == "abort" else join(p)
-    sys.stdout.write(json.dumps(answer) + "\n")
-    sys.stdout.flush()
+    if answer is not None:  # None: join said all it had to, line by line
+        say(answer)
     return 0
 
 

@@ -258,9 +258,10 @@ def transaction(p, release, previous, previous_release, warm=None):
     Across several nodes, every node first agrees at the commit barrier (commit.py):
     on abort nothing is stopped, and the new release and run folder are removed."""
     workdir, run_id = p["workdir"], p["run_id"]
+    barrier = None
     if p.get("commit"):
         try:
-            commit.join(p, p["command"][0], release, warm)
+            barrier = commit.join(p, p["command"][0], release, warm)
         except commit.CommitAborted:
             shutil.rmtree(os.path.join(runs_dir(workdir), run_id), ignore_errors=True)
             if release != previous_release:
@@ -274,7 +275,10 @@ def transaction(p, release, previous, previous_release, warm=None):
         {"by": p.get("by") or "deploy", "replaced_by": run_id},
     )
     stop_s = time.monotonic() - t0
-    if any(s["ended"] == "still running after SIGKILL" for s in stopped):
+    stuck = any(s["ended"] == "still running after SIGKILL" for s in stopped)
+    # Across nodes, no node launches before every node stopped its old run (commit.py).
+    gate = commit.pass_gate(barrier, not stuck, p["grace_s"]) if barrier else None
+    if stuck:
         raise AgentError(
             "a previous run did not exit after SIGKILL; not launching another",
             "check the container with `ps -ef`; the process may be stuck in I/O",
@@ -310,7 +314,7 @@ def transaction(p, release, previous, previous_release, warm=None):
         [p.get("venv")] + [(r.get("meta") or {}).get("venv") for r in running],
     )
     launch_s = time.monotonic() - launch_started
-    return {
+    answer = {
         "stopped": stopped,
         "stop_seconds": round(stop_s, 3),
         "launch_seconds": round(launch_s, 3),
@@ -318,6 +322,9 @@ def transaction(p, release, previous, previous_release, warm=None):
         "run": run,
         "releases_removed": removed,
     }
+    if gate is not None:
+        answer["gate"] = gate
+    return answer
 
 
 def op_runs(p):
