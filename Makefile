@@ -45,9 +45,14 @@ system-deps:
 # Two processes share the test files out (each with its own test hosts; the tiny trainer
 # runs are trained once and shared): 19 min against 40 on a 2-core machine.
 # TEST_WORKERS=0 runs them all in this one.
+# Each run gets a temporary folder of its own (--basetemp): in pytest's shared numbered
+# folders, a second run beside this one could clean up folders this one still uses.
 TEST_WORKERS ?= 2
 test: install system-deps
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	@base=$$(mktemp -d "$${TMPDIR:-/tmp}/dflashctl-test.XXXXXX"); \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --basetemp="$$base/t" $(PYTEST_ARGS); \
+	status=$$?; if [ $$status -eq 0 ]; then rm -rf "$$base"; else echo "test files kept in $$base"; fi; \
+	exit $$status
 
 # The declared minimum of every dependency (pyproject.toml's `>=`, pinned by
 # .ci/min_pins.py) in a venv of its own, running the CLI and host tests (no torch).

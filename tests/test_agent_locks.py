@@ -53,7 +53,7 @@ def test_deploy_holds_one_lock_from_build_to_launch(tmp_path, monkeypatch):
     archive.write_bytes(Archive.of_release(source, manifest, list(manifest)).read_all())
     seen = {}
 
-    def launch(p):
+    def launch(p, warm=None):  # warm: the commit barrier started ahead (several nodes)
         # Between build and launch nobody else could take the workdir.
         seen["locked"] = _locked_out(workdir)
         seen["built"] = (workdir / "releases" / p["release"] / "train.py").is_file()
