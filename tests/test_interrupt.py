@@ -87,6 +87,18 @@ def test_ctrl_c_while_following_the_run_says_it_without_a_traceback(project):
     assert said[-1] == "interrupted" or any("interrupted" in line for line in said), said
 
 
+def exists(module: str) -> bool:
+    """A module that can be imported. -X importtime also times a library's probe for an
+    optional module that is not installed (pathspec 1.x tries `re2` three times): that
+    failed import is no moment of dflashctl's start-up."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def import_order(project) -> list[str]:
     """Every module a `deploy` imports after dflashctl.entry (whose import puts the
     handler in place), in the order their imports end, up to its first step line."""
@@ -96,7 +108,7 @@ def import_order(project) -> list[str]:
         if line.startswith("import time:"):
             module = line.rsplit("|", 1)[-1].strip()
             after_entry = after_entry or module == "dflashctl.entry"
-            if after_entry and module != "dflashctl.entry":
+            if after_entry and module != "dflashctl.entry" and exists(module):
                 order.append(module)
         elif "launched run" in line:
             break
