@@ -134,6 +134,8 @@ def test_no_node_launches_before_every_node_stopped_its_old_run(pair, old_run, t
         pair.new_source()
         run_id = fs.deploy_ok(pair)
         fs.wait_until(lambda: fs.joined(pair, run_id), 120, f"both ranks of {run_id} joined")
-        assert all(s.running == {run_id} for s in fs.settle(pair)), fs.settle(pair)
+        states = fs.settle(pair)
+        assert all(s.running == {run_id} for s in states), [s.describe() for s in states]
     finally:
+        (pair.source / "slow_stop_rank0").unlink(missing_ok=True)  # the next tests stop fast
         pair.config = default

@@ -3,9 +3,12 @@
 
 A launch that carries `commit` ({world, rank, names, address, port, run_id,
 deadline_s, program}) asks the barrier, once its release is built and checked and
-the run's folder made, and before anything is stopped: `join` returns on commit and
-raises CommitAborted on abort, having changed nothing. The barrier program runs in
-the run's interpreter (it needs torch); this module stays standard-library only.
+the run's folder made, and before anything is stopped: `join` raises CommitAborted
+on abort, having changed nothing, and on commit returns the barrier, which
+`pass_gate` then holds until every node has stopped its old run (the stop gate: no
+node launches while node 0's old torchrun may still hold the job's store). The
+barrier program runs in the run's interpreter (it needs torch), started ahead by
+`prestart` while the release is built; this module stays standard-library only.
 
   abort   the verb the client calls on the other nodes when one fails: it writes
           the run's abort marker (no lock: the node waiting at the barrier holds it),
