@@ -22,10 +22,11 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from dflashctl import agent_client, terminal
+from dflashctl import agent_client
 from dflashctl.agent_messages import LaunchAnswer
 from dflashctl.errors import DflashError, HostError
 from dflashctl.nodes import Node, on_every_node
+from dflashctl.reporting import SILENT, Reporter
 
 # What a node left, in the words the error and --json use.
 NEW_RUN = "new run"
@@ -69,7 +70,10 @@ class NodesFailed(DflashError):
 
 
 def launch_everywhere(
-    nodes: list[Node], run_id: str, call: Callable[[Node], LaunchAnswer]
+    nodes: list[Node],
+    run_id: str,
+    call: Callable[[Node], LaunchAnswer],
+    report: Reporter = SILENT,
 ) -> list[LaunchAnswer]:
     """`call(node)` on every node at once; every answer, or NodesFailed."""
     if len(nodes) == 1:
@@ -85,10 +89,10 @@ def launch_everywhere(
             if failed and not aborted:
                 aborted = True
                 why = _reason(failed[0], futures[failed[0].index].exception())
-                abort_others(nodes, [n for n in nodes if n not in failed], run_id, why)
+                abort_others(nodes, [n for n in nodes if n not in failed], run_id, why, report)
     except KeyboardInterrupt:
         # Nothing decided yet: abort everywhere; decided: the nodes finish without us.
-        abort_others(nodes, nodes, run_id, "the deploy was interrupted (Ctrl-C)")
+        abort_others(nodes, nodes, run_id, "the deploy was interrupted (Ctrl-C)", report)
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
@@ -110,7 +114,9 @@ def _reason(node: Node, error: BaseException | None) -> str:
     return f"node {node.name} failed: {text.splitlines()[0] if text else type(error).__name__}"
 
 
-def abort_others(nodes: list[Node], targets: list[Node], run_id: str, reason: str) -> None:
+def abort_others(
+    nodes: list[Node], targets: list[Node], run_id: str, reason: str, report: Reporter = SILENT
+) -> None:
     """The agent's `abort` on `targets` (best effort: a node that cannot be told aborts
     at its deadline, or learns the decision from the others)."""
 
@@ -125,7 +131,7 @@ def abort_others(nodes: list[Node], targets: list[Node], run_id: str, reason: st
 
     for outcome in on_every_node(targets, mark):
         if not outcome.ok:
-            terminal.warning(
+            report.warning(
                 f"could not tell {outcome.node.describe()} to abort ({outcome.error}); "
                 "it decides with the others at its deadline"
             )

@@ -31,7 +31,8 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,7 +44,6 @@ from dflashctl import (
     releases,
     runs,
     setup_env,
-    terminal,
 )
 from dflashctl.agent_messages import LaunchAnswer, LaunchParams
 from dflashctl.archive import Archive
@@ -54,12 +54,13 @@ from dflashctl.deploy_plan import (  # noqa: F401 - DeployOptions, inspect, pref
     Plan,
     check_source,
     confirm_size,
+    dry_run_summary,
     inspect,
     make_plans,
     preflight,
-    print_plans,
 )
 from dflashctl.errors import DflashError, HostError
+from dflashctl.humanize import human_bytes
 from dflashctl.launch_command import commit_deadline, node_launch_params, rendezvous_for
 from dflashctl.launching import (
     config_meta,
@@ -67,12 +68,13 @@ from dflashctl.launching import (
     git_state,
     import_follower,
     lineage_summary,
-    print_launched,
-    report_interrupted,
+    say_launched,
     stop_and_launch,
     summary_of,
+    what_interrupt_left,
 )
 from dflashctl.nodes import Node, node_sessions, on_every_node
+from dflashctl.reporting import SILENT, Reporter
 from dflashctl.source_cache import SourceCache
 from dflashctl.target import Target
 
@@ -162,9 +164,12 @@ def _rules(config: Config) -> list[Any]:
     return rules_for(config)
 
 
-def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]:
+def deploy(
+    config: Config, options: DeployOptions, report: Reporter = SILENT
+) -> tuple[int, dict[str, Any]]:
     """Run a deploy on every node of the config (one, or several as one torchrun job);
-    returns (exit code, the JSON summary)."""
+    returns (exit code, the JSON summary: with --dry-run, the plan). What it does as it
+    goes is told to `report`."""
     started = time.monotonic()
     # The crash rules are for following the run: a detached deploy of a config with no
     # crash_patterns of its own neither loads nor compiles them (a tenth of a one-file
@@ -173,7 +178,7 @@ def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]
     rules = _rules(config) if config.crash_patterns or not options.detach else []
     if not options.detach:
         import_follower()
-    manifest, skipped = check_source(config)
+    manifest, skipped = check_source(config, report)
     meta = config_meta(config)
     # Asking git takes a few subprocesses: done while the hosts answer.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="git-state") as pool:
@@ -189,12 +194,14 @@ def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]
             early = not (options.dry_run or options.start_container)
             for node in nodes if early else []:
                 node.target.transport.prepare_bulk(upload_argv(node.config, node.target, verb))
-            plans = make_plans(config, nodes, options, manifest, lasts)
+            plans = make_plans(config, nodes, options, manifest, lasts, report)
             if options.dry_run:
-                return 0, print_plans(nodes, plans)
-            confirm_size(config, max(plans, key=lambda p: p.bytes_to_send), yes=options.yes)
+                return 0, dry_run_summary(nodes, plans)
+            biggest = max(plans, key=lambda p: p.bytes_to_send)
+            confirm_size(config, biggest, yes=options.yes, report=report)
+            run = Execution(config, options, meta, git, started, report)
             try:
-                summary = execute(config, nodes, plans, options, meta, git, started, lasts)
+                summary = run.execute(nodes, plans, lasts)
             except DflashError as exc:
                 stale = stale_nodes(exc, nodes, lasts)
                 if not stale:
@@ -202,13 +209,16 @@ def deploy(config: Config, options: DeployOptions) -> tuple[int, dict[str, Any]]
                 # The container changed since our last deploy (or is stopped): ask it.
                 for node in stale:
                     lasts[node.index] = None
-                plans = make_plans(config, nodes, options, manifest, lasts)
-                confirm_size(config, max(plans, key=lambda p: p.bytes_to_send), yes=options.yes)
-                summary = execute(config, nodes, plans, options, meta, git, started, lasts)
+                plans = make_plans(config, nodes, options, manifest, lasts, report)
+                biggest = max(plans, key=lambda p: p.bytes_to_send)
+                confirm_size(config, biggest, yes=options.yes, report=report)
+                summary = run.execute(nodes, plans, lasts)
             for entry in summary.get("nodes") or [summary]:
                 entry["left_out"] = skipped.names()
             remember_uploads(config, nodes, verb)
-            return follow_unless_detached(nodes, rules, summary, detach=options.detach)
+            return follow_unless_detached(
+                nodes, rules, summary, detach=options.detach, report=report
+            )
 
 
 def remember_uploads(config: Config, nodes: list[Node], verb: str) -> None:
@@ -244,47 +254,209 @@ def stale_nodes(exc: DflashError, nodes: list[Node], lasts: list[Any]) -> list[N
     return stale if stale and others_clean else []
 
 
-def execute(config, nodes, plans, options, meta, git, started, lasts) -> dict[str, Any]:
-    """Round trip 2 on every node at once: send what changed, build, (on several nodes)
-    agree, stop stale runs, launch. With a node's `lasts` entry (the release this
-    machine deployed there last time) its agent first checks that it is still current
-    and intact, else answers `stale` having changed nothing. Returns the JSON summary."""
-    run_id = runs.new_id()
-    meta.update(git.result())
-    rendezvous = rendezvous_for(config, nodes)
-    deadline = commit_deadline(max(p.bytes_to_send if p.new_release else 0 for p in plans))
-    if setup_env.setup_params(config):  # a node may make its venv before it arrives
-        deadline += float(setup_env.setup_params(config)["timeout_s"])
-    params = {}
-    for node, plan in zip(nodes, plans, strict=True):
-        params[node.index] = node_launch_params(
-            config, nodes, node, run_id, plan.release, rendezvous, meta,
-            extra_args=options.extra_args, fresh=plan.fresh, by="deploy", wait=plan.wait,
-            deadline_s=deadline,
+@dataclass
+class Execution:
+    """Round trip 2 of one deploy, on every node at once: what it needs besides each
+    node's plan, and where it says what it does."""
+
+    config: Config
+    options: DeployOptions
+    meta: dict[str, Any]
+    git: Future  # git_state's answer, asked while the hosts were inspected
+    started: float
+    report: Reporter
+
+    def execute(self, nodes: list[Node], plans: list[Plan], lasts: list[Any]) -> dict[str, Any]:
+        """Send what changed, build, (on several nodes) agree, stop stale runs, launch.
+        With a node's `lasts` entry (the release this machine deployed there last time)
+        its agent first checks that it is still current and intact, else answers
+        `stale` having changed nothing. Returns the JSON summary."""
+        config, options, report = self.config, self.options, self.report
+        run_id = runs.new_id()
+        meta = dict(self.meta, **self.git.result())
+        rendezvous = rendezvous_for(config, nodes)
+        deadline = commit_deadline(max(p.bytes_to_send if p.new_release else 0 for p in plans))
+        if setup_env.setup_params(config):  # a node may make its venv before it arrives
+            deadline += float(setup_env.setup_params(config)["timeout_s"])
+        params = {}
+        for node, plan in zip(nodes, plans, strict=True):
+            params[node.index] = node_launch_params(
+                config, nodes, node, run_id, plan.release, rendezvous, meta,
+                extra_args=options.extra_args, fresh=plan.fresh, by="deploy", wait=plan.wait,
+                deadline_s=deadline,
+            )  # fmt: skip
+            last = lasts[node.index]
+            if last is not None:
+                params[node.index]["expect"] = {"release": last.release, "manifest": last.manifest}
+        try:
+            answers, synced_s, t0 = self.send_and_launch(nodes, plans, params)
+        except KeyboardInterrupt:
+            for node in nodes:
+                grace = float(params[node.index]["grace_s"])
+                left = what_interrupt_left(node.config, run_id, grace)
+                report.warning(f"{node.name}: {left}" if len(nodes) > 1 else left)
+            raise
+        for node, answer, plan in zip(nodes, answers, plans, strict=True):
+            releases.save_last_deploy(node.config, answer["release"], plan.manifest)
+        entries = []
+        for node, answer, plan in zip(nodes, answers, plans, strict=True):
+            prefix = f"{node.name}: " if len(nodes) > 1 else ""
+            command = params[node.index]["command"]
+            seconds = time.monotonic() - t0 - synced_s
+            say_launched(report, answer, run_id, command, seconds, prefix=prefix)
+            entries.append(node_entry(node, plan, answer, command, self.started))
+        top = {
+            "run_id": run_id,
+            "release": answers[0]["release"],
+            **lineage_summary(answers[0]["run"]),
+        }
+        if rendezvous is not None:
+            top["rendezvous"] = rendezvous.endpoint
+        return summary_of(dict(top, dry_run=False), entries)
+
+    def send_and_launch(
+        self, nodes: list[Node], plans: list[Plan], params: dict[int, LaunchParams]
+    ) -> tuple[list[LaunchAnswer], float, float]:
+        """Each node's one call: `deploy` (the archive of what changed, then build,
+        agree, stop, launch) where something changed, `launch` where nothing did. With a
+        setup to stream, the releases are built first (`build`), the setup streamed,
+        then launched. Returns the answers, the seconds spent sending and building, and
+        when it began."""
+        config, report = self.config, self.report
+        t0 = time.monotonic()
+        todo = [n for n in nodes if plans[n.index].new_release]
+        run_id = params[nodes[0].index]["run_id"]
+        streamed = setup_env.needs_streaming(config)
+        archives = {}
+        source = Path(config.trainer.source)
+        for node in todo:
+            plan = plans[node.index]
+            archives[node.index] = Archive.of_release(
+                source, plan.manifest, plan.diff.changed, SourceCache(source)
+            )
+        stopping = sum(len(p.to_stop) for p in plans)
+        if not todo:
+            if streamed:
+                setup_env.setup_every_node(nodes, [p.base_release for p in plans], report)
+            with report.busy("launching" + (f", stopping {stopping} run(s)" if stopping else "")):
+                answers = launch_everywhere(
+                    nodes,
+                    run_id,
+                    lambda n: stop_and_launch(n.config, n.target, params[n.index]),
+                    report,
+                )
+            where = "" if len(nodes) == 1 else " on every node"
+            report.done(
+                f"no changes: release {plans[0].base_release} stays{where} (nothing sent)", 0.0
+            )
+            return answers, 0.0, t0
+        total = sum(a.size for a in archives.values())
+        files = sum(len(plans[n.index].diff.changed) for n in todo)
+        to = "" if len(nodes) == 1 else f" to {len(todo)} nodes"
+        after = (
+            "building the releases"
+            if streamed
+            else "unpacking" + (f", stopping {stopping} run(s)" if stopping else "") + ", launching"
+        )
+
+        def one(node: Node, progress) -> LaunchAnswer:
+            p, plan = params[node.index], plans[node.index]
+            if node not in todo:
+                return stop_and_launch(node.config, node.target, p)
+            archive = archives[node.index]
+            if streamed:
+                return upload_and_deploy(
+                    node.config, node.target, plan, archive, p, progress, verb="build"
+                )
+            return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
+
+        with report.transfer(total, f"sending {files} files{to}", after) as progress:
+            if streamed:
+                built = self.build_everywhere(todo, plans, lambda n: one(n, progress))
+            else:
+                answers = launch_everywhere(nodes, run_id, lambda n: one(n, progress), report)
+        if streamed:
+            answers = self.setup_then_launch(nodes, plans, params, built)
+        synced_s = max(
+            time.monotonic()
+            - t0
+            - max(float(a.get("stop_seconds") or 0.0) + float(a.get("launch_seconds") or 0.0)
+                  for a in answers),
+            0.0,
         )  # fmt: skip
-        last = lasts[node.index]
-        if last is not None:
-            params[node.index]["expect"] = {"release": last.release, "manifest": last.manifest}
-    try:
-        answers, synced_s, t0 = send_and_launch(config, nodes, plans, params)
-    except KeyboardInterrupt:
-        for node in nodes:
-            if len(nodes) > 1:
-                terminal.warning(f"{node.describe()}:")
-            report_interrupted(node.config, run_id, float(params[node.index]["grace_s"]))
-        raise
-    for node, answer, plan in zip(nodes, answers, plans, strict=True):
-        releases.save_last_deploy(node.config, answer["release"], plan.manifest)
-    entries = []
-    for node, answer, plan in zip(nodes, answers, plans, strict=True):
-        prefix = f"{node.name}: " if len(nodes) > 1 else ""
-        command = params[node.index]["command"]
-        print_launched(answer, run_id, command, time.monotonic() - t0 - synced_s, prefix=prefix)
-        entries.append(node_entry(node, plan, answer, command, started))
-    top = {"run_id": run_id, "release": answers[0]["release"], **lineage_summary(answers[0]["run"])}
-    if rendezvous is not None:
-        top["rendezvous"] = rendezvous.endpoint
-    return summary_of(dict(top, dry_run=False), entries)
+        self.say_synced(nodes, plans, answers, archives, synced_s)
+        return answers, synced_s, t0
+
+    def say_synced(self, nodes, plans, answers, archives, seconds) -> None:
+        for node, plan, answer in zip(nodes, plans, answers, strict=True):
+            if not plan.new_release:
+                continue
+            built = cast(dict, answer.get("build") or {})
+            built.setdefault("archive_bytes", archives[node.index].size)
+            diff = plan.diff
+            prefix = f"{node.name}: " if len(nodes) > 1 else ""
+            self.report.done(
+                f"{prefix}synced {len(diff.changed)} of {len(plan.manifest)} files "
+                f"({human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
+                + (f", {len(diff.removed)} removed" if diff.removed else "")
+                + f") into release {plan.new_release}",
+                seconds,
+            )
+
+    def build_everywhere(self, todo, plans, build) -> dict[int, dict]:
+        """`build` on every node with a new release, before any setup or launch; a
+        failure anywhere removes the releases built elsewhere and raises, naming the
+        node."""
+        from dflashctl.nodes import values_or_raise
+
+        outcomes = on_every_node(todo, build)
+        if any(not o.ok for o in outcomes):
+            self.discard([o.node for o in outcomes if o.ok], plans)
+        answers = values_or_raise(outcomes, "building the release")
+        return {n.index: cast(dict, a["build"]) for n, a in zip(todo, answers, strict=True)}
+
+    def setup_then_launch(self, nodes, plans, params, built) -> list[LaunchAnswer]:
+        """The releases are built (nothing stopped yet): stream their setup, then launch
+        them everywhere. A failed setup removes the unused releases and stops nothing."""
+        try:
+            setup_env.setup_every_node(nodes, [p.release for p in plans], self.report)
+        except BaseException:
+            self.discard([n for n in nodes if plans[n.index].new_release], plans)
+            raise
+        run_id = params[nodes[0].index]["run_id"]
+
+        def launch(node: Node) -> LaunchAnswer:
+            # `expect` was checked by the build; the launch's own check would compare
+            # the new release with the old manifest.
+            p = {k: v for k, v in params[node.index].items() if k != "expect"}
+            answer = stop_and_launch(node.config, node.target, cast(LaunchParams, p))
+            if node.index in built:
+                answer["build"] = built[node.index]
+            return answer
+
+        return launch_everywhere(nodes, run_id, launch, self.report)
+
+    def discard(self, built: list[Node], plans: list[Plan]) -> None:
+        """The releases built on these nodes will not be launched: remove them (best
+        effort: an unused release is only space, the next deploy's gc removes it)."""
+
+        def remove(node: Node) -> None:
+            agent_client.call_agent(
+                node.target,
+                node.config.container.python,
+                "discard",
+                {
+                    "workdir": node.config.container.workdir,
+                    "release": plans[node.index].new_release,
+                },
+            )
+
+        for outcome in on_every_node(built, remove):
+            if not outcome.ok:
+                self.report.warning(
+                    f"release {plans[outcome.node.index].new_release} stays unused on "
+                    f"{outcome.node.describe()}: {outcome.error}"
+                )
 
 
 def node_entry(node: Node, plan: Plan, answer: LaunchAnswer, command, started) -> dict[str, Any]:
@@ -311,142 +483,3 @@ def node_entry(node: Node, plan: Plan, answer: LaunchAnswer, command, started) -
         "target": node.target.describe(),
         "seconds": round(time.monotonic() - started, 3),
     }
-
-
-def send_and_launch(config, nodes, plans, params) -> tuple[list[LaunchAnswer], float, float]:
-    """Each node's one call: `deploy` (the archive of what changed, then build, agree,
-    stop, launch) where something changed, `launch` where nothing did. With a setup to
-    stream, the releases are built first (`build`), the setup streamed, then launched.
-    Returns the answers, the seconds spent sending and building, and when it began."""
-    t0 = time.monotonic()
-    todo = [n for n in nodes if plans[n.index].new_release]
-    run_id = params[nodes[0].index]["run_id"]
-    streamed = setup_env.needs_streaming(config)
-    archives = {}
-    source = Path(config.trainer.source)
-    for node in todo:
-        plan = plans[node.index]
-        archives[node.index] = Archive.of_release(
-            source, plan.manifest, plan.diff.changed, SourceCache(source)
-        )
-    if not todo:
-        if streamed:
-            setup_env.setup_every_node(nodes, [p.base_release for p in plans])
-        stopping = sum(len(p.to_stop) for p in plans)
-        with terminal.spinner("launching" + (f", stopping {stopping} run(s)" if stopping else "")):
-            answers = launch_everywhere(
-                nodes, run_id, lambda n: stop_and_launch(n.config, n.target, params[n.index])
-            )
-        where = "" if len(nodes) == 1 else " on every node"
-        terminal.step_done(
-            f"no changes: release {plans[0].base_release} stays{where} (nothing sent)", 0.0
-        )
-        return answers, 0.0, t0
-    total = sum(a.size for a in archives.values())
-    files = sum(len(plans[n.index].diff.changed) for n in todo)
-    to = "" if len(nodes) == 1 else f" to {len(todo)} nodes"
-    stopping = sum(len(p.to_stop) for p in plans)
-    after = (
-        "building the releases"
-        if streamed
-        else "unpacking" + (f", stopping {stopping} run(s)" if stopping else "") + ", launching"
-    )
-
-    def one(node: Node, progress) -> LaunchAnswer:
-        p, plan = params[node.index], plans[node.index]
-        if node not in todo:
-            return stop_and_launch(node.config, node.target, p)
-        archive = archives[node.index]
-        if streamed:
-            return upload_and_deploy(
-                node.config, node.target, plan, archive, p, progress, verb="build"
-            )
-        return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
-
-    with terminal.transfer(total, f"sending {files} files{to}", after) as progress:
-        if streamed:
-            built = build_everywhere(config, todo, plans, lambda n: one(n, progress))
-        else:
-            answers = launch_everywhere(nodes, run_id, lambda n: one(n, progress))
-    if streamed:
-        answers = setup_then_launch(config, nodes, plans, params, built)
-    synced_s = max(
-        time.monotonic()
-        - t0
-        - max(float(a.get("stop_seconds") or 0.0) + float(a.get("launch_seconds") or 0.0)
-              for a in answers),
-        0.0,
-    )  # fmt: skip
-    say_synced(nodes, plans, answers, archives, synced_s)
-    return answers, synced_s, t0
-
-
-def say_synced(nodes, plans, answers, archives, seconds) -> None:
-    for node, plan, answer in zip(nodes, plans, answers, strict=True):
-        if not plan.new_release:
-            continue
-        built = cast(dict, answer.get("build") or {})
-        built.setdefault("archive_bytes", archives[node.index].size)
-        diff = plan.diff
-        prefix = f"{node.name}: " if len(nodes) > 1 else ""
-        terminal.step_done(
-            f"{prefix}synced {len(diff.changed)} of {len(plan.manifest)} files "
-            f"({terminal.human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
-            + (f", {len(diff.removed)} removed" if diff.removed else "")
-            + f") into release {plan.new_release}",
-            seconds,
-        )
-
-
-def build_everywhere(config, todo, plans, build) -> dict[int, dict]:
-    """`build` on every node with a new release, before any setup or launch; a failure
-    anywhere removes the releases built elsewhere and raises, naming the node."""
-    from dflashctl.nodes import values_or_raise
-
-    outcomes = on_every_node(todo, build)
-    if any(not o.ok for o in outcomes):
-        discard(config, [o.node for o in outcomes if o.ok], plans)
-    answers = values_or_raise(outcomes, "building the release")
-    return {n.index: cast(dict, a["build"]) for n, a in zip(todo, answers, strict=True)}
-
-
-def setup_then_launch(config, nodes, plans, params, built) -> list[LaunchAnswer]:
-    """The releases are built (nothing stopped yet): stream their setup, then launch
-    them everywhere. A failed setup removes the unused releases and stops nothing."""
-    try:
-        setup_env.setup_every_node(nodes, [p.release for p in plans])
-    except BaseException:
-        discard(config, [n for n in nodes if plans[n.index].new_release], plans)
-        raise
-    run_id = params[nodes[0].index]["run_id"]
-
-    def launch(node: Node) -> LaunchAnswer:
-        # `expect` was checked by the build; the launch's own check would compare the
-        # new release with the old manifest.
-        p = {k: v for k, v in params[node.index].items() if k != "expect"}
-        answer = stop_and_launch(node.config, node.target, cast(LaunchParams, p))
-        if node.index in built:
-            answer["build"] = built[node.index]
-        return answer
-
-    return launch_everywhere(nodes, run_id, launch)
-
-
-def discard(config: Config, built: list[Node], plans: list[Plan]) -> None:
-    """The releases built on these nodes will not be launched: remove them (best
-    effort: an unused release is only space, the next deploy's gc removes it)."""
-
-    def remove(node: Node) -> None:
-        agent_client.call_agent(
-            node.target,
-            node.config.container.python,
-            "discard",
-            {"workdir": node.config.container.workdir, "release": plans[node.index].new_release},
-        )
-
-    for outcome in on_every_node(built, remove):
-        if not outcome.ok:
-            terminal.warning(
-                f"release {plans[outcome.node.index].new_release} stays unused on "
-                f"{outcome.node.describe()}: {outcome.error}"
-            )

@@ -1,30 +1,23 @@
 """A deploy's plan on each node: the local checks of the source, round trip 1
 (inspect) where this machine does not remember the last deploy, and the dry run's
-answer. deploy.py carries the plans out."""
+answer (as data: commands/deploy.py draws it). deploy.py carries the plans out."""
 
 from __future__ import annotations
 
-import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import typer
-
-from dflashctl import agent_client, pct, runs, setup_env, sync, terminal
+from dflashctl import agent_client, pct, runs, setup_env, sync
 from dflashctl.agent_messages import InspectAnswer, ProcessToStop, Resume
 from dflashctl.config import Config
 from dflashctl.connect import open_proxmox
 from dflashctl.errors import UsageError
+from dflashctl.humanize import human_bytes
 from dflashctl.launch_command import node_command
-from dflashctl.launching import (
-    describe_start,
-    describe_target_to_stop,
-    summary_of,
-    trainer_command,
-)
+from dflashctl.launching import summary_of, trainer_command
 from dflashctl.nodes import Node, on_every_node, values_or_raise
+from dflashctl.reporting import SILENT, Reporter
 from dflashctl.source_cache import SourceCache
 from dflashctl.stopping import process_scope
 
@@ -47,7 +40,9 @@ def start_container(config: Config, target: Target) -> ContainerStatus:
     )
 
 
-def inspect(config: Config, target: Target, *, may_start: bool) -> InspectAnswer:
+def inspect(
+    config: Config, target: Target, *, may_start: bool, report: Reporter = SILENT
+) -> InspectAnswer:
     """Round trip 1; starts a stopped container first when allowed (else exit 3)."""
     params = {
         "workdir": config.container.workdir,
@@ -62,11 +57,11 @@ def inspect(config: Config, target: Target, *, may_start: bool) -> InspectAnswer
     except pct.ContainerNotRunning:
         if not may_start:
             raise  # with pct.not_running_hint, the one hint for a stopped container
-    with terminal.step(f"starting container {target.vmid}") as step:
+    with report.step(f"starting container {target.vmid}") as step:
         status = start_container(config, target)
         step["done"] = f"started container {target.vmid}"
     if status.warnings:
-        terminal.warning(f"container {target.vmid} started with warnings: {status.warnings}")
+        report.warning(f"container {target.vmid} started with warnings: {status.warnings}")
     return cast(
         InspectAnswer, agent_client.call_agent(target, config.container.python, "inspect", params)
     )
@@ -116,37 +111,38 @@ def preflight(config: Config) -> tuple[sync.Manifest, int, sync.Skipped]:
     return manifest, checked, skipped
 
 
-def check_source(config: Config) -> tuple[sync.Manifest, sync.Skipped]:
+def check_source(config: Config, report: Reporter = SILENT) -> tuple[sync.Manifest, sync.Skipped]:
     """preflight as a step of a deploy: its line, and one line naming what
     trainer.exclude left out."""
-    with terminal.step("checking the trainer source") as step:
+    with report.step("checking the trainer source") as step:
         manifest, checked, skipped = preflight(config)
         step["done"] = (
             f"checked {config.trainer.source}: {len(manifest)} files, {checked} Python files compile"
         )
-    left_out = skipped.describe(terminal.human_bytes)
+    left_out = skipped.describe(human_bytes)
     if left_out:
-        terminal.info(f"  {left_out}")
+        report.info(f"  {left_out}")
     return manifest, skipped
 
 
-def confirm_size(config: Config, plan: Plan, *, yes: bool) -> None:
-    """More than trainer.confirm_above_mb to send: ask on a terminal; elsewhere
-    only --yes sends it. Refusing is exit 2 with nothing sent."""
+def confirm_size(config: Config, plan: Plan, *, yes: bool, report: Reporter = SILENT) -> None:
+    """More than trainer.confirm_above_mb to send: ask the user (on a terminal);
+    with nobody to ask only --yes sends it. Refusing is exit 2 with nothing sent."""
     limit = config.trainer.confirm_above_mb
     size = plan.bytes_to_send if plan.new_release else 0
     if yes or limit is None or size <= limit * 1e6:
         return
     largest = sorted(plan.diff.changed, key=lambda p: -plan.manifest[p][0])[:3]
-    what = ", ".join(f"{p} ({terminal.human_bytes(plan.manifest[p][0])})" for p in largest)
+    what = ", ".join(f"{p} ({human_bytes(plan.manifest[p][0])})" for p in largest)
     question = (
-        f"this deploy sends {terminal.human_bytes(size)}, more than "
+        f"this deploy sends {human_bytes(size)}, more than "
         f"trainer.confirm_above_mb ({limit:g} MB); largest: {what}"
     )
     hint = "leave big files out with trainer.exclude, or raise trainer.confirm_above_mb"
-    if not (sys.stdin.isatty() and terminal.interactive()):
+    answer = report.confirm(f"{question}. Send it?")
+    if answer is None:
         raise UsageError(f"{question}; nothing was sent", hint=f"pass --yes to send it, {hint}")
-    if not typer.confirm(f"{question}. Send it?", err=True):
+    if not answer:
         raise UsageError("nothing was sent", hint=hint)
 
 
@@ -188,6 +184,7 @@ def make_plans(
     options: DeployOptions,
     manifest: sync.Manifest,
     lasts: list[Any],
+    report: Reporter = SILENT,
 ) -> list[Plan]:
     """Each node's plan: from the last deploy there when remembered, else inspected
     (round trip 1, on every such node at once). One release id for every node that
@@ -196,9 +193,9 @@ def make_plans(
     inspected: dict[int, Plan] = {}
     if todo:
         what = todo[0].target.describe() if len(nodes) == 1 else f"{len(todo)} nodes"
-        with terminal.step(f"inspecting {what}") as step:
+        with report.step(f"inspecting {what}") as step:
             found = values_or_raise(
-                on_every_node(todo, lambda node: inspected_plan(node, options, manifest)),
+                on_every_node(todo, lambda node: inspected_plan(node, options, manifest, report)),
                 "inspecting",
             )
             inspected = {n.index: p for n, (p, _) in zip(todo, found, strict=True)}
@@ -220,7 +217,9 @@ def make_plans(
     return plans
 
 
-def inspected_plan(node: Node, options: DeployOptions, manifest: sync.Manifest) -> tuple[Plan, str]:
+def inspected_plan(
+    node: Node, options: DeployOptions, manifest: sync.Manifest, report: Reporter = SILENT
+) -> tuple[Plan, str]:
     """Round trip 1 on a node whose last deploy is unknown or out of date; the plan and
     what to say of it."""
     config, target = node.config, node.target
@@ -230,6 +229,7 @@ def inspected_plan(node: Node, options: DeployOptions, manifest: sync.Manifest) 
         # A dry run changes nothing, a stopped container included.
         may_start=(options.start_container or config.container.start_if_stopped)
         and not options.dry_run,
+        report=report,
     )
     base = state.get("release")
     plan = plan_from(config, options, manifest, base, state.get("manifest"), state.get("to_stop"))
@@ -245,61 +245,41 @@ def inspected_plan(node: Node, options: DeployOptions, manifest: sync.Manifest) 
     return plan, said
 
 
-def print_plans(nodes: list[Node], plans: list[Plan]) -> dict[str, Any]:
-    """The dry run's answer: each node's plan (headed by its node when there are
-    several). Nothing was changed."""
-    entries = []
-    for node, plan in zip(nodes, plans, strict=True):
-        if len(nodes) > 1:
-            terminal.out.print(f"[bold]{node.describe()}[/bold] (node rank {node.index})")
-        entry = print_plan(node.config, plan)
-        entry.pop("dry_run")
-        entries.append({"node": node.name, **entry})
+def dry_run_summary(nodes: list[Node], plans: list[Plan]) -> dict[str, Any]:
+    """The dry run's answer, as data: each node's plan. Nothing was changed."""
+    entries = [
+        {"node": node.name, "node_rank": node.index, **planned(node, plan)}
+        for node, plan in zip(nodes, plans, strict=True)
+    ]
     top = {"dry_run": True, "release": plans[0].new_release}
     return summary_of(top, entries)
 
 
-def print_plan(config: Config, plan: Plan) -> dict[str, Any]:
-    """The dry run's answer: what would travel, stop and start. Nothing was changed."""
-    out = terminal.out
-    diff = plan.diff
-    out.print(f"[bold]plan[/bold] (dry run, nothing changed) for {config.container.workdir}")
-    if plan.new_release:
-        out.print(
-            f"  new release {plan.new_release}: send {len(diff.changed)} of "
-            f"{len(plan.manifest)} files ({terminal.human_bytes(plan.bytes_to_send)})"
-            + (f", drop {len(diff.removed)}" if diff.removed else "")
-        )
-        for rel in diff.changed:
-            out.print(f"    + {rel}  ({terminal.human_bytes(plan.manifest[rel][0])})")
-        for rel in diff.removed:
-            out.print(f"    - {rel}")
-    else:
-        out.print(f"  no changes: release {plan.base_release} stays (nothing sent)")
-    if plan.to_stop:
-        out.print(f"  stop (SIGTERM, {config.run.stop_grace_s:g} s grace, then SIGKILL):")
-        for item in plan.to_stop:
-            out.print(f"    {describe_target_to_stop(item)}")
-    else:
-        out.print("  nothing to stop")
+def planned(node: Node, plan: Plan) -> dict[str, Any]:
+    """What would travel, stop and start on one node."""
+    config, diff, new = node.config, plan.diff, bool(plan.new_release)
     setup = setup_env.setup_params(config)
-    if setup:
-        what = [f"pip install -r {setup['requirements']}"] if setup["requirements"] else []
-        what += setup["commands"]
-        out.print(f"  setup (in a venv, once per content): {'; '.join(what)}")
-    out.print(f"  launch in {config.container.workdir}/current: {shlex.join(plan.command)}")
-    out.print(f"  the new run {describe_start(plan.continues, plan.active_run, fresh=plan.fresh)}")
     return {
-        "dry_run": True,
+        "target": node.target.describe(),
+        "workdir": config.container.workdir,
         "release": plan.new_release,
         "previous_release": plan.base_release,
+        "files_total": len(plan.manifest),
         "files_to_send": [{"path": p, "size": plan.manifest[p][0]} for p in diff.changed]
-        if plan.new_release
+        if new
         else [],
-        "files_removed": diff.removed if plan.new_release else [],
-        "bytes_to_send": plan.bytes_to_send if plan.new_release else 0,
+        "files_removed": diff.removed if new else [],
+        "bytes_to_send": plan.bytes_to_send if new else 0,
         "runs_to_stop": plan.to_stop,
+        "stop_grace_s": config.run.stop_grace_s,
+        "setup": (
+            ([f"pip install -r {setup['requirements']}"] if setup["requirements"] else [])
+            + list(setup["commands"])
+            if setup
+            else []
+        ),
         "command": plan.command,
         "fresh": plan.fresh,
         "continues": None if plan.fresh else plan.continues,
+        "replaces_run": plan.active_run,
     }

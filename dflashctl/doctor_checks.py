@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dflashctl import hints, terminal
+from dflashctl import hints
 from dflashctl.errors import EXIT_HOST, EXIT_OK, EXIT_USAGE, ConfigError, DflashError, HostError
+from dflashctl.humanize import human_bytes, human_duration
 
 if TYPE_CHECKING:
     from dflashctl.target import Target
@@ -163,7 +164,7 @@ def _disk_probe(target: Target, workdir: str) -> Callable[[], tuple[str, str]]:
         fields = [line for line in lines if not line.startswith("checkpoint ")][-1].split()
         free = int(fields[3]) * 1024
         mounted = fields[5]
-        detail = f"{terminal.human_bytes(free)} free for {workdir} (on {mounted})"
+        detail = f"{human_bytes(free)} free for {workdir} (on {mounted})"
         prune = hints.command("runs --prune 5")
         if free < MIN_FREE_BYTES:
             raise HostError(
@@ -176,10 +177,10 @@ def _disk_probe(target: Target, workdir: str) -> Callable[[], tuple[str, str]]:
             if free < needs:
                 return WARN, (
                     f"{detail}, less than a checkpoint takes: the newest, "
-                    f"{checkpoint[2]}, is {terminal.human_bytes(needs)}; the next one "
+                    f"{checkpoint[2]}, is {human_bytes(needs)}; the next one "
                     f"would fill the disk (free space with {prune})"
                 )
-            detail += f", {terminal.human_bytes(needs)} per checkpoint"
+            detail += f", {human_bytes(needs)} per checkpoint"
         return PASS, detail
 
     return probe
@@ -338,7 +339,9 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
                     f"container {vmid} ({status.name}) is {status.status}",
                     hint=not_running_hint(vmid),
                 )
-            return f"container {vmid} ({status.name}) is running, up {terminal.human_duration(status.uptime_s)}"
+            return (
+                f"container {vmid} ({status.name}) is running, up {human_duration(status.uptime_s)}"
+            )
 
         if not doctor.run("container runs", container_probe):
             for name in remaining[5:]:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from dflashctl import agent_client, hints, recovery, setup_env, terminal
+from dflashctl import agent_client, hints, recovery, setup_env
 from dflashctl.agent_messages import (
     LaunchAnswer,
     LaunchParams,
@@ -22,6 +22,7 @@ from dflashctl.agent_messages import (
 from dflashctl.config import Config
 from dflashctl.connect import open_target
 from dflashctl.errors import HostError
+from dflashctl.reporting import SILENT, Reporter
 
 # Deploy and restart stop runs as `stop` does (stopping.py, which `stop` imports alone);
 from dflashctl.stopping import describe_stopped, process_scope
@@ -147,20 +148,26 @@ def describe_target_to_stop(item: ProcessToStop) -> str:
     return f"pid {item['pid']} ({who}, {scope}): {item.get('cmdline', '')}"
 
 
-def print_launched(
-    launched: LaunchAnswer, run_id: str, command: list[str], seconds: float, *, prefix: str = ""
+def say_launched(
+    report: Reporter,
+    launched: LaunchAnswer,
+    run_id: str,
+    command: list[str],
+    seconds: float,
+    *,
+    prefix: str = "",
 ) -> None:
     """The runs the agent stopped, then the one it launched; `seconds` is the time the
     stop and launch took together; `prefix` names the node when there are several."""
     stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
     for index, item in enumerate(launched["stopped"]):
-        terminal.step_done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
-    terminal.step_done(
+        report.done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
+    report.done(
         f"{prefix}launched run {run_id} (pid {launched['run']['pid']}) from release "
         f"{launched['release']}: {shlex.join(command)}",
         max(seconds - stop_s, 0.0),
     )
-    terminal.info(f"  {describe_lineage(launched['run'])}")
+    report.info(f"  {describe_lineage(launched['run'])}")
 
 
 def describe_lineage(run: StartedRun) -> str:
@@ -226,14 +233,19 @@ def import_follower() -> None:
 
 
 def follow_unless_detached(
-    nodes: list[Node], rules: list[Rule], summary: dict[str, Any], *, detach: bool
+    nodes: list[Node],
+    rules: list[Rule],
+    summary: dict[str, Any],
+    *,
+    detach: bool,
+    report: Reporter = SILENT,
 ) -> tuple[int, dict[str, Any]]:
     """Follow the new run on every node as `logs --follow` does
     (dflashctl/follow/fleet.py); (exit code, summary with the run's result: one node's,
     or each node's and the root cause)."""
     run_id = summary["run_id"]
     if detach:
-        terminal.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
+        report.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
     from dflashctl.follow import follow_fleet, report_fleet  # (import_follower)
 
@@ -245,11 +257,10 @@ def follow_unless_detached(
 # --------------------------------------------------------------------------- Ctrl-C
 
 
-def report_interrupted(config: Config, run_id: str, grace_s: float) -> None:
-    """Ctrl-C during a deploy or restart: say what it left. The container-side launch
-    runs on without us once it began, so ask the workdir (a fresh connection) after it
-    settled: the new run launched, or the old one still running."""
-    say = terminal.warning
+def what_interrupt_left(config: Config, run_id: str, grace_s: float) -> str:
+    """Ctrl-C during a deploy or restart: what it left, to say. The container-side
+    launch runs on without us once it began, so ask the workdir (a fresh connection)
+    after it settled: the new run launched, or the old one still running."""
     try:
         target = open_target(config)
         try:
@@ -264,32 +275,30 @@ def report_interrupted(config: Config, run_id: str, grace_s: float) -> None:
             target.close()
     except (HostError, KeyboardInterrupt) as exc:
         reason = exc.message if isinstance(exc, HostError) else "interrupted again"
-        say(
+        return (
             f"interrupted; could not learn what the deploy left ({reason}): "
             f"{hints.command('runs')} shows which run is running"
         )
-        return
     launched, active = answer.get("launched"), answer.get("active_run")
     if launched is not None:
-        say(
+        return (
             f"interrupted, but the launch had begun and finished in the container: run "
             f"{run_id} launched (pid {launched.get('pid')}), release {answer.get('release')}; "
             f"follow it with {hints.command(f'logs -f {run_id}')}"
         )
-    elif answer.get("busy"):
-        say(
+    if answer.get("busy"):
+        return (
             "interrupted; the container is still stopping the old run and launching: "
             f"{hints.command('runs')} shows the outcome shortly"
         )
-    elif active is not None and active.get("status") == "running":
-        say(
+    if active is not None and active.get("status") == "running":
+        return (
             f"interrupted before anything was stopped: run {active['id']} still running "
             f"(release {answer.get('release')}); nothing changed"
         )
-    elif active is not None:
-        say(
+    if active is not None:
+        return (
             f"interrupted: run {run_id} was not launched; the last run {active['id']} "
             f"is {active.get('status')} and nothing is running; deploy again"
         )
-    else:
-        say("interrupted before anything was launched; nothing is running")
+    return "interrupted before anything was launched; nothing is running"

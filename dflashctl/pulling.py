@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflashctl import agent_client, hints, terminal
+from dflashctl import agent_client, hints
 from dflashctl.errors import HostError, UsageError
 from dflashctl.nodes import Node, on_every_node
+from dflashctl.reporting import SILENT, Reporter
 
 # Reads `length` bytes of a file from `offset` to stdout (Python 3.6+, stdlib only).
 _READER = (
@@ -45,7 +46,9 @@ class PullFile:
     node: Node
 
 
-def plans(nodes: list[Node], run_id: str, step: int | None) -> list[dict[str, Any]]:
+def plans(
+    nodes: list[Node], run_id: str, step: int | None, report: Reporter = SILENT
+) -> list[dict[str, Any]]:
     def ask(node: Node) -> dict[str, Any]:
         params = {"workdir": node.config.container.workdir, "run_id": run_id, "step": step}
         return agent_client.call_agent(
@@ -57,7 +60,7 @@ def plans(nodes: list[Node], run_id: str, step: int | None) -> list[dict[str, An
     if failed and len(failed) == len(outcomes):
         raise failed[0].error  # type: ignore[misc]
     for o in failed:
-        terminal.warning(f"{o.node.describe()}: {o.error}")
+        report.warning(f"{o.node.describe()}: {o.error}")
     return [o.value if o.ok else {"found": False, "runs": []} for o in outcomes]  # type: ignore[misc]
 
 
@@ -108,7 +111,7 @@ def local_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pull_files(files: list[PullFile], dest: Path) -> dict[str, int]:
+def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> dict[str, int]:
     """Fetch what is missing; returns counts: fetched, resumed, already, bytes."""
     counts = {"fetched": 0, "resumed": 0, "already": 0, "bytes": 0}
     todo = []
@@ -119,7 +122,7 @@ def pull_files(files: list[PullFile], dest: Path) -> dict[str, int]:
         else:
             todo.append(f)
     total = sum(f.size - _partial_size(dest, f) for f in todo)
-    with terminal.transfer(total, f"pulling {len(todo)} files", "checking sha256") as progress:
+    with report.transfer(total, f"pulling {len(todo)} files", "checking sha256") as progress:
         for f in todo:
             resumed = _partial_size(dest, f) > 0
             counts["bytes"] += _fetch(f, dest, progress)

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from platformdirs import user_cache_path
-from rich.markup import escape
 
-from dflashctl import agent_client, terminal
+from dflashctl import agent_client
 from dflashctl.config import Config
 from dflashctl.errors import HostError
+from dflashctl.reporting import SILENT, Reporter
 from dflashctl.target import Target
 
 RESULT_PREFIX = "DFLASH-SETUP-RESULT "  # the agent's last line (agent/venvs.py)
@@ -86,10 +86,15 @@ def remember(config: Config) -> None:
 
 
 def run_setup(
-    config: Config, target: Target, release: str | None, *, label: str = ""
+    config: Config,
+    target: Target,
+    release: str | None,
+    *,
+    label: str = "",
+    report: Reporter = SILENT,
 ) -> dict[str, Any] | None:
-    """The streamed setup for `release` (None: the current one): pip's output printed
-    as it comes (prefixed `setup |`, or `<label> setup |`); returns the venv
+    """The streamed setup for `release` (None: the current one): pip's output reported
+    a line at a time as it comes (`label` names the node); returns the venv
     ({"key", "venv", "python", "built", "seconds"}) or None when nothing is installed;
     raises SetupFailed naming the package."""
     params = setup_params(config)
@@ -98,10 +103,10 @@ def run_setup(
     python = config.container.python
     call = {"workdir": config.container.workdir, "release": release, "setup": params}
     agent_client.install(target, python)
-    result, output = _stream(target, python, call, label)
+    result, output = _stream(target, python, call, label, report)
     if result is None and agent_client.is_agent_missing(output):
         agent_client.install(target, python, force=True)
-        result, output = _stream(target, python, call, label)
+        result, output = _stream(target, python, call, label, report)
     if result is None:
         tail = output.decode("utf-8", "replace").strip().splitlines()
         raise HostError(
@@ -119,15 +124,13 @@ def run_setup(
     if venv:
         how = "made" if venv.get("built") else "up to date"
         seconds = float(venv.get("seconds") or 0.0)
-        terminal.step_done(
-            f"{label + ' ' if label else ''}setup: venv {venv['key']} {how}", seconds
-        )
+        report.done(f"{label + ' ' if label else ''}setup: venv {venv['key']} {how}", seconds)
     remember(config)
     return venv
 
 
 def _stream(
-    target: Target, python: str, call: dict[str, Any], label: str
+    target: Target, python: str, call: dict[str, Any], label: str, report: Reporter
 ) -> tuple[dict[str, Any] | None, bytes]:
     argv = [
         python,
@@ -136,7 +139,6 @@ def _stream(
         agent_client.bootstrap("setup", call, with_bundle=False),
         "DFLASH-SETUP",
     ]
-    prefix = f"[dim]{escape(label + ' ' if label else '')}setup |[/dim] "
     result = None
     seen = bytearray()
     pending = b""
@@ -155,11 +157,13 @@ def _stream(
                 if line.startswith(RESULT_PREFIX):
                     result = json.loads(line[len(RESULT_PREFIX) :])
                 else:
-                    terminal.out.print(prefix + escape(line), soft_wrap=True, highlight=False)
+                    report.output(label, line)
     return result, bytes(seen)
 
 
-def setup_every_node(nodes: list[Any], releases: list[str | None]) -> None:
+def setup_every_node(
+    nodes: list[Any], releases: list[str | None], report: Reporter = SILENT
+) -> None:
     """The streamed setup on every node at once (each line prefixed by its node), when
     any node has not seen this setup succeed; the first failure raised, naming its node."""
     from dflashctl.nodes import on_every_node, values_or_raise
@@ -173,6 +177,7 @@ def setup_every_node(nodes: list[Any], releases: list[str | None]) -> None:
             node.target,
             releases[node.index],
             label=node.name if len(nodes) > 1 else "",
+            report=report,
         ),
     )
     values_or_raise(outcomes, "setting up the venv")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dflashctl import runs, setup_env, terminal
+from dflashctl import runs, setup_env
 from dflashctl.committing import launch_everywhere
 from dflashctl.config import Config
 from dflashctl.crash import rules_for
@@ -15,13 +15,14 @@ from dflashctl.launching import (
     follow_unless_detached,
     import_follower,
     lineage_summary,
-    print_launched,
-    report_interrupted,
+    say_launched,
     source_meta,
     stop_and_launch,
     summary_of,
+    what_interrupt_left,
 )
 from dflashctl.nodes import node_sessions
+from dflashctl.reporting import SILENT, Reporter
 
 
 def restart(
@@ -31,6 +32,7 @@ def restart(
     extra_args: list[str] | None = None,
     fresh: bool = False,
     wait: bool = False,
+    report: Reporter = SILENT,
 ) -> tuple[int, dict[str, Any]]:
     """Stop stale runs and launch the current release again on every node: one round
     trip per node, no sync. On several nodes the commit barrier also checks that every
@@ -55,22 +57,28 @@ def restart(
             )  # fmt: skip
             if "commit" in params[node.index]:
                 params[node.index]["commit"]["same_release"] = True
-        setup_env.setup_every_node(nodes, [None] * len(nodes))  # a failure stops nothing
+        setup_env.setup_every_node(nodes, [None] * len(nodes), report)  # a failure stops nothing
         t0 = time.monotonic()
         try:
-            with terminal.spinner("stopping stale runs and launching"):
+            with report.busy("stopping stale runs and launching"):
                 answers = launch_everywhere(
-                    nodes, run_id, lambda n: stop_and_launch(n.config, n.target, params[n.index])
+                    nodes,
+                    run_id,
+                    lambda n: stop_and_launch(n.config, n.target, params[n.index]),
+                    report,
                 )
         except KeyboardInterrupt:
             for node in nodes:
-                report_interrupted(node.config, run_id, float(params[node.index]["grace_s"]))
+                left = what_interrupt_left(
+                    node.config, run_id, float(params[node.index]["grace_s"])
+                )
+                report.warning(f"{node.name}: {left}" if len(nodes) > 1 else left)
             raise
         entries = []
         for node, answer in zip(nodes, answers, strict=True):
             command = params[node.index]["command"]
             prefix = f"{node.name}: " if len(nodes) > 1 else ""
-            print_launched(answer, run_id, command, time.monotonic() - t0, prefix=prefix)
+            say_launched(report, answer, run_id, command, time.monotonic() - t0, prefix=prefix)
             entries.append(
                 {
                     "node": node.name,
@@ -90,4 +98,4 @@ def restart(
         if rendezvous is not None:
             top["rendezvous"] = rendezvous.endpoint
         summary = summary_of(top, entries)
-        return follow_unless_detached(nodes, rules, summary, detach=detach)
+        return follow_unless_detached(nodes, rules, summary, detach=detach, report=report)

@@ -19,6 +19,9 @@ from collections.abc import Callable, Iterator, Sequence
 from rich.console import Console
 from rich.markup import escape
 
+from dflashctl.humanize import human_bytes, human_duration  # noqa: F401 - for the commands
+from dflashctl.reporting import Reporter
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -230,24 +233,40 @@ class PlainProgress:
         )
 
 
-def human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+class TerminalReporter(Reporter):
+    """What the logic says (reporting.py), drawn here: step lines with their time,
+    spinners and progress bars on a terminal, plain lines elsewhere, nothing extra on
+    stdout under --json."""
 
+    @contextlib.contextmanager
+    def step(self, message: str) -> Iterator[dict]:
+        with step(message) as result:
+            yield result
 
-def human_duration(seconds: int) -> str:
-    """`3d 4h`, `2h 05m`, `4m 09s`, `12s`: an uptime at the precision that matters."""
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
+    def done(self, message: str, seconds: float) -> None:
+        step_done(message, seconds)
+
+    def info(self, message: str) -> None:
+        info(message)
+
+    def warning(self, message: str) -> None:
+        warning(message)
+
+    def busy(self, message: str) -> contextlib.AbstractContextManager:
+        return spinner(message)
+
+    @contextlib.contextmanager
+    def transfer(self, total: int, message: str, then: str) -> Iterator[Callable[[int], None]]:
+        with transfer(total, message, then) as sent:
+            yield sent
+
+    def output(self, label: str, line: str) -> None:
+        prefix = f"[dim]{escape(label + ' ' if label else '')}setup |[/dim] "
+        out.print(prefix + escape(line), soft_wrap=True, highlight=False)
+
+    def confirm(self, question: str) -> bool | None:
+        if not (sys.stdin.isatty() and interactive()):
+            return None
+        import typer
+
+        return typer.confirm(question, err=True)

@@ -16,6 +16,7 @@ import pytest
 
 from dflashctl import connect as connect_mod
 from dflashctl import deploy as deploy_mod
+from dflashctl.commands.deploy import show_plan
 from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import ConfigError, HostError, UsageError
@@ -182,6 +183,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(project, capsys):
     before = snapshot(project.workdir)
     capsys.readouterr()
     code, plan = deploy(project.config(), DeployOptions(dry_run=True))
+    assert capsys.readouterr().out == ""  # the logic prints nothing: the command draws it
+    show_plan(plan)
     out = capsys.readouterr().out
     assert code == 0 and plan["dry_run"] is True
     assert snapshot(project.workdir) == before

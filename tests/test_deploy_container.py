@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dflashctl.commands.deploy import show_plan
 from dflashctl.config import load_config
 from dflashctl.connect import open_target
 from dflashctl.deploy import DeployOptions, deploy
@@ -166,6 +167,7 @@ def test_dry_run_changes_nothing_in_the_container(setup, capsys):
     before = snapshot(container.root), snapshot(container.tmp)
     capsys.readouterr()
     code, plan = deploy(load_config(path), DeployOptions(dry_run=True))
+    show_plan(plan)
     out = capsys.readouterr().out
     assert code == 0
     assert (snapshot(container.root), snapshot(container.tmp)) == before

@@ -203,15 +203,16 @@ def test_deploy_follows_the_new_run_on_every_node(two, capsys):
     from dflashctl.crash import load_rules
     from dflashctl.launching import follow_unless_detached
     from dflashctl.nodes import node_sessions
+    from dflashctl.terminal import TerminalReporter
 
     two.start("a", "r1", 3, 0.01)
     two.start("b", "r1", 2, 0.01, "thread-crash")
     with node_sessions(load_config(two.config)) as nodes:
         code, summary = follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=False)
-        assert follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=True) == (
-            0,
-            {"run_id": "r1"},
+        detached = follow_unless_detached(
+            nodes, load_rules(), {"run_id": "r1"}, detach=True, report=TerminalReporter()
         )
+        assert detached == (0, {"run_id": "r1"})
     assert code == 1
     cause = summary["result"]["root_cause"]
     assert (cause["node"], cause["thread"], cause["exception"]) == (

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import shlex
+from typing import Annotated, Any
 
 import typer
 
@@ -61,11 +62,54 @@ def deploy(
         yes=yes,
         extra_args=list(trainer_args or []),
     )
-    code, summary = run_deploy(cfg, options)
+    code, summary = run_deploy(cfg, options, terminal.TerminalReporter())
+    if dry_run:
+        show_plan(summary)
     if json_output:
         terminal.print_json(summary, command="deploy", node=node_name_of(cfg))
     if code:
         raise typer.Exit(code)
+
+
+def show_plan(summary: dict[str, Any]) -> None:
+    """The dry run's answer (deploy_plan.dry_run_summary), on stdout: each node's plan,
+    headed by its node when there are several."""
+    from dflashctl.humanize import human_bytes
+    from dflashctl.launching import describe_start, describe_target_to_stop
+
+    entries = summary.get("nodes") or [summary]
+    out = terminal.out
+    for entry in entries:
+        if len(entries) > 1:
+            out.print(
+                f"[bold]node {entry['node']} ({entry['target']})[/bold] "
+                f"(node rank {entry['node_rank']})"
+            )
+        out.print(f"[bold]plan[/bold] (dry run, nothing changed) for {entry['workdir']}")
+        sending, removed = entry["files_to_send"], entry["files_removed"]
+        if entry["release"]:
+            out.print(
+                f"  new release {entry['release']}: send {len(sending)} of "
+                f"{entry['files_total']} files ({human_bytes(entry['bytes_to_send'])})"
+                + (f", drop {len(removed)}" if removed else "")
+            )
+            for item in sending:
+                out.print(f"    + {item['path']}  ({human_bytes(item['size'])})")
+            for rel in removed:
+                out.print(f"    - {rel}")
+        else:
+            out.print(f"  no changes: release {entry['previous_release']} stays (nothing sent)")
+        if entry["runs_to_stop"]:
+            out.print(f"  stop (SIGTERM, {entry['stop_grace_s']:g} s grace, then SIGKILL):")
+            for item in entry["runs_to_stop"]:
+                out.print(f"    {describe_target_to_stop(item)}")
+        else:
+            out.print("  nothing to stop")
+        if entry["setup"]:
+            out.print(f"  setup (in a venv, once per content): {'; '.join(entry['setup'])}")
+        out.print(f"  launch in {entry['workdir']}/current: {shlex.join(entry['command'])}")
+        start = describe_start(entry["continues"], entry["replaces_run"], fresh=entry["fresh"])
+        out.print(f"  the new run {start}")
 
 
 def register(app: typer.Typer) -> None:

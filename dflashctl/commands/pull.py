@@ -49,11 +49,12 @@ def pull(
     dest = (to if to is not None else Path("runs") / run_id).expanduser()
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder", hint="pass another --to")
+    report = terminal.TerminalReporter()
     with node_sessions(cfg) as nodes:
-        answers = pulling.plans(nodes, run_id, step)
+        answers = pulling.plans(nodes, run_id, step, report)
         files, checkpoint = pulling.choose(nodes, answers, run_id, step)
         dest.mkdir(parents=True, exist_ok=True)
-        counts = pulling.pull_files(files, dest)
+        counts = pulling.pull_files(files, dest, report)
     export = None
     if checkpoint:
         where = dest / "checkpoints" / checkpoint["name"]

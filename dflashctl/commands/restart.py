@@ -32,7 +32,12 @@ def restart(
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
     code, summary = run_restart(
-        cfg, detach=detach, extra_args=list(trainer_args or []), fresh=fresh, wait=wait
+        cfg,
+        detach=detach,
+        extra_args=list(trainer_args or []),
+        fresh=fresh,
+        wait=wait,
+        report=terminal.TerminalReporter(),
     )
     if json_output:
         terminal.print_json(summary, command="restart", node=node_name_of(cfg))

@@ -1,0 +1,186 @@
+"""The layout the code promises (dflashctl/README.md): no import circles, small modules,
+one path for one node and many, and logic that returns data while only the commands
+and the terminal facade draw. Read from the source with `ast`, as a reviewer would."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 600
+
+# The modules that draw: the CLI, its commands, the terminal facade, the follower (it
+# streams the log) and the crash panel and charts it shows. Everything else in dflashctl/
+# (but the agent, which runs in the container and answers on its stdout) is logic.
+DRAWS = (
+    "dflashctl/cli.py",
+    "dflashctl/commands/",
+    "dflashctl/terminal.py",
+    "dflashctl/terminal_tables.py",
+    "dflashctl/follow/",
+    "dflashctl/crash/render.py",
+    "dflashctl/plots.py",
+)
+REMOTE = ("dflashctl/agent/",)
+# Printing that is not drawing: the warning OpenSSH itself prints when it trusts a new
+# host key, said the same way by the paramiko transport.
+MAY_PRINT = {"dflashctl/transport/host_keys.py": 1}
+
+
+def modules(package: str) -> dict[str, Path]:
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module of the package that `name` imports, at the top or inside a
+    function (a circle through a function-level import is still a circle)."""
+
+    def resolve(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                here = here[: len(here) - node.level + 1]
+                base = ".".join(here + ([node.module] if node.module else []))
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        found |= {t for t in map(resolve, targets) if t and t != name}
+    return found
+
+
+def circles(package: str) -> list[list[str]]:
+    known = modules(package)
+    graph = {name: imported(name, path, known) for name, path in known.items()}
+    # Tarjan's strongly connected components: each one of more than one module is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    return found
+
+
+def source_files() -> list[Path]:
+    return sorted(p for package in ("dflashctl", "trainer") for p in (ROOT / package).rglob("*.py"))
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("package", ["dflashctl", "trainer"])
+def test_no_import_circles(package):
+    assert circles(package) == []
+
+
+def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.c import g\n")
+    (pkg / "c.py").write_text("from . import a\n")
+    (pkg / "d.py").write_text("import pkg.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert circles("pkg") == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_no_module_over_the_line_limit():
+    long = {rel(p): n for p in source_files() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_one_path_for_one_node_and_many():
+    flagged = [rel(p) for p in source_files() if "multi_node" in p.read_text()]
+    assert flagged == []
+
+
+def draws(path: str) -> bool:
+    return path.startswith(DRAWS)
+
+
+def logic_nodes(tree: ast.AST):
+    """Every node but those under `if __name__ == "__main__":` (a module run as a
+    maintainer's script may print)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def test_only_the_commands_and_the_terminal_draw():
+    """The logic (deploy, restart, stop, pull, doctor's checks...) hands what it does
+    to a reporting.Reporter and returns data; it never imports rich or the terminal
+    facade, and never prints."""
+    problems = []
+    for path in (ROOT / "dflashctl").rglob("*.py"):
+        name = rel(path)
+        if draws(name) or name.startswith(REMOTE):
+            continue
+        prints = 0
+        for node in logic_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {f"{node.module}.{a.name}" for a in node.names}
+                if node.module.startswith("rich") or "dflashctl.terminal" in names | {node.module}:
+                    problems.append(f"{name}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith(("rich", "dflashctl.terminal")):
+                        problems.append(f"{name}:{node.lineno} imports {alias.name}")
+            elif isinstance(node, ast.Call):
+                func = node.func
+                if isinstance(func, ast.Name) and func.id == "print":
+                    prints += 1
+                elif isinstance(func, ast.Attribute) and func.attr == "write":
+                    target = ast.unparse(func.value)
+                    if target in ("sys.stdout", "sys.stderr"):
+                        problems.append(f"{name}:{node.lineno} writes to {target}")
+        if prints > MAY_PRINT.get(name, 0):
+            problems.append(f"{name} prints")
+    assert problems == []
