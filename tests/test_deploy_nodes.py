@@ -19,7 +19,13 @@ import pytest
 import yaml
 
 from tests.json_answers import flat
-from tests.test_deploy_support import kill_runs, pid_alive, wait_for, write_trainer
+from tests.test_deploy_support import (
+    kill_runs,
+    pid_alive,
+    release_manifest,
+    wait_for,
+    write_trainer,
+)
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 
@@ -288,3 +294,73 @@ def test_a_sigkilled_deploy_leaves_every_node_on_the_same_run(nodes, tmp_path):
         assert old_alive == [True, True]
     else:
         assert old_alive == [False, False]
+
+
+def test_a_deploy_from_elsewhere_in_between_is_noticed_on_every_node(nodes, monkeypatch, tmp_path):
+    """Our plan comes from what we deployed last; a colleague's deploy in between makes
+    every node answer `stale`: both are inspected and deployed again, as one run."""
+    mine = deployed(nodes)
+    # A colleague deploys another version from their machine (their own cache)...
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "colleague-cache"))
+    ours = (nodes.source / "helpers.py").read_bytes()
+    (nodes.source / "helpers.py").write_text("def greeting():\n    return 'colleague'\n")
+    theirs = deployed(nodes)
+    # ...and we deploy our version again, planned from our cache: out of date everywhere.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (nodes.source / "helpers.py").write_bytes(ours)
+    again = deployed(nodes)
+    run_id, release = again["run_id"], again["release"]
+    assert release not in (mine["release"], theirs["release"])
+    assert run_id not in (mine["run_id"], theirs["run_id"])
+    for name, entry in zip(("a", "b"), again["nodes"], strict=True):
+        assert entry["node"] == name and entry["error"] is None
+        assert entry["release"] == release and entry["previous_release"] == theirs["release"]
+        assert entry["files_sent"] == 1
+        assert {s["run_id"] for s in entry["runs_stopped"]} == {theirs["run_id"]}
+        current = (nodes.workdir(name) / "current").resolve()
+        assert current.name == release
+        assert (current / "helpers.py").read_bytes() == ours
+        assert not list((nodes.workdir(name) / "releases").glob("*.partial"))
+        assert nodes.meta(name, run_id)["release"] == release
+        assert pid_alive(nodes.pid(name, run_id))
+        assert not pid_alive(nodes.pid(name, theirs["run_id"]))
+        assert not pid_alive(nodes.pid(name, mine["run_id"]))
+
+
+def test_a_node_whose_release_changed_under_us_is_inspected_and_repaired(nodes):
+    """A file edited in place in node b's current release fails the check of what we
+    remember there (`stale`, node a aborts): b alone is inspected and gets the file
+    again, and both nodes launch one run of the same content."""
+    first = deployed(nodes)
+    (nodes.source / "helpers.py").write_text("def greeting():\n    return 'second'\n")
+    second = deployed(nodes)  # planned from what we remember: no inspect
+    tampered = nodes.workdir("b") / "current" / "configs" / "tiny.yaml"
+    tampered.write_text("steps: 999999\n")
+    (nodes.source / "helpers.py").write_text("def greeting():\n    return 'third'\n")
+    third = deployed(nodes)
+    run_id, release = third["run_id"], third["release"]
+    assert release not in (first["release"], second["release"])
+    sent = {e["node"]: e["files_sent"] for e in third["nodes"]}
+    assert sent == {"a": 1, "b": 2}  # helpers.py everywhere, tiny.yaml again on b
+    for entry in third["nodes"]:
+        assert entry["error"] is None and entry["release"] == release
+        assert entry["previous_release"] == second["release"]
+        assert {s["run_id"] for s in entry["runs_stopped"]} == {second["run_id"]}
+    currents = [(nodes.workdir(n) / "current").resolve() for n in ("a", "b")]
+    assert [c.name for c in currents] == [release, release]
+    # What was deployed, the same on both (the run's own __pycache__ aside).
+    files = release_manifest(currents[0])
+    assert release_manifest(currents[1]) == files
+    for rel in files:
+        source = (nodes.source / rel).read_bytes()
+        assert [(c / rel).read_bytes() for c in currents] == [source, source], rel
+    assert tampered.read_bytes() == (nodes.source / "configs" / "tiny.yaml").read_bytes()
+    for name in ("a", "b"):
+        assert nodes.meta(name, run_id)["release"] == release
+        assert pid_alive(nodes.pid(name, run_id))
+        assert not pid_alive(nodes.pid(name, second["run_id"]))
+        # Nothing of the refused attempt: no partial release, no run folder of its own.
+        assert not list((nodes.workdir(name) / "releases").glob("*.partial"))
+        assert release in nodes.releases(name)
+        runs_made = sorted(p.name for p in (nodes.workdir(name) / "runs").iterdir())
+        assert runs_made == sorted([first["run_id"], second["run_id"], run_id])
