@@ -273,7 +273,10 @@ class AgentFailed(HostError):
     """The agent refused or failed; `stale`: the plan it was given is out of date
     (nothing was changed), so the caller should inspect again; `aborted`: the nodes of
     a run across several decided not to launch (nothing stopped); `in_doubt`: this
-    node could not learn that decision (nothing stopped here)."""
+    node could not learn that decision (nothing stopped here); `rolled_back`: the new
+    run could not start on every node after the old runs were stopped ("here": this
+    node's launch failed; "peer": another node's did), so it was stopped here and the
+    previous release launched again (`relaunched`) or nothing runs."""
 
     def __init__(
         self,
@@ -283,11 +286,15 @@ class AgentFailed(HostError):
         stale: bool = False,
         aborted: bool = False,
         in_doubt: bool = False,
+        rolled_back: str | None = None,
+        relaunched: bool = False,
     ) -> None:
         super().__init__(message, hint=hint)
         self.stale = stale
         self.aborted = aborted
         self.in_doubt = in_doubt
+        self.rolled_back = rolled_back
+        self.relaunched = relaunched
 
 
 class InterpreterMissing(HostError):
@@ -317,6 +324,8 @@ def parse_agent_answer(result: CommandResult, python: str, op: str, where: str) 
             stale=bool(answer.get("stale")),
             aborted=bool(answer.get("aborted")),
             in_doubt=bool(answer.get("in_doubt")),
+            rolled_back=answer.get("rolled_back"),
+            relaunched=bool(answer.get("relaunched")),
         )
     return answer
 

@@ -163,8 +163,9 @@ def _run(as_json: bool) -> None:
     except DflashError as exc:
         terminal.error(exc.message, exc.hint)
         if as_json:
+            left = exc.nodes_json() if hasattr(exc, "nodes_json") else None
             terminal.print_json_error(
-                exc.message, exc.exit_code, exc.hint, command_in(sys.argv[1:])
+                exc.message, exc.exit_code, exc.hint, command_in(sys.argv[1:]), left
             )
         if debug:
             raise

@@ -31,6 +31,10 @@ from dflashctl.reporting import SILENT, Reporter
 # What a node left, in the words the error and --json use.
 NEW_RUN = "new run"
 OLD_RUN = "old run untouched"
+# The new run could not start on every node once the old runs were stopped: every node
+# took it down and launched the previous release again (or could not: nothing runs).
+OLD_RELAUNCHED = "old run relaunched"
+NOTHING = "nothing running"
 UNKNOWN = "unknown"
 
 
@@ -44,7 +48,12 @@ class NodeLeft:
     def to_json(self) -> dict[str, Any]:
         from dflashctl.node_errors import error_json
 
-        return {"node": self.node, "left": self.left, "error": error_json(self.error)}
+        return {
+            "node": self.node,
+            "left": self.left,
+            "detail": self.detail,
+            "error": error_json(self.error),
+        }
 
 
 class NodesFailed(DflashError):
@@ -54,8 +63,14 @@ class NodesFailed(DflashError):
     def __init__(self, run_id: str, failed: Node, nodes: list[NodeLeft]) -> None:
         cause = next(n.error for n in nodes if n.node == failed.name)
         committed = [n.node for n in nodes if n.left == NEW_RUN]
+        rolled_back = any(n.left in (OLD_RELAUNCHED, NOTHING) for n in nodes)
         if committed:
             head = f"run {run_id} launched on {', '.join(committed)} but {failed.describe()} failed"
+        elif rolled_back:
+            head = (
+                f"run {run_id} could not start on {failed.describe()}, so it was taken down "
+                "on every node"
+            )
         else:
             head = f"run {run_id} was launched nowhere: {failed.describe()} failed"
         text = cause.message if isinstance(cause, DflashError) else str(cause)
@@ -67,6 +82,10 @@ class NodesFailed(DflashError):
         self.node = failed.name
         self.nodes = nodes
         self.exit_code = getattr(cause, "exit_code", HostError.exit_code)
+
+    def nodes_json(self) -> list[dict[str, Any]]:
+        """--json's `nodes` of the error answer: what each node left."""
+        return [n.to_json() for n in self.nodes]
 
 
 def launch_everywhere(
@@ -148,6 +167,8 @@ def _failure(nodes, run_id, futures, errors) -> NodesFailed:
             left.append(NodeLeft(node.name, OLD_RUN, error, "aborted: nothing stopped"))
         elif getattr(error, "in_doubt", False):
             left.append(NodeLeft(node.name, OLD_RUN, error, "in doubt: nothing stopped there"))
+        elif getattr(error, "rolled_back", None):
+            left.append(rolled_back(node, error, run_id))
         elif isinstance(error, agent_client.AgentFailed):
             # It answered: the launch failed there (before the barrier, unless the
             # others committed and it failed after stopping its old run).
@@ -173,12 +194,29 @@ def _failure(nodes, run_id, futures, errors) -> NodesFailed:
                     "launch: its old run goes on",
                 )
             )
+    # The node to name: the one whose own step failed, not one that aborted or rolled
+    # back because of it.
     first = next(
         (
             n
             for n in nodes
-            if errors[n.index] is not None and not getattr(errors[n.index], "aborted", False)
+            if errors[n.index] is not None
+            and not getattr(errors[n.index], "aborted", False)
+            and getattr(errors[n.index], "rolled_back", None) != "peer"
         ),
         next(n for n in nodes if errors[n.index] is not None),
     )
     return NodesFailed(run_id, first, left)
+
+
+def rolled_back(node: Node, error: BaseException, run_id: str) -> NodeLeft:
+    """A node that took the new run down after the stop (its own launch failed, or
+    another node's did) and launched the previous release again, or could not."""
+    relaunched = bool(getattr(error, "relaunched", False))
+    why = (
+        "its launch failed after the old run was stopped"
+        if getattr(error, "rolled_back", None) == "here"
+        else f"run {run_id} was stopped there, as another node could not launch it"
+    )
+    now = "the previous release runs again" if relaunched else "nothing runs there"
+    return NodeLeft(node.name, OLD_RELAUNCHED if relaunched else NOTHING, error, f"{why}; {now}")

@@ -77,13 +77,18 @@ def document(command: str, data: dict[str, Any], node: str | None = None) -> dic
 
 
 def error_document(
-    message: str, exit_code: int, hint: str | None, command: str | None = None
+    message: str,
+    exit_code: int,
+    hint: str | None,
+    command: str | None = None,
+    nodes: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A command that failed before it had an answer: no node answered."""
+    """A command that failed before it had an answer: no node answered, or (a launch
+    across nodes that failed) `nodes` says what each node left."""
     return {
         "schema_version": SCHEMA_VERSION,
         "command": command,
-        "nodes": [],
+        "nodes": nodes or [],
         "error": message,
         "exit_code": exit_code,
         "hint": hint,

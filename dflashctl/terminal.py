@@ -57,14 +57,18 @@ def _write_json(data: dict) -> None:
 
 
 def print_json_error(
-    message: str, exit_code: int, hint: str | None = None, command: str | None = None
+    message: str,
+    exit_code: int,
+    hint: str | None = None,
+    command: str | None = None,
+    nodes: list[dict] | None = None,
 ) -> None:
     """A `--json` command that failed still answers with one JSON object on stdout
-    (unless it already printed its own)."""
+    (unless it already printed its own); `nodes`: what each node left, when known."""
     from dflashctl.json_output import error_document
 
     if not _json_printed:
-        _write_json(error_document(message, exit_code, hint, command))
+        _write_json(error_document(message, exit_code, hint, command, nodes))
 
 
 _quiet = False  # -q: no step, info or success lines (errors, warnings and results stay)

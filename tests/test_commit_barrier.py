@@ -241,6 +241,18 @@ def test_barriers_started_ahead_commit_once_given_the_release(barrier, tmp_path)
     assert opened == warm  # the ones started ahead arrived, none was started again
     gates = [in_thread(lambda o=o: commit.pass_gate(o, True, 0)) for o in opened]
     assert joined(*gates) == [{"gate": "open"}] * 2
+    assert launch_all(opened) == [{"launch": "all"}] * 2
+
+
+def launch_all(opened: list, launched: tuple[bool, ...] = (True, True)) -> list:
+    """The launch round, every node saying whether its new run started."""
+    from dflashctl.agent import commit
+
+    calls = [
+        in_thread(lambda o=o, ok=ok: commit.report_launch(o, ok, None if ok else "no space"))
+        for o, ok in zip(opened, launched, strict=True)
+    ]
+    return joined(*calls)
 
 
 def test_no_node_passes_the_stop_gate_before_every_node_stopped(barrier, tmp_path):
@@ -254,6 +266,7 @@ def test_no_node_passes_the_stop_gate_before_every_node_stopped(barrier, tmp_pat
     assert node_b["thread"].is_alive()  # node a has not stopped its old run yet
     node_a = in_thread(lambda: commit.pass_gate(opened[0], True, 0))
     assert joined(node_a, node_b) == [{"gate": "open"}] * 2
+    launch_all(opened)
 
 
 def test_a_node_whose_stop_failed_does_not_hold_the_others_for_ever(barrier, tmp_path, monkeypatch):
@@ -268,6 +281,11 @@ def test_a_node_whose_stop_failed_does_not_hold_the_others_for_ever(barrier, tmp
     a, b_ = joined(node_a, node_b)
     assert a["gate"] == "closed" and "a" in a["missing"]  # it says so and goes on at once
     assert b_ == {"gate": "timeout", "missing": ["a"]}
+    # Node a did not launch (its stop failed): node b learns it, and takes its run down
+    # without waiting for a, which has none.
+    launched = commit.report_launch(opened[1], True)
+    assert launched["launch"] == "failed" and launched["failed"][0]["node"] == "a"
+    assert commit.pass_rollback(opened[1], 0) == {"rollback": "open"}
 
 
 def test_a_cancelled_barrier_never_arrives_so_the_other_node_aborts(barrier, tmp_path):
@@ -295,6 +313,7 @@ def test_a_barrier_started_ahead_that_died_is_started_again_at_the_join(barrier,
     assert opened[1] is not dead
     gates = [in_thread(lambda o=o: commit.pass_gate(o, True, 0)) for o in opened]
     assert joined(*gates) == [{"gate": "open"}] * 2
+    launch_all(opened)
 
 
 def test_a_forked_launch_uses_the_barrier_its_parent_started_ahead(barrier, tmp_path):
@@ -311,9 +330,46 @@ def test_a_forked_launch_uses_the_barrier_its_parent_started_ahead(barrier, tmp_
     def launch(p, w) -> dict:
         def work() -> dict:
             arrived = commit.join(p, sys.executable, "r1", w)
-            return {"warm": arrived is w, "gate": commit.pass_gate(arrived, True, 0)}
+            gate = commit.pass_gate(arrived, True, 0)
+            return {"warm": arrived is w, "gate": gate, **commit.report_launch(arrived, True)}
 
         return detached(work)
 
     calls = [in_thread(lambda p=p, w=w: launch(p, w)) for p, w in zip(params, warm, strict=True)]
-    assert joined(*calls) == [{"warm": True, "gate": {"gate": "open"}}] * 2
+    assert joined(*calls) == [{"warm": True, "gate": {"gate": "open"}, "launch": "all"}] * 2
+
+
+def test_a_node_that_could_not_launch_makes_every_node_roll_back(barrier, tmp_path):
+    """The launch round: node b's launch failed after the stop. Node a, which launched,
+    learns it and takes its run down; neither launches the previous release before
+    both runs are down (node b waits for node a)."""
+    from dflashctl.agent import commit
+
+    b = barrier(2)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    opened = commit_all(params, [None, None])
+    gates = [in_thread(lambda o=o: commit.pass_gate(o, True, 0)) for o in opened]
+    joined(*gates)
+    outcomes = launch_all(opened, (True, False))
+    failed = {"launch": "failed", "failed": [{"node": "b", "why": "no space"}]}
+    assert outcomes == [failed, failed]
+    assert commit.failed_nodes(failed) == "node b (no space)"
+    node_b = in_thread(lambda: commit.pass_rollback(opened[1], 0))
+    node_b["thread"].join(3)
+    assert node_b["thread"].is_alive()  # node a's new run is not down yet
+    node_a = in_thread(lambda: commit.pass_rollback(opened[0], 0))
+    assert joined(node_a, node_b) == [{"rollback": "open"}] * 2
+
+
+def test_the_launch_round_waits_for_every_node(barrier, tmp_path):
+    from dflashctl.agent import commit
+
+    b = barrier(2)
+    params = [agent_params(b, rank, tmp_path / f"w{rank}") for rank in (0, 1)]
+    opened = commit_all(params, [None, None])
+    joined(*[in_thread(lambda o=o: commit.pass_gate(o, True, 0)) for o in opened])
+    node_a = in_thread(lambda: commit.report_launch(opened[0], True))
+    node_a["thread"].join(3)
+    assert node_a["thread"].is_alive()  # node b has not said yet
+    node_b = in_thread(lambda: commit.report_launch(opened[1], True))
+    assert joined(node_a, node_b) == [{"launch": "all"}] * 2

@@ -6,7 +6,9 @@ The fake trainer behaves as its arguments say, so one tree covers every ending:
     --exit N         then exit with status N
     --kill SIG       then kill itself with signal SIG
     --on-term MODE   on SIGTERM: `checkpoint` writes DFLASH_RUN_DIR/checkpointed and
-                     exits 0; `ignore` ignores it (only SIGKILL ends the run)
+                     exits 0 (after as many seconds as the workdir's file slow_stop
+                     says, when there is one: a big checkpoint); `ignore` ignores it
+                     (only SIGKILL ends the run)
     --workers N      fork N worker processes first (same command line, like data
                      loader workers); their pids go to the file named by --workers-file
 """
@@ -35,7 +37,8 @@ mode = arg("--on-term")
 if mode == "checkpoint":
     def on_term(*_):
         print("SIGTERM: writing a checkpoint", flush=True)
-        time.sleep(0.2)
+        slow = os.path.join(os.environ["DFLASH_RUN_DIR"], "..", "..", "slow_stop")
+        time.sleep(float(open(slow).read()) if os.path.exists(slow) else 0.2)
         with open(os.path.join(os.environ["DFLASH_RUN_DIR"], "checkpointed"), "w") as f:
             f.write("yes\n")
         sys.exit(0)

@@ -6,7 +6,10 @@ deadline_s, program}) asks the barrier, once its release is built and checked an
 the run's folder made, and before anything is stopped: `join` raises CommitAborted
 on abort, having changed nothing, and on commit returns the barrier, which
 `pass_gate` then holds until every node has stopped its old run (the stop gate: no
-node launches while node 0's old torchrun may still hold the job's store). The
+node launches while node 0's old torchrun may still hold the job's store). Then
+`report_launch` tells the others whether the new run started here and learns whether
+it did everywhere; if not, every node takes its new run down and, past `pass_rollback`,
+launches the previous release again (agent/transaction.py's `undo_launch`). The
 barrier program runs in the run's interpreter (it needs torch), started ahead by
 `prestart` while the release is built; this module stays standard-library only.
 
@@ -36,6 +39,9 @@ from .errors import AgentError
 SLACK_S = 180.0
 # How long past the stop's grace the gate waits for the other nodes' stops.
 GATE_SLACK_S = 60.0
+# How long a node that launched waits to hear whether every other node did (they
+# launch within moments of each other, once the gate opened).
+LAUNCH_WAIT_S = 120.0
 
 
 class CommitAborted(AgentError):
@@ -157,7 +163,9 @@ def start(p, python, **more):
     gate, waited for up to the stop's grace and a minute more."""
     c = p["commit"]
     gate_s = float(p.get("grace_s", 10.0)) + GATE_SLACK_S
-    args = json.dumps(barrier_params(p, "join", gate=True, gate_s=gate_s, **more))
+    args = json.dumps(
+        barrier_params(p, "join", gate=True, gate_s=gate_s, launch_s=LAUNCH_WAIT_S, **more)
+    )
     stderr = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [python, "-c", c["program"], args],
@@ -242,18 +250,54 @@ def join(p, python, release, warm=None):
 
 
 def pass_gate(barrier, stopped, grace_s):
-    """After the commit and this node's stop: wait until every node has stopped its
-    old run (`stopped` False: ours did not stop; the others are not held for it). The
-    gate's answer, e.g. {"gate": "open"}; a gate that did not open is launched through
-    all the same: the commit stands, and a run that cannot form says so itself."""
+    """After the commit and this node's stop: wait until every node has stopped its old
+    run (`stopped` False: ours did not stop; the others are not held for it, and learn
+    in the launch round that this node did not launch). The gate's answer, e.g.
+    {"gate": "open"}; a gate that did not open is launched through all the same: the
+    commit stands, and the launch round says whether the run formed everywhere."""
     if stopped:
         barrier.send({"stopped": True})
-    barrier.close()
+    else:
+        barrier.close()
     try:
         answer = barrier.receive(float(grace_s) + GATE_SLACK_S + SLACK_S)
     except (subprocess.TimeoutExpired, OSError, ValueError):
         answer = None
     return answer or {"gate": "lost", "why": "the commit barrier ended"}
+
+
+def report_launch(barrier, launched, why=None):
+    """The launch round: say whether this node's new run started; returns whether every
+    node's did ({"launch": "all"}), or which could not ({"launch": "failed", "failed":
+    [{"node", "why"}]}: every node then rolls back, through `pass_rollback`), or that
+    the barrier could not tell ("timeout", "lost": the run stays as launched)."""
+    barrier.send({"launched": bool(launched), "why": why})
+    try:
+        answer = barrier.receive(LAUNCH_WAIT_S + SLACK_S)
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        answer = None
+    answer = answer or {"launch": "lost", "why": "the commit barrier ended"}
+    if answer.get("launch") != "failed":
+        barrier.close()  # nothing more to say: it acks and ends
+    return answer
+
+
+def pass_rollback(barrier, grace_s):
+    """After a failed launch round, once this node's new run is down: wait until every
+    node's is, before the previous release is launched again (an old rank must not join
+    a new run's store on its way out). The gate's answer, e.g. {"rollback": "open"}."""
+    barrier.send({"unlaunched": True})
+    barrier.close()
+    try:
+        answer = barrier.receive(float(grace_s) + GATE_SLACK_S + SLACK_S)
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        answer = None
+    return answer or {"rollback": "lost", "why": "the commit barrier ended"}
+
+
+def failed_nodes(outcome):
+    """`node b (no space left on device)`, for each node the launch round names."""
+    return ", ".join(f"node {f['node']} ({f['why']})" for f in outcome.get("failed") or [])
 
 
 def signal_abort(p, reason):

@@ -37,6 +37,15 @@ With `gate`, a commit is followed by the stop gate: the agent stops its old run,
 that: node 0's old torchrun holds torchrun.port (the job's store) until its rank has
 stopped, which takes as long as its checkpoint on SIGTERM, and a new rank elsewhere that
 started meanwhile would join that old store and die with it.
+
+Then the launch round: each agent says `{"launched": true}`, or `{"launched": false,
+"why": ...}` (its stdin closed: it did not launch), and the barrier sets
+`launched/<rank>` and prints `{"launch": "all"}` once every node launched, or
+`{"launch": "failed", "failed": [{"node", "why"}]}` as soon as any node could not. On a
+failure every node takes its new run down and says `{"unlaunched": true}`; the barrier
+prints `{"rollback": "open"}` once every node has (`unlaunched/<rank>`), and only then
+do they launch the previous release again, for the reason the stop gate gives: no old
+rank may join a new run's store that is still going away.
 """
 
 import datetime
@@ -49,6 +58,7 @@ POLL_S = 0.1
 CONNECT_TRY_S = 2.0  # one connection attempt: short, so the abort marker is seen meanwhile
 OP_TIMEOUT_S = 30.0
 ACK_WAIT_S = 15.0  # how long node 0 keeps the store up for the others to read the decision
+LAUNCH_WAIT_S = 120.0  # how long a node that launched waits to hear from the others
 
 
 def read_marker(path):
@@ -187,6 +197,69 @@ def pass_gate(store, p):
         return {"gate": "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
 
 
+def said():
+    """The agent's next line on stdin as a dict; {} when it closed stdin instead."""
+    line = sys.stdin.readline()
+    return json.loads(line) if line.strip() else {}
+
+
+def wait_for_every(store, p, key, until):
+    """The nodes not yet marked `key/<rank>`, polled until none is missing or `until`
+    (a time.monotonic()) passes; the last missing ones."""
+    while True:
+        missing = [p["names"][r] for r in range(int(p["world"])) if not store.check([f"{key}/{r}"])]
+        if not missing or time.monotonic() >= until:
+            return missing
+        time.sleep(POLL_S)
+
+
+def launch_round(store, p):
+    """After the gate: whether every node's new run started. A node that could not
+    launch makes every node roll back, at once."""
+    rank, names, world = int(p["rank"]), p["names"], int(p["world"])
+    told = said()
+    try:
+        if told.get("launched"):
+            store.set(f"launched/{rank}", "ok")
+        else:
+            why = told.get("why") or "it did not launch (its old run could not be stopped)"
+            store.set(f"launched/{rank}", "failed:" + why)
+            store.set(f"unlaunched/{rank}", "1")  # no new run here to take down
+        until = time.monotonic() + float(p.get("launch_s", LAUNCH_WAIT_S))
+        while True:
+            failed, missing = [], []
+            for r in range(world):
+                if not store.check([f"launched/{r}"]):
+                    missing.append(names[r])
+                    continue
+                value = text(store.get(f"launched/{r}"))
+                if value.startswith("failed:"):
+                    failed.append({"node": names[r], "why": value[len("failed:") :]})
+            if failed:
+                return {"launch": "failed", "failed": failed}
+            if not missing:
+                return {"launch": "all"}
+            if time.monotonic() >= until:
+                return {"launch": "timeout", "missing": missing}
+            time.sleep(POLL_S)
+    except Exception as exc:  # noqa: BLE001 - the store went away: nobody can roll back with us
+        return {"launch": "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
+
+
+def rollback_gate(store, p):
+    """After a failed launch round: mark this node once its new run is down, and wait
+    until every node's is (bounded by gate_s), before the previous release starts."""
+    down = bool(said().get("unlaunched"))
+    try:
+        if down:
+            store.set(f"unlaunched/{int(p['rank'])}", "1")
+        until = time.monotonic() + (float(p.get("gate_s", 120.0)) if down else 0.0)
+        missing = wait_for_every(store, p, "unlaunched", until)
+        return {"rollback": "open"} if not missing else {"rollback": "timeout", "missing": missing}
+    except Exception as exc:  # noqa: BLE001
+        return {"rollback": "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
+
+
 def join(p):
     import torch.distributed  # noqa: F401 - first: on a loaded machine this takes seconds
 
@@ -206,6 +279,10 @@ def join(p):
     if decision == "commit" and p.get("gate"):
         say({"decision": "commit", "reason": None, "in_doubt": False})
         say(pass_gate(store, p))
+        outcome = launch_round(store, p)
+        say(outcome)
+        if outcome["launch"] == "failed":
+            say(rollback_gate(store, p))
     try:
         after_decision(store, p)
     except Exception:  # noqa: BLE001 - the decision is known; the ack is a courtesy

@@ -5,7 +5,7 @@ import json
 import sys
 
 from .commit import CommitAborted
-from .errors import AgentError, StaleBase
+from .errors import AgentError, RolledBack, StaleBase
 
 
 def _answer(obj):
@@ -41,6 +41,8 @@ def main(op, params_json):
             answer["stale"] = True
         if isinstance(exc, CommitAborted):
             answer.update(aborted=True, in_doubt=exc.in_doubt)
+        if isinstance(exc, RolledBack):
+            answer.update(rolled_back="here" if exc.here else "peer", relaunched=exc.relaunched)
         if getattr(exc, "package", None):  # a failed setup: the package pip could not get
             answer["package"] = exc.package
         _answer(answer)

@@ -10,19 +10,23 @@ child and relays its answer; when the agent is gone, the child finishes alone an
 Everything that can fail for want of space is done before the old run is stopped:
 the free space is checked and the new run's folder is made with its files. If the
 launch still fails after the stop, the previous release is launched again,
-continuing from the stopped run's checkpoint, and the error says so.
+continuing from the stopped run's checkpoint, and the error says so. Across several
+nodes that happens on every node, not only where the launch failed (`undo_launch`):
+a run is on every node or on none.
 """
 
 import json
 import os
 import shutil
 
+from . import commit
 from .commit import CommitAborted
-from .errors import AgentError, StaleBase
+from .errors import AgentError, RolledBack, StaleBase
 from .files import read_text
 from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
 from .releases import current_release, swap_current
 from .runs import WRAPPER, runs_dir, start_run
+from .stopping import find_targets, stop_targets
 
 # What launching needs on disk after the stop (pid, meta.json, active_run, the
 # `current` link, the first log lines); checked before anything is stopped.
@@ -84,12 +88,15 @@ def launch_run(workdir, run_id, release, previous, p):
     return run
 
 
-def relaunch_previous(workdir, failed_id, previous, previous_release, p, why):
+def relaunch_previous(workdir, failed_id, previous, previous_release, p, why, keep=False):
     """The new run could not start after the old one was stopped: launch the previous
-    release again (its own command), continuing the stopped run. Returns the message."""
-    shutil.rmtree(os.path.join(runs_dir(workdir), failed_id), ignore_errors=True)
+    release again (its own command), continuing the stopped run. Returns the message
+    and whether the previous release runs again. `keep`: the new run had started (and
+    was stopped): its folder stays, for `runs` and its log."""
+    if not keep:
+        shutil.rmtree(os.path.join(runs_dir(workdir), failed_id), ignore_errors=True)
     if not previous or not previous_release:
-        return f"launching run {failed_id} failed ({why}); nothing was running before it"
+        return f"launching run {failed_id} failed ({why}); nothing was running before it", False
     old_meta = {}
     text = read_text(os.path.join(runs_dir(workdir), previous, "meta.json"))
     try:
@@ -111,7 +118,7 @@ def relaunch_previous(workdir, failed_id, previous, previous_release, p, why):
         return (
             f"launching run {failed_id} failed ({why}), and relaunching release "
             f"{previous_release} failed too ({reason}): nothing is running"
-        )
+        ), False
     resume = run.get("resume")
     where = (
         f", continuing run {resume['run_id']} at step {resume['step']} from {resume['checkpoint']}"
@@ -121,6 +128,34 @@ def relaunch_previous(workdir, failed_id, previous, previous_release, p, why):
     return (
         f"launching run {failed_id} failed ({why}); relaunched the previous release "
         f"{previous_release} as run {retry_id} (pid {run['pid']}){where}"
+    ), True
+
+
+def undo_launch(workdir, run_id, p, previous, previous_release, barrier, outcome):
+    """Another node could not launch the run (the launch round failed): take ours down,
+    wait until every node's is down, and launch the previous release again here too.
+    Raises RolledBack with what this node left."""
+    who = commit.failed_nodes(outcome)
+    stop_targets(
+        workdir,
+        find_targets(workdir, p["entry"], p.get("scope", "container")),
+        float(p["grace_s"]),
+        {"by": p.get("by") or "deploy", "replaced_by": None},
+    )
+    if previous_release and current_release(workdir) != previous_release:
+        try:
+            swap_current(workdir, previous_release)
+        except OSError:
+            pass
+    commit.pass_rollback(barrier, p["grace_s"])
+    message, relaunched = relaunch_previous(
+        workdir, run_id, previous, previous_release, p, f"{who} could not launch it", keep=True
+    )
+    raise RolledBack(
+        f"{message}; run {run_id} was stopped here, as on every node",
+        "fix what the error names on that node, then deploy again",
+        relaunched,
+        here=False,
     )
 
 
@@ -143,6 +178,9 @@ def detached(work):
             except CommitAborted as exc:
                 answer = {"ok": False, "error": exc.message, "hint": exc.hint, "aborted": True}
                 answer["in_doubt"] = exc.in_doubt
+            except RolledBack as exc:
+                answer = {"ok": False, "error": exc.message, "hint": exc.hint}
+                answer.update(rolled_back="here" if exc.here else "peer", relaunched=exc.relaunched)
             except AgentError as exc:
                 answer = {"ok": False, "error": exc.message, "hint": exc.hint}
             except OSError as exc:
@@ -173,5 +211,12 @@ def detached(work):
             raise StaleBase(answer["error"], answer.get("hint"))
         if answer.get("aborted"):
             raise CommitAborted(answer["error"], answer.get("hint"), bool(answer.get("in_doubt")))
+        if answer.get("rolled_back"):
+            raise RolledBack(
+                answer["error"],
+                answer.get("hint"),
+                relaunched=bool(answer.get("relaunched")),
+                here=answer["rolled_back"] == "here",
+            )
         raise AgentError(answer["error"], answer.get("hint"))
     return answer["answer"]

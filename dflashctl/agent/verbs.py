@@ -37,7 +37,7 @@ import shutil
 import time
 
 from . import commit
-from .errors import AgentError, StaleBase
+from .errors import AgentError, RolledBack, StaleBase
 from .files import lock_workdir, tree_bytes
 from .lineage import latest_checkpoint
 from .manifest import real_manifest
@@ -62,7 +62,7 @@ from .runs import (
 )
 from .stacks import op_stacks
 from .stopping import find_targets, stop_targets
-from .transaction import detached, launch_run, prepare_run, relaunch_previous
+from .transaction import detached, launch_run, prepare_run, relaunch_previous, undo_launch
 from .venvs import ensure_venv, gc_venvs, op_setup_check
 
 
@@ -288,15 +288,22 @@ def transaction(p, release, previous, previous_release, warm=None):
         run = launch_run(workdir, run_id, release, previous, p)
     except (AgentError, OSError) as exc:
         why = exc.message if isinstance(exc, AgentError) else (exc.strerror or str(exc))
+        if barrier:  # the others learn it at once, and take their new run down
+            commit.report_launch(barrier, False, why)
+            commit.pass_rollback(barrier, p["grace_s"])
         if previous_release and current_release(workdir) != previous_release:
             try:
                 swap_current(workdir, previous_release)
             except OSError:
                 pass
-        raise AgentError(
-            relaunch_previous(workdir, run_id, previous, previous_release, p, why),
-            "free some space or fix the cause, then deploy again",
+        message, relaunched = relaunch_previous(workdir, run_id, previous, previous_release, p, why)
+        raise RolledBack(
+            message, "free some space or fix the cause, then deploy again", relaunched
         ) from None
+    if barrier:
+        launched = commit.report_launch(barrier, True)
+        if launched.get("launch") == "failed":
+            undo_launch(workdir, run_id, p, previous, previous_release, barrier, launched)
     protect = [release] + [
         (r.get("meta") or {}).get("release")
         for r in (run_record(workdir, rid) for rid in run_ids(workdir) if rid != run_id)
