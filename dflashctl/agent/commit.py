@@ -259,11 +259,7 @@ def pass_gate(barrier, stopped, grace_s):
         barrier.send({"stopped": True})
     else:
         barrier.close()
-    try:
-        answer = barrier.receive(float(grace_s) + GATE_SLACK_S + SLACK_S)
-    except (subprocess.TimeoutExpired, OSError, ValueError):
-        answer = None
-    return answer or {"gate": "lost", "why": "the commit barrier ended"}
+    return answer_of(barrier, float(grace_s) + GATE_SLACK_S, "gate")
 
 
 def report_launch(barrier, launched, why=None):
@@ -272,11 +268,7 @@ def report_launch(barrier, launched, why=None):
     [{"node", "why"}]}: every node then rolls back, through `pass_rollback`), or that
     the barrier could not tell ("timeout", "lost": the run stays as launched)."""
     barrier.send({"launched": bool(launched), "why": why})
-    try:
-        answer = barrier.receive(LAUNCH_WAIT_S + SLACK_S)
-    except (subprocess.TimeoutExpired, OSError, ValueError):
-        answer = None
-    answer = answer or {"launch": "lost", "why": "the commit barrier ended"}
+    answer = answer_of(barrier, LAUNCH_WAIT_S, "launch")
     if answer.get("launch") != "failed":
         barrier.close()  # nothing more to say: it acks and ends
     return answer
@@ -288,11 +280,17 @@ def pass_rollback(barrier, grace_s):
     a new run's store on its way out). The gate's answer, e.g. {"rollback": "open"}."""
     barrier.send({"unlaunched": True})
     barrier.close()
+    return answer_of(barrier, float(grace_s) + GATE_SLACK_S, "rollback")
+
+
+def answer_of(barrier, within_s, name):
+    """The barrier's next answer, waited for `within_s` and SLACK_S more; {name:
+    "lost"} when it ended or went silent."""
     try:
-        answer = barrier.receive(float(grace_s) + GATE_SLACK_S + SLACK_S)
+        answer = barrier.receive(within_s + SLACK_S)
     except (subprocess.TimeoutExpired, OSError, ValueError):
         answer = None
-    return answer or {"rollback": "lost", "why": "the commit barrier ended"}
+    return answer or {name: "lost", "why": "the commit barrier ended"}
 
 
 def failed_nodes(outcome):

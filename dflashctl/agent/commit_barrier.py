@@ -173,28 +173,27 @@ def say(answer):
     sys.stdout.flush()
 
 
-def pass_gate(store, p):
-    """After a commit: mark this node stopped when the agent says it stopped its old
-    run, then wait until every node is marked (bounded by gate_s)."""
-    line = sys.stdin.readline()
-    stopped = bool(line.strip()) and bool(json.loads(line).get("stopped"))
+def gate(store, p, key, name):
+    """Mark this node `key/<rank>` when the agent says `{key: true}` on stdin, then wait
+    until every node is marked (bounded by gate_s); {name: "open"}, or "timeout" with
+    the nodes missing, or "closed" at once when this node is not marked (the agent
+    closed stdin: the others are not held for it), or "lost" (the store went away)."""
+    here = bool(said().get(key))
     try:
-        if stopped:
-            store.set(f"stopped/{int(p['rank'])}", "1")
-        deadline = time.monotonic() + float(p.get("gate_s", 120.0))
-        while True:
-            missing = [
-                p["names"][r] for r in range(int(p["world"])) if not store.check([f"stopped/{r}"])
-            ]
-            if not missing:
-                return {"gate": "open"}
-            if not stopped:
-                return {"gate": "closed", "missing": missing}
-            if time.monotonic() >= deadline:
-                return {"gate": "timeout", "missing": missing}
-            time.sleep(POLL_S)
-    except Exception as exc:  # noqa: BLE001 - the store went away: launch without waiting
-        return {"gate": "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
+        if here:
+            store.set(f"{key}/{int(p['rank'])}", "1")
+        until = time.monotonic() + (float(p.get("gate_s", 120.0)) if here else 0.0)
+        missing = wait_for_every(store, p, key, until)
+        if not missing:
+            return {name: "open"}
+        return {name: "timeout" if here else "closed", "missing": missing}
+    except Exception as exc:  # noqa: BLE001 - the store went away: go on without waiting
+        return {name: "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
+
+
+def pass_gate(store, p):
+    """After a commit: no node launches before every node has stopped its old run."""
+    return gate(store, p, "stopped", "gate")
 
 
 def said():
@@ -247,17 +246,9 @@ def launch_round(store, p):
 
 
 def rollback_gate(store, p):
-    """After a failed launch round: mark this node once its new run is down, and wait
-    until every node's is (bounded by gate_s), before the previous release starts."""
-    down = bool(said().get("unlaunched"))
-    try:
-        if down:
-            store.set(f"unlaunched/{int(p['rank'])}", "1")
-        until = time.monotonic() + (float(p.get("gate_s", 120.0)) if down else 0.0)
-        missing = wait_for_every(store, p, "unlaunched", until)
-        return {"rollback": "open"} if not missing else {"rollback": "timeout", "missing": missing}
-    except Exception as exc:  # noqa: BLE001
-        return {"rollback": "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
+    """After a failed launch round: no node launches the previous release again before
+    every node's new run is down."""
+    return gate(store, p, "unlaunched", "rollback")
 
 
 def join(p):
