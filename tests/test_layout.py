@@ -31,10 +31,16 @@ REMOTE = ("dflashctl/agent/",)
 MAY_PRINT = {"dflashctl/transport/host_keys.py": 1}
 
 
+# The trainer runs with its own folder on sys.path (`from dflash.pipeline import ...`):
+# its modules are named from there.
+ON_PATH = {"trainer"}
+
+
 def modules(package: str) -> dict[str, Path]:
     found = {}
+    base = ROOT / package if package in ON_PATH else ROOT
     for path in sorted((ROOT / package).rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        parts = list(path.relative_to(base).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found[".".join(parts)] = path
