@@ -69,9 +69,9 @@ from dflashctl.launching import (
     import_follower,
     lineage_summary,
     say_launched,
+    say_what_interrupt_left,
     stop_and_launch,
     summary_of,
-    what_interrupt_left,
 )
 from dflashctl.nodes import Node, node_sessions, on_every_node
 from dflashctl.reporting import SILENT, Reporter
@@ -291,10 +291,7 @@ class Execution:
         try:
             answers, synced_s, t0 = self.send_and_launch(nodes, plans, params)
         except KeyboardInterrupt:
-            for node in nodes:
-                grace = float(params[node.index]["grace_s"])
-                left = what_interrupt_left(node.config, run_id, grace)
-                report.warning(f"{node.name}: {left}" if len(nodes) > 1 else left)
+            say_what_interrupt_left(report, nodes, run_id, params)
             raise
         for node, answer, plan in zip(nodes, answers, plans, strict=True):
             releases.save_last_deploy(node.config, answer["release"], plan.manifest)

@@ -302,3 +302,11 @@ def what_interrupt_left(config: Config, run_id: str, grace_s: float) -> str:
             f"is {active.get('status')} and nothing is running; deploy again"
         )
     return "interrupted before anything was launched; nothing is running"
+
+
+def say_what_interrupt_left(report: Reporter, nodes: list[Node], run_id: str, params) -> None:
+    """What a Ctrl-C left on each node (headed by the node's name when there are
+    several), told to `report`: deploy's and restart's one way of saying it."""
+    for node in nodes:
+        left = what_interrupt_left(node.config, run_id, float(params[node.index]["grace_s"]))
+        report.warning(f"{node.name}: {left}" if len(nodes) > 1 else left)

@@ -16,10 +16,10 @@ from dflashctl.launching import (
     import_follower,
     lineage_summary,
     say_launched,
+    say_what_interrupt_left,
     source_meta,
     stop_and_launch,
     summary_of,
-    what_interrupt_left,
 )
 from dflashctl.nodes import node_sessions
 from dflashctl.reporting import SILENT, Reporter
@@ -68,11 +68,7 @@ def restart(
                     report,
                 )
         except KeyboardInterrupt:
-            for node in nodes:
-                left = what_interrupt_left(
-                    node.config, run_id, float(params[node.index]["grace_s"])
-                )
-                report.warning(f"{node.name}: {left}" if len(nodes) > 1 else left)
+            say_what_interrupt_left(report, nodes, run_id, params)
             raise
         entries = []
         for node, answer in zip(nodes, answers, strict=True):
