@@ -284,7 +284,9 @@ def agent_argv(python: str, op: str, *, preload: bool = False) -> list[str]:
     it imports the kept bundle first, for a command started ahead of its call."""
     # -S: the agent needs only the standard library; skipping site-packages saves
     # a noticeable part of each call's start-up. `op` only shows in `ps`.
-    program = f"{_CACHE_FOLDER}{_PRELOAD}_preload({bundle_hash()!r})\n{LOADER}" if preload else LOADER
+    program = (
+        f"{_CACHE_FOLDER}{_PRELOAD}_preload({bundle_hash()!r})\n{LOADER}" if preload else LOADER
+    )
     return [python, "-S", "-c", program, op]
 
 

@@ -153,7 +153,9 @@ def _file(entry: dict[str, Any], index: int, node: Node, answer: dict[str, Any])
 
 def links_left_out(answers: list[dict[str, Any]]) -> list[str]:
     """`rel -> target` of every link the plans named (pull copies files, never links)."""
-    return sorted({f"{l['rel']} -> {l['target']}" for a in answers for l in a.get("links") or []})
+    return sorted(
+        {f"{link['rel']} -> {link['target']}" for a in answers for link in a.get("links") or []}
+    )
 
 
 def local_sha256(path: Path) -> str:
@@ -178,7 +180,7 @@ def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> 
     total = sum(f.size - _partial_size(dest, f) for f in todo)
     resumed = {f.rel for f in todo if _partial_size(dest, f) > 0}
     with report.transfer(total, f"pulling {len(todo)} files", "checking sha256") as progress:
-        for attempt in (1, 2):
+        for _attempt in (1, 2):
             offsets = {}
             for f in todo:
                 final = _local(dest, f.rel)

@@ -75,7 +75,9 @@ def test_exec_python_is_the_interpreter_the_run_uses(tmp_path):
     for name in ("python", "python3"):
         (folder / name).symlink_to(sys.executable)
     path = _config(tmp_path, str(folder / "python"))
-    done = _cli(tmp_path, "exec", "-c", str(path), "--", "sh", "-c", "command -v python; command -v python3")
+    done = _cli(
+        tmp_path, "exec", "-c", str(path), "--", "sh", "-c", "command -v python; command -v python3"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(folder / "python"), str(folder / "python3")]
 

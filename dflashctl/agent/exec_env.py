@@ -67,7 +67,7 @@ def _redeem(path):
     with os.fdopen(fd) as ticket:
         info = os.fstat(ticket.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise OSError("not a ticket of this user's: %s" % path)
+            raise OSError(f"not a ticket of this user's: {path}")
         os.unlink(path)
         return json.load(ticket)
 
@@ -105,6 +105,6 @@ def main_exec(params_json):
         try:
             p = _redeem(p["ticket"])
         except (OSError, ValueError) as exc:
-            sys.stderr.write("dflashctl: cannot read the exec's parameters: %s\n" % exc)
+            sys.stderr.write(f"dflashctl: cannot read the exec's parameters: {exc}\n")
             return 2
     return exec_command(p)

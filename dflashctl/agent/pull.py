@@ -162,9 +162,8 @@ def op_pull_plan(p):
         # bundled one), under tensorboard/ when they were elsewhere.
         elsewhere = []
         for rel, path in tree_files(run_dir, "", elsewhere):
-            if (
-                TENSORBOARD_MARK in os.path.basename(rel)
-                and not rel.startswith(("outputs/checkpoints",) + TRACKER_FOLDERS)
+            if TENSORBOARD_MARK in os.path.basename(rel) and not rel.startswith(
+                ("outputs/checkpoints",) + TRACKER_FOLDERS
             ):
                 top = rel.split(os.sep, 1)[0] == "tensorboard"
                 entries.append((rel if top else os.path.join("tensorboard", rel), path))
