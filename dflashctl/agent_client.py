@@ -47,6 +47,7 @@ AGENT_MISSING = "agent_missing"
 
 # Installs an importer for SOURCES; `run` is what the bootstrap calls. Python 3.6+.
 _BUNDLE_BODY = '''
+import hashlib
 import marshal
 import os
 import sys
@@ -59,26 +60,46 @@ from importlib.machinery import ModuleSpec
 _CACHE = globals().get("CODE_CACHE") if sys.implementation.cache_tag else None
 _CODES = {}
 _FRESH = []
-if _CACHE:
+
+
+def _load_codes():
+    # Read without following a link, and only from a file of this user's that no one
+    # else can write, whose content has the digest it starts with (a swapped or cut
+    # file is compiled afresh, never run).
     try:
-        with open(_CACHE, "rb") as _file:
-            _CODES = marshal.load(_file)
+        fd = os.open(_CACHE, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as cached:
+            info = os.fstat(cached.fileno())
+            data = cached.read()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return {}
+        if hashlib.sha256(_CACHE.encode("utf-8") + data[32:]).digest() != data[:32]:
+            return {}
+        codes = marshal.loads(data[32:])
     except Exception:
-        _CODES = {}
-    if not isinstance(_CODES, dict):
-        _CODES = {}
+        return {}
+    return codes if isinstance(codes, dict) else {}
+
+
+if _CACHE:
+    _CODES = _load_codes()
 
 
 def _save_codes():
     if not (_CACHE and _FRESH):
         return
+    temporary = "%s.%d.tmp" % (_CACHE, os.getpid())
     try:
-        temporary = "%s.%d.tmp" % (_CACHE, os.getpid())
-        with open(temporary, "wb") as out:
-            marshal.dump(_CODES, out)
+        payload = marshal.dumps(_CODES)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(temporary, flags, 0o600), "wb") as out:
+            out.write(hashlib.sha256(_CACHE.encode("utf-8") + payload).digest() + payload)
         os.replace(temporary, _CACHE)
     except Exception:
-        pass
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
 
 
 class _Bundled(object):
@@ -121,37 +142,59 @@ def run(op, params_json):
         _save_codes()
 '''
 
-# Runs the cached bundle if its content has hash H, else the attached one B (and keeps
-# it), else answers agent_missing. Python 3.6+, standard library only.
-_BOOTSTRAP = """
+# The folder the agent is kept in, or None: only a real folder of this user's that no
+# one else can enter. Another user's folder (or a link) made beforehand in the shared
+# /tmp is moved aside and a private one made; when that is not allowed, nothing is
+# kept or read there. Python 3.6+, standard library only.
+_CACHE_FOLDER = """
 import hashlib, os, sys
-d = os.path.join(os.environ.get("TMPDIR") or "/tmp", "dflashctl-agent-%d" % os.getuid())
-f = os.path.join(d, H + ".py")
+N = os.O_NOFOLLOW
+def _folder():
+ d = os.path.join(os.environ.get("TMPDIR") or "/tmp", "dflashctl-agent-%d" % os.getuid())
+ for i in 0, 1:
+  try:
+   os.mkdir(d, 0o700)
+  except OSError:
+   pass
+  try:
+   s = os.lstat(d)
+   if s.st_uid == os.getuid() and s.st_mode & 0o170077 == 0o40000:
+    return d
+   i or os.rename(d, d + ".unsafe-%d" % os.getpid())
+  except OSError:
+   return
+"""
+
+# Runs the cached bundle if its content has hash H, else the attached one B (and keeps
+# it, in a file made anew: never through a link), else answers agent_missing. (One
+# space a level: a poll sends this every few seconds, and the log reader's command
+# line carries it.)
+_BOOTSTRAP = """
+d = _folder()
+f = d and os.path.join(d, H + ".py")
 s = None
 try:
-    with open(f, "rb") as x:
-        s = x.read()
-except OSError:
-    pass
+ with os.fdopen(os.open(f, N), "rb") as x:
+  s = x.read()
+except Exception:
+ pass
 if s is not None and hashlib.sha256(s).hexdigest() != H:
-    s = None
+ s = None
 if s is None and B is not None:
-    import base64, zlib
-    s = zlib.decompress(base64.b64decode(B))
-    try:
-        os.makedirs(d, 0o700, exist_ok=True)
-        t = "%s.%d.tmp" % (f, os.getpid())
-        with open(t, "wb") as x:
-            x.write(s)
-        os.replace(t, f)
-    except OSError:
-        pass
+ import base64, zlib
+ s = zlib.decompress(base64.b64decode(B))
+ try:
+  t = f + ".%d.tmp" % os.getpid()
+  with os.fdopen(os.open(t, N | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as x:
+   x.write(s)
+  os.replace(t, f)
+ except Exception:
+  pass
 if s is None:
-    sys.stdout.write('{"ok": false, "agent_missing": true, "error": "no agent cached in %s"}' % d)
-    sys.stdout.flush()
-    sys.exit(3)
-g = {"__name__": "dflash_agent_bundle", "CODE_CACHE": "%s.%s.code" % (f[:-3], sys.implementation.cache_tag)}
-exec(compile(s, f, "exec"), g)
+ print('{"ok": false, "agent_missing": true, "error": "no agent in %s"}' % d)
+ sys.exit(3)
+g = {"__name__": "dflash_agent_bundle", "CODE_CACHE": f and f[:-2] + sys.implementation.cache_tag + ".code"}
+exec(compile(s, f or "agent", "exec"), g)
 sys.exit(g["run"](OP, P))
 """
 
@@ -195,7 +238,7 @@ def bootstrap(op: str, params: Mapping[str, Any], *, with_bundle: bool) -> str:
     itself only `with_bundle`."""
     bundle = repr(packed_bundle()) if with_bundle else "None"
     header = f"H = {bundle_hash()!r}\nOP = {op!r}\nP = {json.dumps(params)!r}\nB = {bundle}\n"
-    return header + _BOOTSTRAP
+    return header + _CACHE_FOLDER + _BOOTSTRAP
 
 
 def agent_input(op: str, params: Mapping[str, Any], *, with_bundle: bool = True) -> bytes:
@@ -220,11 +263,10 @@ LOADER = (
 # imported while the call is still being planned; the program that follows finds them
 # imported. No such copy: nothing is imported, the program brings the bundle.
 _PRELOAD = """
-import hashlib, os, sys
 def _preload(h):
     try:
-        f = os.path.join(os.environ.get("TMPDIR") or "/tmp", "dflashctl-agent-%d" % os.getuid(), h + ".py")
-        with open(f, "rb") as x:
+        f = os.path.join(_folder(), h + ".py")
+        with os.fdopen(os.open(f, N), "rb") as x:
             s = x.read()
         if hashlib.sha256(s).hexdigest() != h:
             return
@@ -242,7 +284,9 @@ def agent_argv(python: str, op: str, *, preload: bool = False) -> list[str]:
     it imports the kept bundle first, for a command started ahead of its call."""
     # -S: the agent needs only the standard library; skipping site-packages saves
     # a noticeable part of each call's start-up. `op` only shows in `ps`.
-    program = f"{_PRELOAD}_preload({bundle_hash()!r})\n{LOADER}" if preload else LOADER
+    program = (
+        f"{_CACHE_FOLDER}{_PRELOAD}_preload({bundle_hash()!r})\n{LOADER}" if preload else LOADER
+    )
     return [python, "-S", "-c", program, op]
 
 

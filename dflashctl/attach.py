@@ -36,29 +36,36 @@ def exec_params(config: Config, argv: list[str], *, describe: bool = False) -> d
         "workdir": config.container.workdir,
         "argv": argv,
         "env": dict(config.trainer.env),
+        "python": config.container.python,
         "setup": setup_env.setup_params(config),
         "describe": describe,
     }
 
 
-def remote_argv(config: Config, target: Target, argv: list[str], *, describe: bool) -> list[str]:
-    """What runs on the host: the agent's exec verb, through pct exec for a container."""
-    python = config.container.python
-    params = exec_params(config, argv, describe=describe)
+def remote_argv(config: Config, target: Target, ticket: str) -> list[str]:
+    """What runs on the host: the agent's exec verb, through pct exec for a container.
+    It names only the ticket that holds the parameters (trainer.env's secrets are not
+    to be read in /proc/*/cmdline)."""
     inner = [
-        python,
+        config.container.python,
         "-S",
         "-c",
-        agent_client.bootstrap("exec", params, with_bundle=False),
+        agent_client.bootstrap("exec", {"ticket": ticket}, with_bundle=False),
         "DFLASH-EXEC",
     ]
     return pct.exec_argv(target.vmid, inner) if target.vmid is not None else inner
 
 
+def leave_ticket(config: Config, target: Target, argv: list[str], *, describe: bool) -> str:
+    """The exec's parameters kept in the container, sent on the agent's stdin (this
+    call also makes the container keep the agent the exec verb runs)."""
+    params = exec_params(config, argv, describe=describe)
+    return agent_client.call_agent(target, config.container.python, "exec_ticket", params)["ticket"]
+
+
 def run_attached(config: Config, target: Target, argv: list[str], *, tty: bool) -> int:
     """Run argv there, attached to this process's stdio; returns its exit status."""
-    agent_client.install(target, config.container.python)  # the exec verb runs the kept copy
-    full = remote_argv(config, target, argv, describe=tty)
+    full = remote_argv(config, target, leave_ticket(config, target, argv, describe=tty))
     transport = target.transport
     if not hasattr(transport, "interactive_channel"):  # the local transport: our own stdio
         try:

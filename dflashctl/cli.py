@@ -76,10 +76,29 @@ def _root(
     `dflashctl init` writes one to edit, and `dflashctl doctor` checks it end to end.
     """
     terminal.set_verbosity(quiet=quiet, verbose=verbose)
+    _say_notices()
     if verbose:
         from dflashctl.transport import base
 
         base.command_trace = terminal.command_ran
+
+
+def _say_notices() -> None:
+    """The logic's Notice warnings as the terminal's `!` lines; other warnings as Python
+    shows them."""
+    import warnings
+
+    from dflashctl.errors import Notice
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, Notice):
+            terminal.warning(str(message))
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def _register_commands() -> None:

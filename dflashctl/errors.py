@@ -44,6 +44,11 @@ class HostError(DflashError):
     exit_code = EXIT_HOST
 
 
+class Notice(UserWarning):
+    """Something the user should know that stops nothing (the CLI says it as a `!`
+    line); logic modules raise it with `warnings.warn` since they do not draw."""
+
+
 class RunCrashed(DflashError):
     """The training run ended badly (crash detected, non-zero exit or a signal)."""
 

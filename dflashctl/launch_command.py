@@ -19,6 +19,9 @@ holds that while the nodes decide), so either every node launches or none does.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -205,5 +208,18 @@ def node_launch_params(
         "run_id": run_id,
         "deadline_s": deadline_s,
         "program": barrier_program(),
+        "secret": barrier_secret(run_id),
     }
     return params
+
+
+# The commit store (a torch TCPStore) has no authentication: whoever reaches its port
+# could arrive or decide for the nodes. Every key of a deploy is under a secret that
+# only its nodes get, over SSH on the agent's stdin, so a peer that guessed the run id
+# still cannot name a key. One secret per run id, the same on every node of a deploy
+# (a key of this process's own, never sent, makes it).
+_BARRIER_KEY = secrets.token_bytes(32)
+
+
+def barrier_secret(run_id: str) -> str:
+    return hmac.new(_BARRIER_KEY, run_id.encode("utf-8"), hashlib.sha256).hexdigest()[:32]

@@ -93,6 +93,19 @@ def https_api(config: ProxmoxConfig) -> ProxmoxResource:
         check = parse_verify_tls(config.verify_tls)
     except ValueError as exc:  # a CA bundle removed since the config was loaded
         raise ConfigError(f"proxmox.verify_tls: {exc}") from None
+    if check.kind == "off":
+        import warnings
+
+        from dflashctl.errors import Notice
+
+        warnings.warn(
+            Notice(
+                f"proxmox.verify_tls is false: the API token {config.token_id} goes to "
+                f"{config.url} without checking who answers (pin the certificate with "
+                "proxmox.verify_tls: sha256:..., as `pvenode cert info` prints it)"
+            ),
+            stacklevel=2,
+        )
     if check.kind in ("off", "pin"):  # no warning per request: off was asked for, a pin
         import urllib3  # is checked in the handshake instead
 

@@ -1,13 +1,16 @@
 """`dflashctl pull RUN`: a run's checkpoint (the latest, or --step N), its serving
 export (the checkpoint's drafter/ folder) and its metrics, copied to a local folder.
 
-The agent's `pull_plan` lists the files with their sizes and sha256 where the run
-wrote them; each file is then streamed (`pct exec` of a small reader, from an offset
-and for the size listed) into `<dest>.partial`, which is renamed into place once its
-sha256 matches. A pull that was cut leaves the .partial files: the next one continues
-each from its size and checks the whole file at the end (a mismatch is fetched again
-from the start, once). Several nodes: the checkpoint and the metrics come from the
-node that wrote them: rank 0's, the first node, else the first node that has them.
+The agent's `pull_plan` lists the files with their sizes, modes and sha256 where the
+run wrote them (links are named, never followed), and leaves that list in a file
+there. One reader (`_READER`, one `pct exec` on one SSH channel) then sends every file
+still wanted as one stream of frames, each file from its offset and up to the size
+listed; each goes into `<dest>.partial`, which is renamed into place (with its mode)
+once its sha256 matches. A pull that was cut leaves the .partial files: the next one
+continues each from its size and checks the whole file at the end (a mismatch is
+fetched again from the start, once). Several nodes: the checkpoint and the metrics come
+from the node that wrote them: rank 0's, the first node, else the first node that has
+them.
 """
 
 from __future__ import annotations
@@ -23,17 +26,42 @@ from dflashctl.errors import HostError, UsageError
 from dflashctl.nodes import Node, on_every_node
 from dflashctl.reporting import SILENT, Reporter
 
-# Reads `length` bytes of a file from `offset` to stdout (Python 3.6+, stdlib only).
-_READER = (
-    "import sys\n"
-    "f = open(sys.argv[1], 'rb'); f.seek(int(sys.argv[2])); left = int(sys.argv[3])\n"
-    "out = sys.stdout.buffer\n"
-    "while left > 0:\n"
-    "    b = f.read(min(1 << 20, left))\n"
-    "    if not b: break\n"
-    "    out.write(b); left -= len(b)\n"
-    "out.flush()\n"
-)
+# Sends the files the pull wants, from the list the plan left (argv[1]: [[path, size],
+# ...]), as frames: `D <index> <n>\n` and n bytes, `X <index> <why>\n` for a file that
+# could not be read. argv[2]: `i` or `i-j` (from 0) or `i@offset`, comma separated.
+# Python 3.6+, stdlib only; a link is never followed.
+_READER = """
+import json, os, sys
+files = json.load(open(sys.argv[1]))
+out = sys.stdout.buffer
+def send(i, offset):
+    path, size = files[i]
+    try:
+        f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    except OSError as exc:
+        out.write(b"X %d %s\\n" % (i, str(exc.strerror or exc).encode()))
+        return
+    with f:
+        f.seek(offset)
+        left = size - offset
+        while left > 0:
+            b = f.read(min(1 << 20, left))
+            if not b:
+                break
+            out.write(b"D %d %d\\n" % (i, len(b)))
+            out.write(b)
+            left -= len(b)
+for part in sys.argv[2].split(","):
+    if "@" in part:
+        i, offset = part.split("@")
+        send(int(i), int(offset))
+    else:
+        first, _, last = part.partition("-")
+        for i in range(int(first), int(last or first) + 1):
+            send(i, 0)
+out.flush()
+"""
+SPEC_CHARS = 60_000  # one stream's wanted list on its command line; more: another stream
 PARTIAL = ".partial"
 
 
@@ -44,6 +72,9 @@ class PullFile:
     size: int
     sha256: str
     node: Node
+    index: int  # in the node's list (`listing`)
+    listing: str  # the list the node's plan left
+    mode: int = 0o644
 
 
 def plans(
@@ -89,18 +120,42 @@ def choose(nodes: list[Node], answers: list[dict[str, Any]], run_id: str, step: 
         node, answer = with_ckpt[0]
         checkpoint = answer["checkpoint"]
         prefix = f"checkpoints{os.sep}"
-        files += [_file(f, node) for f in answer["files"] if f["rel"].startswith(prefix)]
+        files += [
+            _file(f, i, node, answer)
+            for i, f in enumerate(answer["files"])
+            if f["rel"].startswith(prefix)
+        ]
     with_metrics = [
         (n, a) for n, a in found if any(not f["rel"].startswith("checkpoints") for f in a["files"])
     ]
     if with_metrics:
         node, answer = with_metrics[0]
-        files += [_file(f, node) for f in answer["files"] if not f["rel"].startswith("checkpoints")]
+        files += [
+            _file(f, i, node, answer)
+            for i, f in enumerate(answer["files"])
+            if not f["rel"].startswith("checkpoints")
+        ]
     return files, checkpoint
 
 
-def _file(entry: dict[str, Any], node: Node) -> PullFile:
-    return PullFile(entry["rel"], entry["path"], int(entry["size"]), entry["sha256"], node)
+def _file(entry: dict[str, Any], index: int, node: Node, answer: dict[str, Any]) -> PullFile:
+    return PullFile(
+        entry["rel"],
+        entry["path"],
+        int(entry["size"]),
+        entry["sha256"],
+        node,
+        index,
+        answer["list"],
+        int(entry.get("mode", 0o644)),
+    )
+
+
+def links_left_out(answers: list[dict[str, Any]]) -> list[str]:
+    """`rel -> target` of every link the plans named (pull copies files, never links)."""
+    return sorted(
+        {f"{link['rel']} -> {link['target']}" for a in answers for link in a.get("links") or []}
+    )
 
 
 def local_sha256(path: Path) -> str:
@@ -119,14 +174,42 @@ def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> 
         final = _local(dest, f.rel)
         if final.is_file() and final.stat().st_size == f.size and local_sha256(final) == f.sha256:
             counts["already"] += 1
+            os.chmod(final, f.mode)
         else:
             todo.append(f)
     total = sum(f.size - _partial_size(dest, f) for f in todo)
+    resumed = {f.rel for f in todo if _partial_size(dest, f) > 0}
     with report.transfer(total, f"pulling {len(todo)} files", "checking sha256") as progress:
-        for f in todo:
-            resumed = _partial_size(dest, f) > 0
-            counts["bytes"] += _fetch(f, dest, progress)
-            counts["resumed" if resumed else "fetched"] += 1
+        for _attempt in (1, 2):
+            offsets = {}
+            for f in todo:
+                final = _local(dest, f.rel)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                offsets[f.rel] = _partial_size(dest, f)
+                partial = _local(dest, f.rel + PARTIAL)
+                if offsets[f.rel] == 0 and partial.exists():
+                    partial.unlink()  # longer than the source: not a prefix of it
+                partial.touch()  # (an empty file gets no frame)
+            counts["bytes"] += _stream(todo, offsets, dest, progress)
+            failed = []
+            for f in todo:
+                partial = _local(dest, f.rel + PARTIAL)
+                if partial.stat().st_size == f.size and local_sha256(partial) == f.sha256:
+                    os.chmod(partial, f.mode)
+                    os.replace(partial, _local(dest, f.rel))
+                    counts["resumed" if f.rel in resumed else "fetched"] += 1
+                    continue
+                partial.unlink()  # a resumed prefix that was not the source's: from the start
+                failed.append(f)
+            todo = failed
+            if not todo:
+                break
+    if todo:
+        f = todo[0]
+        raise HostError(
+            f"{f.rel} arrived with a different sha256 than {f.path} on {f.node.describe()}",
+            hint="the file may have changed there meanwhile; pull again",
+        )
     return counts
 
 
@@ -143,49 +226,107 @@ def _partial_size(dest: Path, f: PullFile) -> int:
     return size if size <= f.size else 0
 
 
-def _fetch(f: PullFile, dest: Path, progress) -> int:
-    """One file into place, continuing its .partial; returns the bytes moved."""
-    final = _local(dest, f.rel)
-    partial = _local(dest, f.rel + PARTIAL)
-    final.parent.mkdir(parents=True, exist_ok=True)
+def wanted_specs(items: list[tuple[int, int]]) -> list[str]:
+    """(index, offset) pairs, sorted, as the reader's wanted lists: runs of whole files
+    as `i-j`, a resumed file as `i@offset`; several lists when one would not fit a
+    command line."""
+    parts: list[str] = []
+    run: list[int] = []
+
+    def close_run() -> None:
+        if run:
+            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run.clear()
+
+    for index, offset in items:
+        if offset:
+            close_run()
+            parts.append(f"{index}@{offset}")
+        elif run and index == run[-1] + 1:
+            run.append(index)
+        else:
+            close_run()
+            run.append(index)
+    close_run()
+    specs, current = [], ""
+    for part in parts:
+        if current and len(current) + len(part) + 1 > SPEC_CHARS:
+            specs.append(current)
+            current = ""
+        current = f"{current},{part}" if current else part
+    return specs + ([current] if current else [])
+
+
+def _stream(todo: list[PullFile], offsets: dict[str, int], dest: Path, progress) -> int:
+    """Every file of `todo` from its offset into its .partial: one reader stream per
+    node and list (more only for a wanted list too long for one command line)."""
     moved = 0
-    for attempt in (1, 2):
-        offset = _partial_size(dest, f)
-        if offset == 0 and partial.exists():
-            partial.unlink()  # longer than the source: not a prefix of it
-        moved += _stream_into(f, partial, offset, progress)
-        if partial.stat().st_size == f.size and local_sha256(partial) == f.sha256:
-            os.replace(partial, final)
-            return moved
-        partial.unlink()  # a resumed prefix that was not the source's: from the start
-        if attempt == 2:
-            raise HostError(
-                f"{f.rel} arrived with a different sha256 than {f.path} on {f.node.describe()}",
-                hint="the file may have changed there meanwhile; pull again",
-            )
+    groups: dict[tuple[str, str], list[PullFile]] = {}
+    for f in todo:
+        groups.setdefault((f.node.name, f.listing), []).append(f)
+    for group in groups.values():
+        by_index = {f.index: f for f in group}
+        items = sorted((f.index, offsets[f.rel]) for f in group)
+        for spec in wanted_specs(items):
+            moved += _read_stream(group[0], spec, by_index, dest, progress)
     return moved
 
 
-def _stream_into(f: PullFile, partial: Path, offset: int, progress) -> int:
-    python = f.node.config.container.python
-    argv = [python, "-S", "-c", _READER, f.path, str(offset), str(f.size - offset)]
-    moved = 0
-    with partial.open("ab") as out, f.node.target.stream(argv) as stream:
-        while True:
-            data = stream.read(5.0)
-            if data is None:
-                continue
-            if data == b"":
-                break
-            out.write(data)
-            moved += len(data)
-            progress(len(data))
-        status = stream.exit_status
+def _read_stream(first: PullFile, spec: str, by_index, dest: Path, progress) -> int:
+    node = first.node
+    argv = [node.config.container.python, "-S", "-c", _READER, first.listing, spec]
+    moved, buffer, current, out = 0, bytearray(), None, None
+    problems = []
+    try:
+        with node.target.stream(argv) as stream:
+            need = None  # bytes of the current frame's data still to come
+            while True:
+                data = stream.read(5.0)
+                if data is None:
+                    continue
+                if data == b"":
+                    break
+                buffer += data
+                while True:
+                    if need:
+                        take = bytes(buffer[:need])
+                        del buffer[: len(take)]
+                        out.write(take)  # type: ignore[union-attr]
+                        need -= len(take)
+                        moved += len(take)
+                        progress(len(take))
+                        if need:
+                            break
+                        continue
+                    end = buffer.find(b"\n")
+                    if end < 0:
+                        break
+                    kind, index, rest = bytes(buffer[:end]).decode("utf-8", "replace").split(" ", 2)
+                    del buffer[: end + 1]
+                    f = by_index[int(index)]
+                    if kind == "X":
+                        problems.append(f"{f.path}: {rest}")
+                        continue
+                    if current is not f:
+                        if out is not None:
+                            out.close()
+                        current, out = f, _local(dest, f.rel + PARTIAL).open("ab")
+                    need = int(rest)
+            status = stream.exit_status
+    finally:
+        if out is not None:
+            out.close()
     if status:
         detail = stream.stderr.decode("utf-8", "replace").strip().splitlines()
         raise HostError(
-            f"reading {f.path} on {f.node.describe()} failed (exit status {status})"
+            f"reading the run's files on {node.describe()} failed (exit status {status})"
             + (f": {detail[-1]}" if detail else ""),
+            hint="pull again: it continues from what arrived",
+        )
+    if problems:
+        raise HostError(
+            f"cannot read {problems[0]} on {node.describe()}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
             hint="pull again: it continues from what arrived",
         )
     return moved

@@ -1,8 +1,8 @@
 """What to send: the manifest of the local trainer tree, and what `trainer.exclude` left out.
 
 The manifest maps each file's path (relative, with "/") to [size, sha256, mode]
-(mode "755" for a file its owner may execute, else "644": a `chmod +x` alone is a
-change that deploys) after `trainer.exclude`, which has .gitignore semantics (the
+(the file's permissions in octal, "644", "755", "600": a `chmod` alone is a change
+that deploys) after `trainer.exclude`, which has .gitignore semantics (the
 pathspec library's GitIgnoreSpec): `*` and `?` stay inside one path segment, `**`
 spans segments, a trailing `/` matches folders only, a pattern with a `/` before its
 end is anchored at the tree's top, `!` re-includes what an earlier pattern excluded
@@ -95,28 +95,59 @@ def iter_files(source: Path, excludes: Excludes, skipped: Skipped | None = None)
     """Relative paths of the files to deploy; excluded folders are not entered (and
     noted in `skipped`, with the excluded files).
 
-    A symlink is deployed as what it points at (a file, or a folder's files); a link
-    back to a folder above it is not followed twice.
+    A symlink that stays inside the source is deployed as what it points at (a file,
+    or a folder's files); a link back to a folder above it is not followed twice. A
+    link that leads out of the source (not excluded) is refused, naming every one:
+    deploying what it points at would send files nobody chose to send (a key, a
+    secret) where others may read them.
     """
-    seen = frozenset([os.path.realpath(source)])
-    yield from _walk(Path(source), "", excludes, seen, skipped or Skipped())
+    top = os.path.realpath(source)
+    leaving: list[str] = []
+    found = _walk(
+        Path(source), "", excludes, frozenset([top]), skipped or Skipped(), (top, leaving)
+    )
+    files = list(found)
+    if leaving:
+        shown = "; ".join(leaving[:8]) + (
+            f"; and {len(leaving) - 8} more" if len(leaving) > 8 else ""
+        )
+        raise UsageError(
+            f"trainer.source {source} has links that lead out of it: {shown}",
+            hint="copy what they point at into the source, or leave them out with trainer.exclude",
+        )
+    yield from files
 
 
 def _walk(
-    folder: Path, prefix: str, excludes: Excludes, seen: frozenset, skipped: Skipped
+    folder: Path,
+    prefix: str,
+    excludes: Excludes,
+    seen: frozenset,
+    skipped: Skipped,
+    outside: tuple[str, list[str]],
 ) -> Iterator[str]:
+    """`outside`: the source's real path, and the list its leaving links are added to."""
     try:
         entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
     except OSError as exc:
         raise unreadable(folder, exc) from None
+    top, leaving = outside
     for entry in entries:
         rel = prefix + entry.name
+        if entry.is_symlink() and os.path.exists(entry.path):  # (a dangling one sends nothing)
+            real = os.path.realpath(entry.path)
+            inside = real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+            if not inside and not excludes.excluded(rel, entry.is_dir()):
+                leaving.append(f"{rel} -> {os.readlink(entry.path)}")
+                continue
         if entry.is_dir():
             real = os.path.realpath(entry.path)
             if excludes.excluded(rel, True):
                 skipped.add(rel, True, 0)
             elif real not in seen:
-                yield from _walk(Path(entry.path), rel + "/", excludes, seen | {real}, skipped)
+                yield from _walk(
+                    Path(entry.path), rel + "/", excludes, seen | {real}, skipped, outside
+                )
         elif entry.is_file():  # (dangling links, sockets and fifos are neither)
             if excludes.excluded(rel, False):
                 skipped.add(rel, False, _size(entry))

@@ -86,6 +86,20 @@ def test_modes_are_the_archives_whatever_the_umask(tmp_path):
     assert (release / "empty.txt").stat().st_mode & 0o777 == 0o644
 
 
+def test_a_private_file_stays_private_in_the_release(tmp_path):
+    source = write_tree(tmp_path / "src", 1)
+    (source / "secrets.env").write_text("TOKEN=1\n")
+    (source / "secrets.env").chmod(0o600)
+    (source / "tool.sh").write_text("#!/bin/sh\n")
+    (source / "tool.sh").chmod(0o750)
+    archive, manifest = upload(tmp_path, source)
+    assert (manifest["secrets.env"][2], manifest["tool.sh"][2]) == ("600", "750")
+    build_release({"workdir": str(tmp_path / "w"), "release": "r1", "archive": str(archive)})
+    release = tmp_path / "w" / "releases" / "r1"
+    assert (release / "secrets.env").stat().st_mode & 0o777 == 0o600
+    assert (release / "tool.sh").stat().st_mode & 0o777 == 0o750
+
+
 @pytest.mark.parametrize(
     "files",
     [

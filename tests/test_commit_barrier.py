@@ -7,6 +7,7 @@ arriving after the abort => abort, not a commit."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +23,8 @@ pytestmark = pytest.mark.skipif(
 
 PROGRAM = resources.files("dflashctl.agent").joinpath("commit_barrier.py").read_text("utf-8")
 NAMES = ["a", "b", "c"]
+SECRET = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # what the deploy gives every node
+RUN_ID = "20261202-000000-test"
 
 
 def free_port() -> int:
@@ -50,7 +53,7 @@ class Barrier:
             "names": NAMES[: self.world],
             "address": "127.0.0.1",
             "port": self.port,
-            "run_id": "20261202-000000-test",
+            "run_id": RUN_ID,
             "deadline_s": self.deadline_s,
             "marker": str(self.marker(rank)),
             "ack_wait_s": 5,
@@ -63,6 +66,7 @@ class Barrier:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=dict(os.environ, DFLASH_COMMIT_SECRET=SECRET),
         )
 
     def answer(self, rank: int, timeout: float = 120) -> dict:
@@ -136,9 +140,53 @@ def decided(b: Barrier, timeout: float = 120) -> str:
         datetime.timedelta(seconds=timeout),
         wait_for_workers=False,
     )
-    view = dist.PrefixStore("dflash-commit/20261202-000000-test/", store)
+    view = dist.PrefixStore(f"dflash-commit/{RUN_ID}/{SECRET}/", store)
     view.wait(["decision"], datetime.timedelta(seconds=timeout))
     return view.get("decision").decode()
+
+
+def test_a_client_without_the_secret_cannot_move_the_barrier(barrier):
+    """The store listens on the network with no authentication: a peer that knows the
+    run id (and tries the keys a deploy without a secret used) cannot arrive for the
+    missing node nor decide commit."""
+    import datetime
+
+    import torch.distributed as dist
+
+    b = barrier(2, deadline_s=8)
+    b.start(0)
+    deadline = time.monotonic() + 60
+    store = None
+    while store is None:
+        try:
+            store = dist.TCPStore(
+                "127.0.0.1", b.port, None, False, datetime.timedelta(seconds=5),
+                wait_for_workers=False,
+            )  # fmt: skip
+        except Exception:  # noqa: BLE001 - node 0 is still importing torch
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    for guess in (f"dflash-commit/{RUN_ID}/", f"dflash-commit/{RUN_ID}/{'0' * 32}/"):
+        view = dist.PrefixStore(guess, store)
+        view.set("node/1", "1")
+        view.add("arrived", 1)
+        view.compare_set("decision", "", "commit")
+    answer = b.answer(0)
+    assert answer["decision"] == "abort", answer
+    assert answer["reason"] == "node b did not arrive within 8 s"
+
+
+def test_a_barrier_given_no_secret_never_arrives(barrier, tmp_path):
+    b = barrier(1)
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, json.dumps(b.params(0))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "DFLASH_COMMIT_SECRET"},
+    )
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["decision"] == "abort" and "no commit secret" in answer["reason"]
 
 
 def test_a_node_arriving_after_the_abort_aborts_too(barrier):
@@ -191,7 +239,7 @@ def agent_params(b: Barrier, rank: int, workdir: Path) -> dict:
         "workdir": str(workdir),
         "command": [sys.executable, "train.py"],
         "grace_s": 0,
-        "commit": dict(commit, program=PROGRAM),
+        "commit": dict(commit, program=PROGRAM, secret=SECRET),
     }
 
 

@@ -200,6 +200,26 @@ def test_last_lines_of_a_finished_run_still_classify_the_whole_log(runs):
     assert step_lines(out) == expected_lines(30, "thread-crash")
 
 
+def test_last_lines_of_a_long_finished_log_are_read_from_its_end(runs):
+    rundir = runs.workdir / "runs" / "r9"
+    rundir.mkdir(parents=True)
+    total = 200_000  # about 6 MiB
+    with (rundir / "train.log").open("w") as log:
+        for i in range(1, total + 1):
+            log.write(f"step {i}/{total} | loss 2.0000 | acc 0.50 | tau~ 2.00\n")
+    (rundir / "exit_code").write_text("0\n")
+    seen = []
+    result, out = follow(
+        runs, "r9", lines=2, follow=False, on_line=lambda text, live: seen.append(text)
+    )
+    assert step_lines(out) == [
+        f"step {i}/{total} | loss 2.0000 | acc 0.50 | tau~ 2.00" for i in (total - 1, total)
+    ]
+    assert result.status == "finished"
+    # Only the log's tail was read (and classified), not its 6 MiB.
+    assert 2 <= len(seen) < total // 4
+
+
 def test_not_following_a_running_run_returns_at_once(runs):
     rundir = runs.start("r6", lines=3, delay=0.01, mode="hang")
     wait_for(lambda: "step 3/3" in (rundir / "train.log").read_text(), what="the log")

@@ -239,3 +239,27 @@ def test_a_run_killed_by_a_signal_is_a_crash_named_by_its_signal(project):
     assert (answer["status"], answer["exit_code"]) == ("crashed", 143)
     done = dflashctl("logs", cwd=project.root)
     assert done.returncode == 1 and "killed by SIGTERM" in done.stderr
+
+
+def test_a_run_id_that_leaves_runs_is_refused(project):
+    # A train.log outside runs/ must not be read through `..`.
+    outside = project.workdir / "elsewhere"
+    outside.mkdir(parents=True)
+    (outside / "train.log").write_text("SECRET LINE\n")
+    (project.workdir / "runs").mkdir(parents=True)
+    done = dflashctl("logs", "../elsewhere", cwd=project.root)
+    assert done.returncode == 2, done.stderr
+    assert "not a run id" in done.stderr and "SECRET" not in done.stdout + done.stderr
+
+
+def test_the_log_reader_refuses_a_run_id_that_leaves_runs(tmp_path):
+    from dflashctl.agent.logreader import _stream
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "train.log").write_text("SECRET LINE\n")
+    import io
+
+    out = io.BytesIO()
+    _stream(out, str(tmp_path), "../elsewhere", 0, -1, True)
+    assert b"SECRET" not in out.getvalue() and out.getvalue().endswith(b"N\n")

@@ -8,7 +8,7 @@ import pytest
 
 from dflashctl import proxmox
 from dflashctl.config import load_config
-from dflashctl.errors import EXIT_HOST, EXIT_USAGE, ConfigError, HostError
+from dflashctl.errors import EXIT_HOST, EXIT_USAGE, ConfigError, HostError, Notice
 from dflashctl.pct import ContainerNotFound
 from dflashctl.proxmox_tls import colon_fingerprint, parse_verify_tls
 from tests.host.fixtures import TOKEN_ID, TOKEN_SECRET
@@ -127,7 +127,27 @@ def test_a_ca_bundle_trusts_it(https_config, pve_https, container):
 
 def test_verification_off_still_works(https_config, container):
     https_config.proxmox.verify_tls = False
-    assert proxmox.container_status(api_for(https_config), "pve", 200).running
+    # ... but never silently: the token goes to whoever answers.
+    with pytest.warns(Notice, match="verify_tls is false: the API token .* without checking"):
+        api = api_for(https_config)
+        assert proxmox.container_status(api, "pve", 200).running
+
+
+def test_a_notice_is_said_as_a_warning_line_by_the_cli():
+    import subprocess
+    import sys
+
+    program = (
+        "import warnings\n"
+        "from dflashctl import cli\n"
+        "from dflashctl.errors import Notice\n"
+        "cli._say_notices()\n"
+        "warnings.warn(Notice('the token goes unchecked'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.stderr.strip() == "! the token goes unchecked"
 
 
 def test_a_changed_certificate_is_refused_like_a_changed_host_key(

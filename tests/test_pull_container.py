@@ -219,3 +219,77 @@ def test_pull_across_nodes_takes_the_checkpoint_of_rank_0s_node(
     assert there.returncode == 0 and "step-000005" in there.stdout
     first = cli(path, "exec", "--node", "0", "--", "ls", f"runs/{run_id}/outputs/checkpoints")
     assert first.returncode == 0 and "step-000003" in first.stdout
+
+
+def test_pull_keeps_modes_never_follows_links_and_brings_every_tracker(finished, tmp_path):
+    path, run_id, container = finished
+    ckpt = remote(container, run_id, "outputs/checkpoints/step-000002")
+    private = ckpt / "optimizer-private.bin"
+    private.write_bytes(b"only root may read this")
+    private.chmod(0o600)
+    (ckpt / "run.sh").write_text("#!/bin/sh\n")
+    (ckpt / "run.sh").chmod(0o750)
+    secret = container.host_path("/root/private.key")
+    secret.write_text("PRIVATE KEY")
+    secret.chmod(0o600)
+    (ckpt / "leak").symlink_to("/root/private.key")
+    (ckpt / "elsewhere").symlink_to("/root")
+    for rel, text in {
+        "wandb/offline-run-20261204_000000-abc/run-abc.wandb": "wandb records",
+        "mlruns/0/meta.yaml": "name: Default",
+        "tensorboard/events.out.tfevents.1.host": "tb",
+    }.items():
+        remote(container, run_id, rel).parent.mkdir(parents=True, exist_ok=True)
+        remote(container, run_id, rel).write_text(text)
+    dest = tmp_path / "pulled"
+    done = cli(path, "pull", run_id, "--to", str(dest))
+    assert done.returncode == 0, done.stderr
+    pulled = dest / "checkpoints" / "step-000002"
+    assert (pulled / "optimizer-private.bin").stat().st_mode & 0o777 == 0o600
+    assert (pulled / "run.sh").stat().st_mode & 0o777 == 0o750
+    assert not (pulled / "leak").exists() and not (pulled / "elsewhere").exists()
+    assert not list(dest.rglob("private.key"))
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "links not pulled" in said
+    assert "checkpoints/step-000002/leak -> /root/private.key" in said
+    assert "checkpoints/step-000002/elsewhere -> /root" in said
+    assert (dest / "wandb/offline-run-20261204_000000-abc/run-abc.wandb").read_text() == (
+        "wandb records"
+    )
+    assert (dest / "mlruns/0/meta.yaml").read_text() == "name: Default"
+    assert (dest / "tensorboard/events.out.tfevents.1.host").read_text() == "tb"
+    assert not (dest / "tensorboard" / "tensorboard").exists()
+
+
+def test_pull_says_when_a_checkpoint_has_no_serving_export(finished, tmp_path):
+    path, run_id, container = finished
+    export = remote(container, run_id, "outputs/checkpoints/step-000002/drafter")
+    subprocess.run(["rm", "-rf", str(export)], check=True)
+    done = cli(path, "pull", run_id, "--to", str(tmp_path / "pulled"))
+    assert done.returncode == 0, done.stderr
+    assert "no serving export in it" in done.stdout + done.stderr
+
+
+def test_pull_moves_many_files_in_one_stream(finished, tmp_path):
+    """One reader for the whole tree (not one pct exec per file): the command log of
+    the test host's pct counts them."""
+    path, run_id, container = finished
+    many = remote(container, run_id, "outputs/checkpoints/step-000002/shards")
+    many.mkdir()
+    for i in range(300):
+        (many / f"shard-{i:04d}.bin").write_bytes(os.urandom(64))
+    done = subprocess.run(
+        [*DFLASHCTL, "-v", "pull", run_id, "--to", str(tmp_path / "pulled"), "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    for i in (0, 299):
+        name = f"shard-{i:04d}.bin"
+        assert (tmp_path / "pulled/checkpoints/step-000002/shards" / name).read_bytes() == (
+            many / name
+        ).read_bytes()
+    # Each command run is said once with -v: the plan, and one reader.
+    assert done.stderr.count("pct exec") <= 4, done.stderr

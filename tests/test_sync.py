@@ -89,6 +89,23 @@ def test_manifest_skips_excluded_files_and_folders(tmp_path):
     assert manifest["train.py"] == [len(data), hashlib.sha256(data).hexdigest(), "644"]
 
 
+def test_links_that_leave_the_source_are_refused_naming_each(tmp_path):
+    secret = tmp_path / "secret.key"
+    secret.write_text("PRIVATE")
+    (tmp_path / "keys").mkdir()
+    src = tree(tmp_path / "src", {"train.py": "x = 1\n", "data/inside.txt": "ok\n"})
+    (src / "creds").symlink_to(secret)
+    (src / "data" / "keys").symlink_to(tmp_path / "keys")
+    (src / "same.txt").symlink_to("data/inside.txt")  # stays inside: deployed
+    with pytest.raises(UsageError) as caught:
+        build_manifest(src, [])
+    message = caught.value.message
+    assert f"creds -> {secret}" in message and f"data/keys -> {tmp_path / 'keys'}" in message
+    assert "same.txt" not in message and "trainer.exclude" in caught.value.hint
+    manifest = build_manifest(src, ["creds", "data/keys"])  # left out: nothing leaves
+    assert sorted(manifest) == ["data/inside.txt", "same.txt", "train.py"]
+
+
 def test_a_chmod_alone_changes_the_manifest_and_travels_as_the_new_mode(tmp_path):
     src = tree(tmp_path, {"run.sh": "echo\n", "train.py": "x = 1\n"})
     before = build_manifest(src, [])
@@ -154,14 +171,13 @@ def test_syntax_check_counts_python_files(tmp_path):
     assert check_syntax(src, build_manifest(src, [])) == 2
 
 
-def test_symlinks_are_deployed_as_what_they_point_at_and_loops_are_cut(tmp_path):
+def test_symlinks_inside_are_deployed_as_what_they_point_at_and_loops_are_cut(tmp_path):
     src = tree(tmp_path / "src", {"train.py": "x = 1\n", "lib/a.py": "a = 1\n"})
-    shared = tree(tmp_path / "shared", {"util.py": "u = 1\n", "outputs/big.bin": "x"})
-    (src / "shared").symlink_to(shared)
+    (src / "shared").symlink_to(src / "lib")
     (src / "lib" / "loop").symlink_to(src)  # a link back up the tree
-    (src / "dangling.py").symlink_to(tmp_path / "nowhere.py")
-    manifest = build_manifest(src, ["/shared/outputs/"])
-    assert sorted(manifest) == ["lib/a.py", "shared/util.py", "train.py"]
+    (src / "dangling.py").symlink_to(tmp_path / "nowhere.py")  # nothing to send
+    manifest = build_manifest(src, [])
+    assert sorted(manifest) == ["lib/a.py", "shared/a.py", "train.py"]
 
 
 def test_archive_size_is_known_before_reading_and_pieces_stay_small(tmp_path):

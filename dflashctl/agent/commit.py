@@ -95,6 +95,12 @@ def barrier_params(p, mode, **more):
     )
 
 
+def barrier_env(c):
+    """The barrier's environment: the deploy's secret, which every key in the store
+    carries, goes there and not on its command line (anyone reads those in /proc)."""
+    return dict(os.environ, DFLASH_COMMIT_SECRET=c.get("secret") or "")
+
+
 class BarrierProcess:
     """The barrier's interpreter for this launch, spoken to a line at a time (stdin in,
     stdout out; stderr to a file, so no pipe fills while nobody reads it). It may be
@@ -173,6 +179,7 @@ def start(p, python, **more):
         stdout=subprocess.PIPE,
         stderr=stderr,
         start_new_session=True,
+        env=barrier_env(c),
     )
     return BarrierProcess(proc, stderr)
 
@@ -314,6 +321,7 @@ def signal_abort(p, reason):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=barrier_env(c),
         )
         with open(holder_path(p["workdir"], c["run_id"]), "w", encoding="utf-8") as f:
             f.write(str(child.pid))

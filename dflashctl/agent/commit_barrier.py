@@ -8,7 +8,9 @@ It runs in the run's own interpreter (the one with torch), as
 
 started by the agent (commit.py), which stays standard-library only. The decision
 lives in a torch.distributed TCPStore hosted by node 0 on the rendezvous address at
-torchrun.commit_port, under keys prefixed by the run id:
+torchrun.commit_port, under keys prefixed by the run id and the deploy's secret
+(DFLASH_COMMIT_SECRET, in the environment: the store has no authentication, so a peer
+that cannot name a key cannot arrive or decide; torchrun's own store is as open):
 
   - each node adds 1 to `arrived` (and sets `node/<rank>`);
   - the node whose arrival makes `arrived` == N writes `decision` = "commit";
@@ -88,7 +90,7 @@ def connect(p, deadline):
                 wait_for_workers=False,
             )
             store.set_timeout(datetime.timedelta(seconds=OP_TIMEOUT_S))
-            return dist.PrefixStore(f"dflash-commit/{p['run_id']}/", store), None
+            return dist.PrefixStore(f"dflash-commit/{p['run_id']}/{p['secret']}/", store), None
         except Exception as exc:  # noqa: BLE001 - any failure to connect is a reason to wait or abort
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if master:  # node 0 cannot host the store (its port taken, say)
@@ -315,6 +317,10 @@ def wait_for_release(p):
 
 def main(argv):
     p = json.loads(argv[1])
+    p["secret"] = os.environ.get("DFLASH_COMMIT_SECRET", "")
+    if not p["secret"]:
+        say({"decision": "abort", "reason": "the deploy gave no commit secret", "in_doubt": False})
+        return 0
     if p.get("wait_for_release"):
         p = wait_for_release(p)
         if p is None:

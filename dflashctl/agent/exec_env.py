@@ -3,12 +3,20 @@ that its output, its stdin and its exit status are the command's own.
 
 The run's environment: the workdir as cwd, trainer.env (sent by the client), the
 active run's DFLASH_RUN_ID and DFLASH_RUN_DIR, and its venv (VIRTUAL_ENV, bin/ first
-on PATH): the active run's, else the ready one for the current release's setup.
+on PATH): the active run's, else the ready one for the current release's setup; with
+no venv, the folder of container.python first on PATH (`python` is the run's).
+
+trainer.env holds secrets (API keys): it never travels on a command line, which every
+user of the host reads in /proc/*/cmdline. The client first leaves the parameters in a
+ticket (`exec_ticket`, on the agent's stdin), a file only this user can read; the exec
+command line names the ticket, and the exec verb reads and removes it.
 """
 
 import json
 import os
+import stat
 import sys
+import tempfile
 
 from .lineage import run_meta
 from .releases import current_release, releases_dir
@@ -36,7 +44,32 @@ def run_environment(p):
     if venv:
         env["VIRTUAL_ENV"] = venv
         env["PATH"] = venv_path(venv, env.get("PATH"))
+    elif os.path.isabs(p.get("python") or ""):
+        folder = os.path.dirname(p["python"])
+        rest = [d for d in env.get("PATH", "").split(os.pathsep) if d and d != folder]
+        env["PATH"] = os.pathsep.join([folder] + rest)
     return workdir, env
+
+
+def op_exec_ticket(p):
+    """Keep an exec's parameters in a new file of this user's alone (mode 0600, a random
+    name, never through a link); answers its path."""
+    fd, path = tempfile.mkstemp(prefix="dflashctl-exec-", suffix=".json")
+    with os.fdopen(fd, "w") as out:
+        json.dump(p, out)
+    return {"ticket": path}
+
+
+def _redeem(path):
+    """The parameters a ticket holds, once: the file is removed as it is read. Only a
+    plain file of this user's that nobody else can read or write counts."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd) as ticket:
+        info = os.fstat(ticket.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise OSError(f"not a ticket of this user's: {path}")
+        os.unlink(path)
+        return json.load(ticket)
 
 
 def exec_command(p):
@@ -67,4 +100,11 @@ def exec_command(p):
 
 
 def main_exec(params_json):
-    return exec_command(json.loads(params_json))
+    p = json.loads(params_json)
+    if "ticket" in p:
+        try:
+            p = _redeem(p["ticket"])
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"dflashctl: cannot read the exec's parameters: {exc}\n")
+            return 2
+    return exec_command(p)

@@ -50,7 +50,8 @@ def _stream(out, workdir, run_id, pos, backlog, once):
     log = os.path.join(rundir, "train.log")
     frames = _Frames(out)
     out.write(PROTOCOL_MAGIC)
-    if not os.path.isdir(rundir):
+    # A run id is one name under runs/: `../x` would read a train.log anywhere.
+    if run_id in ("", ".", "..") or "/" in run_id or not os.path.isdir(rundir):
         frames.emit("N")
         return
     f, inode, waiting = None, None, False

@@ -19,8 +19,10 @@ METADATA_SUFFIX = ".manifest.json"
 
 
 def file_mode(st_mode):
-    """The part of a file's permissions a release keeps: executable by its owner or not."""
-    return "755" if st_mode & 0o100 else "644"
+    """A file's permissions as a release keeps them (`"644"`, `"600"`, `"750"`): a
+    file only its owner may read stays so where the trainer runs, and comes back so
+    with `pull`."""
+    return "%03o" % (st_mode & 0o777)
 
 
 def metadata_path(release_dir):

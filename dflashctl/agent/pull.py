@@ -3,12 +3,25 @@ sizes and sha256 (taken here, so the client checks what arrived against the sour
 
 A run's checkpoints are `runs/<id>/outputs/checkpoints/<step folder>/` (lineage.py);
 the serving export is the checkpoint's `drafter/` folder (Hugging Face format); the
-metrics are `runs/<id>/metrics.jsonl`, its TensorBoard files and meta.json. A file
-that grows while it is pulled (metrics.jsonl of a running run) is pulled up to the
-size it had here, which the sha256 is of.
+metrics are `runs/<id>/metrics.jsonl`, meta.json and every tracker's local files:
+TensorBoard's event files, a W&B offline run (`wandb/`, for `wandb sync` later) and an
+MLflow file store (`mlruns/`), each at its place in the run folder. A file that grows
+while it is pulled (metrics.jsonl of a running run) is pulled up to the size it had
+here, which the sha256 is of.
+
+Links are never followed (a link could lead anywhere in the container): they are
+named in the answer's `links` and left out. Each file's mode travels with it.
+
+The paths and sizes are also left in a file of this user's alone (`list`), which the
+client's one reader stream (dflashctl/pulling.py) reads: a command line has no room
+for 100,000 paths.
 """
 
+import json
 import os
+import stat
+import tempfile
+import time
 
 from .checkpoint_folders import CHECKPOINTS, checkpoint_step
 from .files import sha256_file
@@ -17,6 +30,7 @@ from .runs import run_ids, runs_dir
 
 METRICS_FILES = ("metrics.jsonl", "meta.json")
 TENSORBOARD_MARK = "events.out.tfevents"
+TRACKER_FOLDERS = ("wandb", "mlruns")  # W&B offline runs, an MLflow file store
 
 
 def run_steps(run_dir):
@@ -38,22 +52,61 @@ def run_steps(run_dir):
     return sorted(steps)
 
 
-def tree_files(folder, prefix):
-    """(local relative path, absolute path) of every file under folder, sorted."""
+def tree_files(folder, prefix, links=None):
+    """(local relative path, absolute path) of every plain file under folder, sorted;
+    links (to files or folders) are not followed but added to `links`."""
     found = []
     for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in [d for d in dirs if os.path.islink(os.path.join(root, d))] + files:
+            path = os.path.join(root, name)
+            if os.path.islink(path) and links is not None:
+                rel = os.path.join(prefix, os.path.relpath(path, folder))
+                links.append({"rel": rel, "target": os.readlink(path)})
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(root, d))
+        )
         for name in sorted(files):
             path = os.path.join(root, name)
-            found.append((os.path.join(prefix, os.path.relpath(path, folder)), path))
+            if not os.path.islink(path) and os.path.isfile(path):
+                found.append((os.path.join(prefix, os.path.relpath(path, folder)), path))
     return found
 
 
 def describe(entries):
-    return [
-        {"rel": rel, "path": path, "size": os.path.getsize(path), "sha256": sha256_file(path)}
-        for rel, path in entries
-    ]
+    described = []
+    for rel, path in entries:
+        info = os.lstat(path)
+        described.append(
+            {
+                "rel": rel,
+                "path": path,
+                "size": info.st_size,
+                "sha256": sha256_file(path),
+                "mode": stat.S_IMODE(info.st_mode) & 0o777,
+            }
+        )
+    return described
+
+
+LIST_KEPT_S = 24 * 3600
+
+
+def leave_list(files):
+    """[[path, size], ...] of the files in a new file only this user can read (the
+    lists of pulls more than a day old are removed)."""
+    folder = tempfile.gettempdir()
+    for name in os.listdir(folder):
+        if name.startswith("dflashctl-pull-") and name.endswith(".json"):
+            try:
+                info = os.lstat(os.path.join(folder, name))
+                if info.st_uid == os.getuid() and time.time() - info.st_mtime > LIST_KEPT_S:
+                    os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+    fd, path = tempfile.mkstemp(prefix="dflashctl-pull-", suffix=".json")
+    with os.fdopen(fd, "w") as out:
+        json.dump([[f["path"], f["size"]] for f in files], out)
+    return path
 
 
 def op_pull_plan(p):
@@ -86,21 +139,40 @@ def op_pull_plan(p):
                     "step": head["step"],
                     "folder": head["checkpoint"],
                 }
-    entries = []
+    entries, links = [], []
     if checkpoint is not None and p.get("checkpoint", True):
         name = os.path.basename(checkpoint["folder"].rstrip("/"))
         checkpoint["name"] = name
         checkpoint["export"] = os.path.isdir(os.path.join(checkpoint["folder"], "drafter"))
-        entries += tree_files(checkpoint["folder"], os.path.join("checkpoints", name))
+        entries += tree_files(checkpoint["folder"], os.path.join("checkpoints", name), links)
     answer["checkpoint"] = checkpoint
     if p.get("metrics", True):
         for name in METRICS_FILES:
-            if os.path.isfile(os.path.join(run_dir, name)):
-                entries.append((name, os.path.join(run_dir, name)))
-        for rel, path in tree_files(run_dir, ""):
+            path = os.path.join(run_dir, name)
+            if os.path.islink(path):
+                links.append({"rel": name, "target": os.readlink(path)})
+            elif os.path.isfile(path):
+                entries.append((name, path))
+        for folder in TRACKER_FOLDERS:
+            if os.path.islink(os.path.join(run_dir, folder)):
+                links.append({"rel": folder, "target": os.readlink(os.path.join(run_dir, folder))})
+            elif os.path.isdir(os.path.join(run_dir, folder)):
+                entries += tree_files(os.path.join(run_dir, folder), folder, links)
+        # TensorBoard's event files where the trainer put them (tensorboard/ in the
+        # bundled one), under tensorboard/ when they were elsewhere.
+        elsewhere = []
+        for rel, path in tree_files(run_dir, "", elsewhere):
             if TENSORBOARD_MARK in os.path.basename(rel) and not rel.startswith(
-                "outputs/checkpoints"
+                ("outputs/checkpoints",) + TRACKER_FOLDERS
             ):
-                entries.append((os.path.join("tensorboard", rel), path))
+                top = rel.split(os.sep, 1)[0] == "tensorboard"
+                entries.append((rel if top else os.path.join("tensorboard", rel), path))
+        links += [
+            link
+            for link in elsewhere
+            if TENSORBOARD_MARK in link["rel"] or link["rel"].split(os.sep, 1)[0] == "tensorboard"
+        ]
+    answer["links"] = sorted(links, key=lambda link: link["rel"])
     answer["files"] = describe(entries)
+    answer["list"] = leave_list(answer["files"])
     return answer

@@ -38,6 +38,7 @@ import time
 
 from . import commit
 from .errors import AgentError, RolledBack, StaleBase
+from .exec_env import op_exec_ticket
 from .files import lock_workdir, tree_bytes
 from .lineage import latest_checkpoint
 from .manifest import real_manifest
@@ -437,6 +438,7 @@ OPERATIONS = {
     "prune": op_prune,
     "settle": op_settle,
     "hello": op_hello,
+    "exec_ticket": op_exec_ticket,
     "metrics": op_metrics,
     "address": op_address,
     "listen": op_listen,

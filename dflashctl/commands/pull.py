@@ -55,6 +55,14 @@ def pull(
         files, checkpoint = pulling.choose(nodes, answers, run_id, step)
         dest.mkdir(parents=True, exist_ok=True)
         counts = pulling.pull_files(files, dest, report)
+    left_out = pulling.links_left_out(answers)
+    if left_out:
+        shown = ", ".join(left_out[:5]) + (
+            f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
+        )
+        terminal.warning(
+            f"links not pulled (pull copies files, never what a link points at): {shown}"
+        )
     export = None
     if checkpoint:
         where = dest / "checkpoints" / checkpoint["name"]
@@ -64,6 +72,10 @@ def pull(
         )
         if export:
             terminal.info(f"  serving export (Hugging Face format): {export}")
+        else:
+            terminal.info(
+                "  no serving export in it (no drafter/ folder): it resumes training only"
+            )
     else:
         terminal.warning(f"run {run_id} has no checkpoint yet: pulled its metrics only")
     terminal.info(

@@ -13,11 +13,21 @@ def shell(config: ConfigOption = None, node: NodeOption = None) -> None:
 
     A pty through SSH and pct exec, in the same environment as `dflashctl exec`;
     exits with the shell's status."""
+    import os
+
     from dflashctl.attach import SHELL, pick_node, run_attached
     from dflashctl.config import load_config
     from dflashctl.connect import as_host_error
+    from dflashctl.errors import UsageError
     from dflashctl.nodes import node_sessions
 
+    if not os.isatty(0):
+        # A shell fed from a file or /dev/null would sit at its prompt on the pty
+        # forever: the pty there never sees this side's end of input.
+        raise UsageError(
+            "shell needs a terminal on its stdin",
+            hint="to run commands from a script: dflashctl exec -- sh -c '...' (or -- sh < file)",
+        )
     cfg = load_config(config)
     with node_sessions(cfg) as nodes:
         chosen = pick_node(nodes, node)

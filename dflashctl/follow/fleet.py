@@ -58,6 +58,8 @@ def resolve_run(nodes: list[Node], run_id: str | None) -> str:
 
     first = nodes[0]
     named = run_id is not None
+    if run_id is not None and ("/" in run_id or run_id in ("", ".", "..")):
+        raise UsageError(f"not a run id: {run_id!r}", hint="`dflashctl runs` lists the runs")
     if run_id is None:
         from dflashctl.connect import as_host_error
 

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 # Past this much log before the start, only its tail is read (and classified).
 BACKLOG_MAX_BYTES = 64 << 20
+# `logs -n N` without --follow reads only the log's tail, from its end: the lines
+# shown and what comes just before them (a traceback they end), this much at least and
+# TAIL_BYTES_PER_LINE a line shown. Classifying a 64 MiB backlog to print two lines
+# took half a minute.
+TAIL_MIN_BYTES = 1 << 20
+TAIL_BYTES_PER_LINE = 4 << 10
 # After this long without new log bytes, an open traceback is taken as complete (the
 # detector otherwise waits a few more lines for a chained one). Python writes a whole
 # traceback, chained parts included, within milliseconds; the reader polls every 50 ms.
@@ -54,6 +60,16 @@ def _is_connection_trouble(exc: BaseException) -> bool:
     if getattr(exc, "reason", None) in _FINAL_CONNECT_REASONS:
         return False
     return isinstance(exc, (HostError, OSError, EOFError, _Dropped))
+
+
+def _backlog_max(lines: int | None, follow: bool) -> int:
+    """How much of the log before the start is read: all of it (-1) without `lines`,
+    its tail when following, less when only the last lines are wanted."""
+    if lines is None:
+        return -1
+    if follow:
+        return BACKLOG_MAX_BYTES
+    return min(BACKLOG_MAX_BYTES, max(TAIL_MIN_BYTES, lines * TAIL_BYTES_PER_LINE))
 
 
 def follow_run(
@@ -89,7 +105,9 @@ def follow_run(
     follow: False reads what the log holds now and returns (status "running" while the
       run goes on, unless a crash was seen).
     from_offset / lines: start at a byte offset (0: the whole log), or show only the last
-      `lines` lines that exist at the start (all earlier lines still reach the detector).
+      `lines` lines that exist at the start (the earlier lines still reach the detector,
+      up to BACKLOG_MAX_BYTES when following; without following only the log's tail is
+      read: _backlog_max).
     console: where lines and crash panels go (default terminal.out, which --json turns
       to stderr). show_lines=False prints nothing; on_crash is called for each crash as
       soon as it is certain, either way.
@@ -151,7 +169,7 @@ def follow_run(
             on_line=on_line,
             node=node,
         ),
-        backlog_max=BACKLOG_MAX_BYTES if lines is not None else -1,
+        backlog_max=_backlog_max(lines, follow),
         reconnect_timeout_s=reconnect_timeout_s,
         state_poll_s=state_poll_s,
         stall_s=stall_s,
