@@ -27,7 +27,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from dflashctl.errors import HostError
+from dflashctl.errors import EXIT_USAGE, HostError
 
 if TYPE_CHECKING:
     from dflashctl.target import Target
@@ -362,7 +362,7 @@ def parse_agent_answer(result: CommandResult, python: str, op: str, where: str) 
             "Python 3.6 or newer",
         ) from None
     if not answer.get("ok"):
-        raise AgentFailed(
+        failed = AgentFailed(
             f"{answer.get('error')} (on {where})",
             hint=answer.get("hint"),
             stale=bool(answer.get("stale")),
@@ -371,6 +371,9 @@ def parse_agent_answer(result: CommandResult, python: str, op: str, where: str) 
             rolled_back=answer.get("rolled_back"),
             relaunched=bool(answer.get("relaunched")),
         )
+        if answer.get("config_refused"):  # the trainer's own config check (agent/trainer_check)
+            failed.exit_code = EXIT_USAGE
+        raise failed
     return answer
 
 

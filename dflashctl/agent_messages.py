@@ -96,6 +96,7 @@ class StartedRun(_StartedRun, total=False):
     resume: Resume | None  # None: starts at step 0
     previous_run: str | None  # the run it replaces (the active one before)
     fresh: bool  # --fresh: starts at step 0 whatever the replaced run left
+    command: list[str]  # the command as launched (the setup venv's python, if any)
 
 
 class BuildAnswer(TypedDict):

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 import typer
 
@@ -156,7 +157,77 @@ def _sigint_raises(yes: bool) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler if yes else signal.SIG_IGN)
 
 
+ROOT_FLAGS = ("-q", "--quiet", "-v", "--verbose")
+CONFIG_OPTIONS = ("-c", "--config")
+# `exec -n NODE` and `shell -n NODE` from before -n meant --lines everywhere (logs).
+OLD_NODE_FLAG = {"exec": "-N", "shell": "-N"}
+
+
+def common_options_anywhere(argv: list[str]) -> list[str]:
+    """The command line with the common options where click wants them, so that either
+    side of the command works: `-q`/`-v` given after the command move in front of it,
+    `-c PATH` given before it moves after it (`dflashctl -c x.yaml pull` is `dflashctl
+    pull -c x.yaml`, `dflashctl deploy -v` is `dflashctl -v deploy`). Nothing after `--`
+    (the trainer's or the container command's arguments) is touched, nor what follows
+    the first argument of a command that passes its arguments on (exec)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    mine, rest = argv[:end], argv[end:]
+    front: list[str] = []
+    config: list[str] = []
+    at = 0
+    while at < len(mine) and mine[at].startswith("-"):
+        word = mine[at]
+        if word in CONFIG_OPTIONS and at + 1 < len(mine):
+            config += mine[at : at + 2]
+            at += 2
+            continue
+        if word.startswith("--config="):
+            config.append(word)
+        else:
+            front.append(word)
+        at += 1
+    # typer's own copy of click: its classes are known by what they have.
+    command: Any = typer.main.get_command(app)
+    words: list[str] = []
+    while at < len(mine) and hasattr(command, "commands") and not mine[at].startswith("-"):
+        found = command.commands.get(mine[at])
+        if found is None:
+            break
+        words.append(mine[at])
+        command = found
+        at += 1
+    if not words:
+        return argv
+    own = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    valued = {
+        opt
+        for param in command.params
+        if param.param_type_name == "option" and not param.is_flag
+        for opt in param.opts + param.secondary_opts
+    }
+    interspersed = command.context_settings.get("allow_interspersed_args", True)
+    after: list[str] = []
+    while at < len(mine):
+        word = mine[at]
+        if word in ROOT_FLAGS and word not in own:
+            front.append(word)
+        elif word == "-n" and words[-1] in OLD_NODE_FLAG and at + 1 < len(mine):
+            after += [OLD_NODE_FLAG[words[-1]], mine[at + 1]]
+            at += 1
+        elif not word.startswith("-") and not interspersed:
+            after += mine[at:]
+            break
+        else:
+            after.append(word)
+            if word in valued and at + 1 < len(mine):
+                after.append(mine[at + 1])
+                at += 1
+        at += 1
+    return [*front, *words, *config, *after, *rest]
+
+
 def main() -> None:
+    sys.argv[1:] = common_options_anywhere(sys.argv[1:])
     as_json = _wants_json(sys.argv[1:])
     try:
         # dflashctl.entry said an early Ctrl-C on its own; from here the commands do.

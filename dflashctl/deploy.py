@@ -298,7 +298,7 @@ class Execution:
         entries = []
         for node, answer, plan in zip(nodes, answers, plans, strict=True):
             prefix = f"{node.name}: " if len(nodes) > 1 else ""
-            command = params[node.index]["command"]
+            command = answer["run"].get("command") or params[node.index]["command"]
             seconds = time.monotonic() - t0 - synced_s
             say_launched(report, answer, run_id, command, seconds, prefix=prefix)
             entries.append(node_entry(node, plan, answer, command, self.started))

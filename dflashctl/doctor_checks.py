@@ -4,6 +4,7 @@ and says them; doctor_nodes.py runs them on every node."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -292,6 +293,7 @@ NODE_CHECKS = [
     "GPUs",
     "free disk",
     "setup venv",
+    "trainer config",
 ]
 
 
@@ -360,6 +362,44 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
         from dflashctl.setup_env import doctor_probe
 
         doctor.run("setup venv", doctor_probe(config, target))
+        doctor.run("trainer config", _trainer_config_probe(config, target))
     else:
         doctor.skip("setup venv", "needs python")
+        doctor.skip("trainer config", "needs python")
     return python_runs
+
+
+def _trainer_config_probe(config: Any, target: Target) -> Callable[[], tuple[str, str]]:
+    """What deploy asks the trainer before it stops the old run (agent/trainer_check.py):
+    its config read by the current release with the run's interpreter."""
+    from dflashctl import agent_client, setup_env
+    from dflashctl.launching import hang_env, trainer_command
+
+    def probe() -> tuple[str, str]:
+        params = {
+            "workdir": config.container.workdir,
+            "entry": config.trainer.entry,
+            "command": trainer_command(config, []),
+            "env": {**hang_env(config), **config.trainer.env},
+            "setup": setup_env.setup_params(config),
+        }
+        try:
+            answer = agent_client.call_agent(
+                target, config.container.python, "trainer_check", params, timeout=600
+            )
+        except agent_client.AgentFailed as exc:
+            if "nothing is deployed" in exc.message:
+                return WARN, "nothing deployed yet: deploy checks it before it stops anything"
+            raise
+        where = f"release {answer['release']} with {answer['python']}"
+        if not answer.get("checked"):
+            return PASS, f"not checked: {config.trainer.entry} does not read DFLASH_CHECK_CONFIG"
+        if answer.get("refused"):
+            raise ConfigError(
+                f"{where}: {answer['refused']}",
+                hint="fix the trainer config, then deploy (deploy refuses it before it stops "
+                "the running one)",
+            )
+        return PASS, f"{where}: the trainer accepts {shlex.join(config.trainer.args)}"
+
+    return probe

@@ -72,7 +72,7 @@ def restart(
             raise
         entries = []
         for node, answer in zip(nodes, answers, strict=True):
-            command = params[node.index]["command"]
+            command = answer["run"].get("command") or params[node.index]["command"]
             prefix = f"{node.name}: " if len(nodes) > 1 else ""
             say_launched(report, answer, run_id, command, time.monotonic() - t0, prefix=prefix)
             entries.append(

@@ -203,3 +203,83 @@ def test_a_requirements_file_left_out_of_the_release_is_an_error(project):
     assert done.returncode == 3
     assert "setup.requirements requirements.txt is not in the deployed release" in done.stderr
     assert not container.host_path(f"{WORKDIR}/active_run").exists()
+
+
+# Says which interpreter's packages it sees: where_from lives only in the second venv.
+WHICH_PYTHON_TRAINER = """\
+import signal, sys, time
+import hello_pkg
+try:
+    import where_from
+    origin = where_from.VALUE
+except ImportError:
+    origin = "none"
+print("hello", hello_pkg.VALUE, "from", origin, "prefix", sys.prefix, flush=True)
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+time.sleep(60)
+"""
+
+
+def test_pointing_container_python_at_another_venv_makes_its_own_setup_venv(project):
+    path, source, container = project
+    (source / "train.py").write_text(WHICH_PYTHON_TRAINER)
+    run1 = deployed(path, deploy(path))
+    log1 = run_log(container, run1, "hello one")
+    assert "from none" in log1
+    prefix1 = log1.split("prefix ", 1)[1].split()[0]
+
+    # A second venv of the same base Python, with a package of its own.
+    made = container.exec(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", "/root/venv2"]
+    )
+    assert made.returncode == 0, made.stderr
+    site = container.exec(
+        ["/root/venv2/bin/python", "-c", "import site; print(site.getsitepackages()[0])"]
+    )
+    assert site.returncode == 0, site.stderr
+    container.host_path(f"{site.stdout.strip()}/where_from.py").write_text("VALUE = 'venv2'\n")
+    data = yaml.safe_load(path.read_text())
+    data["container"]["python"] = "/root/venv2/bin/python"
+    path.write_text(yaml.safe_dump(data))
+
+    second = deploy(path)
+    run2 = deployed(path, second)
+    log2 = run_log(container, run2, "hello one")
+    assert "from venv2" in log2  # the run sees the new interpreter's packages
+    prefix2 = log2.split("prefix ", 1)[1].split()[0]
+    assert prefix2 != prefix1 and prefix2.startswith(f"{WORKDIR}/venvs/")
+    # The launch line and meta.json name the interpreter that runs, and what it came from.
+    assert f"{prefix2}/bin/python train.py" in second.stdout + second.stderr
+    meta = json.loads(container.host_path(f"{WORKDIR}/runs/{run2}/meta.json").read_text())
+    assert meta["command"][0] == f"{prefix2}/bin/python"
+    assert meta["venv_made_from"] == "/root/venv2/bin/python"
+
+
+def test_setup_without_dns_says_the_index_was_not_reached(
+    tmp_path, make_container, container_network, write_config, monkeypatch
+):
+    """A container on a network of its own, with no DNS server: pip cannot resolve the
+    index's name. The error says so, instead of blaming the package's name."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    container = make_container(200, network=container_network[0])
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text("import time\ntime.sleep(60)\n")
+    (source / "requirements.txt").write_text("tabulate>=0.9\n")
+    pip_args = ["--isolated", "--index-url", "https://pypi.dflash-test.example/simple"]
+    path = write_config(
+        tmp_path,
+        trainer_source=source,
+        **{
+            "trainer.entry": "train.py",
+            "trainer.args": [],
+            "setup.pip_args": [*pip_args, "--retries", "1", "--timeout", "5"],
+        },
+    )
+    failed = deploy(path)
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "pip could not reach the package index" in failed.stderr, failed.stdout
+    assert "name resolution failed for pypi.dflash-test.example" in failed.stderr
+    assert "while looking for tabulate>=0.9" in failed.stderr
+    assert "found no distribution" not in failed.stderr
+    assert not container.host_path(f"{WORKDIR}/active_run").exists()

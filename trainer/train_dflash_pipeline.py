@@ -15,11 +15,17 @@ dflash/pipeline/distributed.py):
 
 Exit status: 0 finished (or stopped by SIGTERM after writing a checkpoint), 1 a thread
 failed (its traceback is in the log), 2 the config is wrong.
+
+With DFLASH_CHECK_CONFIG=1 it only reads the config (the file, every --set and the
+packages the trackers it enables need) and exits 0 or 2, in well under a second (torch is
+not imported): dflashctl runs it so in the container, with the new release and the run's
+interpreter, before it stops the old run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +46,7 @@ except ModuleNotFoundError as exc:  # the container's python lacks a trainer dep
     )
 
 EXIT_CONFIG = 2  # process_exit.EXIT_CONFIG, before torch is imported (a config error is quick)
+CHECK_CONFIG = "DFLASH_CHECK_CONFIG"  # set to 1: read the config, then exit (see above)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -79,6 +86,9 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     except TrainConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    if os.environ.get(CHECK_CONFIG) == "1":
+        print(f"config ok: {args.config}", flush=True)
+        return 0
 
     # Every check of the config itself (device layout included) has run by now; what is
     # left needs the target's config.json or the data, and the workload checks those
@@ -129,6 +139,8 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
 
 
 if __name__ == "__main__":
+    if os.environ.get(CHECK_CONFIG) == "1":  # no torch, so no torchelastic error file either
+        raise SystemExit(main())
     from dflash.pipeline.process_exit import recorded
 
     raise SystemExit(recorded(main)())

@@ -6,6 +6,7 @@ import sys
 
 from .commit import CommitAborted
 from .errors import AgentError, RolledBack, StaleBase
+from .trainer_check import TrainerConfigRefused
 
 
 def _answer(obj):
@@ -43,6 +44,8 @@ def main(op, params_json):
             answer.update(aborted=True, in_doubt=exc.in_doubt)
         if isinstance(exc, RolledBack):
             answer.update(rolled_back="here" if exc.here else "peer", relaunched=exc.relaunched)
+        if isinstance(exc, TrainerConfigRefused):
+            answer["config_refused"] = True
         if getattr(exc, "package", None):  # a failed setup: the package pip could not get
             answer["package"] = exc.package
         _answer(answer)

@@ -290,6 +290,7 @@ def start_run(workdir, run_id, release, p):
         "pid": proc.pid,
         "run_dir": run_dir,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "command": command,  # as it runs: from the setup venv's python, if there is one
     }
 
 

@@ -1,6 +1,7 @@
 """The run's virtual environment: setup.requirements and setup.commands installed into
 `<workdir>/venvs/<key>/`, where key is a hash of the requirements' text, the setup
-commands, the pip options and the container's Python (its version and executable).
+commands, the pip options and the container's Python (its version, the path it is
+named by and the file that resolves to, its prefix).
 So the install runs once per content: a deploy whose setup did not change finds the
 environment ready (a marker file written last says it is complete).
 
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from urllib.parse import urlsplit
 
 from .errors import AgentError
 from .files import read_text, write_atomic
@@ -42,6 +44,17 @@ _NOT_INSTALLABLE = re.compile(
     re.MULTILINE,
 )
 _BUILD_FAILED = re.compile(r"Failed (?:to build|building wheel for) (\S+)")
+# pip retries a connection it could not make, then says it found no version: the index
+# was never reached, the name may well be right.
+_NO_NAME_RESOLUTION = re.compile(
+    r"Failed to resolve '([^']+)'|Temporary failure in name resolution|Name or service not "
+    r"known|No address associated with hostname|nodename nor servname"
+)
+_NO_CONNECTION = re.compile(
+    r"Failed to establish a new connection: (?:\[Errno -?\d+\] )?([^'\")]+)"
+    r"|ConnectTimeoutError|Read timed out|Network is unreachable"
+)
+_INDEX_URL = re.compile(r"Looking in indexes: (\S+?)(?:,|\s|$)")
 _REQUIREMENT_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 _PYPROJECT_NAME = re.compile(r'^\s*name\s*=\s*["\']([^"\']+)["\']', re.MULTILINE)
 
@@ -84,6 +97,10 @@ def setup_spec(release_dir, setup):
         "pip_args": list(setup.get("pip_args") or []),
         "python": sys.version,
         "executable": os.path.realpath(sys.executable),
+        # The interpreter as named, not only the file it resolves to: two venvs of one
+        # base Python share that file, and each setup venv reads its parent's packages.
+        "interpreter": os.path.abspath(sys.executable),
+        "prefix": sys.prefix,
     }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode("utf-8")).hexdigest()
     return digest[:16], spec
@@ -122,7 +139,13 @@ def ensure_venv(workdir, release, setup, out):
     if key is None:
         return None
     venv = os.path.join(venvs_dir(workdir), key)
-    answer = {"key": key, "venv": venv, "python": venv_python(venv), "built": False}
+    answer = {
+        "key": key,
+        "venv": venv,
+        "python": venv_python(venv),
+        "made_from": spec["interpreter"],  # container.python: the venv's base, its packages
+        "built": False,
+    }
     if ready_venv(workdir, key):
         answer["seconds"] = 0.0
         return answer
@@ -253,7 +276,11 @@ def _step(argv, what, out, deadline, cwd=None, env=None):
 
 
 def failure(what, code, text):
-    """The SetupFailed for a step's output: the package pip could not get, named."""
+    """The SetupFailed for a step's output: the package pip could not get, named (or
+    the index it could not reach)."""
+    unreachable = _unreachable_index(text)
+    if unreachable:
+        return unreachable
     for pattern, reason in (
         (_NO_DISTRIBUTION, "pip found no distribution of it"),
         (_NO_VERSION, "pip found no version of it that satisfies the requirement"),
@@ -277,6 +304,33 @@ def failure(what, code, text):
         f"setup failed during {what} (exit status {code}): {detail}; nothing was stopped",
         "the output above says why; fix it and deploy again",
         step=what,
+    )
+
+
+def _unreachable_index(text):
+    """A SetupFailed saying that pip never reached its index (no DNS, no route), or None."""
+    resolution = _NO_NAME_RESOLUTION.search(text)
+    connection = None if resolution else _NO_CONNECTION.search(text)
+    if not (resolution or connection):
+        return None
+    wanted = _NO_DISTRIBUTION.findall(text) or _NO_VERSION.findall(text)
+    index = _INDEX_URL.search(text)
+    host = resolution.group(1) if resolution and resolution.group(1) else None
+    where = host or (urlsplit(index.group(1)).hostname if index else None) or "its package index"
+    if resolution:
+        why = f"name resolution failed for {where}: the container has no working DNS"
+    else:
+        detail = (connection.group(1) or connection.group(0)).strip()
+        why = f"could not connect to {where}: {detail}"
+    package = wanted[-1] if wanted else None
+    looking = f" while looking for {package}" if package else ""
+    return SetupFailed(
+        f"setup failed: pip could not reach the package index ({why}){looking}; nothing was "
+        "stopped, the previous run and release stay",
+        "give the container a DNS server (its /etc/resolv.conf) and a route to the index, or "
+        "install from a folder of wheels: setup.pip_args: [--no-index, --find-links, wheels]",
+        package=package,
+        step="pip install",
     )
 
 

@@ -63,6 +63,7 @@ from .runs import (
 )
 from .stacks import op_stacks
 from .stopping import find_targets, stop_targets
+from .trainer_check import check_trainer_config, op_trainer_check
 from .transaction import detached, launch_run, prepare_run, relaunch_previous, undo_launch
 from .venvs import ensure_venv, gc_venvs, op_setup_check
 
@@ -230,6 +231,7 @@ def launch(p, warm=None):
     if expect is not None and real_manifest(release_dir) != expect["manifest"]:
         raise StaleBase(f"release {release} was changed in place")
     p = with_venv(p, release)  # before anything is stopped: a failed setup stops nothing
+    check_trainer_config(release_dir, p)  # so is a config the trainer would refuse
     # The run this one replaces: its training continues here unless `fresh`.
     previous = active_run_id(workdir)
     previous_release = current_release(workdir)
@@ -250,7 +252,12 @@ def with_venv(p, release):
     if made is None:
         return p
     command = [made["python"], *p["command"][1:]]
-    meta = dict(p.get("meta") or {}, venv=made["venv"], venv_key=made["key"])
+    meta = dict(
+        p.get("meta") or {},
+        venv=made["venv"],
+        venv_key=made["key"],
+        venv_made_from=made["made_from"],
+    )
     return dict(p, command=command, venv=made["venv"], meta=meta)
 
 
@@ -444,6 +451,7 @@ OPERATIONS = {
     "listen": op_listen,
     "probe": op_probe,
     "setup_check": op_setup_check,
+    "trainer_check": op_trainer_check,
     "pull_plan": op_pull_plan,
     "stacks": op_stacks,
 }

@@ -12,8 +12,9 @@ NodeOption = Annotated[
     str | None,
     typer.Option(
         "--node",
-        "-n",
-        help="The node to run it on: its name or index (default: the first, rank 0's).",
+        "-N",
+        help="The node to run it on: its name or index (default: the first, rank 0's); "
+        "-n still works here (it is --lines in logs).",
         show_default=False,
     ),
 ]
@@ -30,7 +31,7 @@ def exec_command(
     """Run a command in the container, in the run's environment.
 
     Its venv first on PATH, the workdir as cwd, trainer.env and DFLASH_RUN_ID/DFLASH_RUN_DIR of the
-    active run); its output streams here and its exit status is dflashctl's."""
+    active run; its output streams here and its exit status is dflashctl's."""
     from dflashctl.attach import pick_node, run_attached
     from dflashctl.config import load_config
     from dflashctl.connect import as_host_error

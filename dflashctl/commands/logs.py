@@ -25,6 +25,7 @@ import typer
 
 from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.commands.run_ids import complete_run_id
 from dflashctl.errors import UsageError
 
 DEFAULT_LINES = 50
@@ -36,6 +37,7 @@ def logs(
         typer.Argument(
             help="The run (default: the active run, i.e. the one launched last).",
             show_default=False,
+            autocompletion=complete_run_id,
         ),
     ] = None,
     follow: Annotated[

@@ -8,11 +8,17 @@ from typing import Annotated
 import typer
 
 from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.commands.run_ids import complete_run_id
 
 
 def pull(
     run_id: Annotated[
-        str, typer.Argument(help="The run's id (`dflashctl runs` lists them).", metavar="RUN")
+        str,
+        typer.Argument(
+            help="The run's id (`dflashctl runs` lists them).",
+            metavar="RUN",
+            autocompletion=complete_run_id,
+        ),
     ],
     step: Annotated[
         int | None,
@@ -23,7 +29,10 @@ def pull(
     to: Annotated[
         Path | None,
         typer.Option(
-            "--to", help="The local folder (default: ./runs/<run id>/).", show_default=False
+            "--to",
+            metavar="DIR",
+            help="The local folder (default: ./runs/<run id>/).",
+            show_default=False,
         ),
     ] = None,
     config: ConfigOption = None,

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from dflashctl import hints, terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
+from dflashctl.commands.run_ids import complete_run_id
 from dflashctl.errors import UsageError
 
 RunsArgument = Annotated[
@@ -21,6 +22,7 @@ RunsArgument = Annotated[
         help="One run id, or two to compare (default: the active run).",
         metavar="[RUN [RUN2]]",
         show_default=False,
+        autocompletion=complete_run_id,
     ),
 ]
 PngOption = Annotated[

@@ -10,10 +10,30 @@ Typical step (see objective.py for shapes):
                                  loss_mask=batch.loss_mask)
 """
 
-from .config import DrafterConfig, default_gamma, select_target_layers
-from .model import DFlashDrafter
-from .objective import drafter_loss, expected_acceptance_length, sample_anchors
-from .target import build_tiny_target, load_target, target_context, target_parts
+import importlib
+
+# Imported on first use (PEP 562): reading the trainer config (dflash.pipeline.train_config)
+# must not import torch, so that checking a config takes a fraction of a second.
+_HOMES = {
+    "DrafterConfig": ".config",
+    "default_gamma": ".config",
+    "select_target_layers": ".config",
+    "DFlashDrafter": ".model",
+    "drafter_loss": ".objective",
+    "expected_acceptance_length": ".objective",
+    "sample_anchors": ".objective",
+    "build_tiny_target": ".target",
+    "load_target": ".target",
+    "target_context": ".target",
+    "target_parts": ".target",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name], __name__), name)
+
 
 __all__ = [
     "DFlashDrafter",

@@ -431,7 +431,11 @@ class TrainConfig(Section):
                 f"2 blocks (2 x drafter.block_size = {2 * block})",
                 key=("data", "prompt_len"),
             )
-        # Imported here: the warm-up module brings the thread supervisor with it.
+        gpus = [dev for dev in self.runtime.drafter_devices if dev.startswith("cuda")]
+        if len(set(gpus)) == len(gpus):  # one drafter per GPU: nothing to share a graph
+            return self
+        # Imported here: the warm-up module brings torch and the thread supervisor with it
+        # (reading a config, e.g. dflashctl's check before a deploy stops anything, does not).
         from dflash.pipeline.warmup import check_device_layout
 
         try:
