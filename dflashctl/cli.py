@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "shell",
     "pull",
     "stacks",
+    "container",
 )
 
 app = typer.Typer(

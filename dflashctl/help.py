@@ -31,11 +31,17 @@ SHORT_HELP = {
     "shell": "Open an interactive shell in the container.",
     "pull": "Copy a run's checkpoint, export and metrics here.",
     "stacks": "Show every thread's stack of a live run, per rank.",
+    "container": "Make the GPU container a run needs (container create).",
+    "container create": "Create the container from the config, GPUs passed through.",
 }
 
 EXAMPLES = {
     "init": ["dflashctl init", "dflashctl init configs/gpu-host.yaml"],
-    "doctor": ["dflashctl doctor", "dflashctl doctor -c configs/gpu-host.yaml --json"],
+    "doctor": [
+        "dflashctl doctor",
+        "dflashctl doctor -c configs/gpu-host.yaml --json",
+        "dflashctl doctor --fix",
+    ],
     "status": ["dflashctl status", "dflashctl status --json"],
     "deploy": [
         "dflashctl deploy --dry-run",
@@ -62,6 +68,8 @@ EXAMPLES = {
         "dflashctl pull 20260101-120000-ab12 --step 400 --to ./ckpt",
     ],
     "stacks": ["dflashctl stacks", "dflashctl stacks 20260101-120000-ab12 --json"],
+    "container": ["dflashctl container create --dry-run", "dflashctl container create"],
+    "container create": ["dflashctl container create --dry-run", "dflashctl container create"],
 }
 
 # Every variable dflashctl reads, for the root --help (and the README).
