@@ -78,6 +78,10 @@ ENVIRONMENT = [
     ("DFLASHCTL_DEBUG=1", "show the Python traceback of an error, after its message"),
     ("DFLASHCTL_SSH_CONFIG", "the ssh_config file to read (default: ~/.ssh/config)"),
     ("DFLASHCTL_SSH_CLIENT=paramiko", "never send archives through the system's OpenSSH"),
+    (
+        "DFLASHCTL_HOST_ROOT",
+        "on the Proxmox node: where container create and doctor --fix read /dev, /proc and /etc/pve (default /; the tests' fake node)",
+    ),
     ("NO_COLOR", "no colour in any output"),
     ("XDG_CACHE_HOME", "where dflashctl remembers each target's last deploy"),
 ]

@@ -117,7 +117,7 @@ def doctor(
     """Check the config, SSH, host key, Proxmox, the container, python/torch, GPUs and disk
     (on every node, then whether the nodes reach the rendezvous port and agree)."""
     if fix:
-        from dflashctl.commands.container import fix_all
+        from dflashctl.commands.doctor_fix import fix_all
 
         fix_all(config, yes)
     result = run_checks(config, (lambda check: None) if as_json else GroupedPrinter())

@@ -96,9 +96,7 @@ def host_actions(target: Target, host_gpus: HostGpus) -> list[Action]:
         Action(
             f"make {', '.join(host_gpus.missing_uvm)} on the host (they appear only once "
             "something used CUDA there)",
-            [
-                "nvidia-modprobe -u -c=0  (or mknod c <nvidia-uvm major from /proc/devices> 0/1)"
-            ],
+            ["nvidia-modprobe -u -c=0  (or mknod c <nvidia-uvm major from /proc/devices> 0/1)"],
             lambda: host.make_uvm_nodes(target.transport),
         )
     ]

@@ -27,9 +27,10 @@ def size_bytes(text: str) -> int:
     match = _SIZE.fullmatch(text.strip())
     if not match:
         raise ValueError(f"{text!r} is not a size")
-    return int(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": GIB, "T": 1 << 40}[
-        match.group(2).upper()
-    ]
+    return (
+        int(match.group(1))
+        * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": GIB, "T": 1 << 40}[match.group(2).upper()]
+    )
 
 
 def human_size(n: int) -> str:
@@ -72,8 +73,10 @@ class CtConfig:
         (a stale one, after a kernel upgrade moved nvidia-uvm)."""
         found = []
         for key, value in self.raw:
-            if key == "lxc.mount.entry" and value.split()[:1] and value.split()[0].startswith(
-                "/dev/nvidia"
+            if (
+                key == "lxc.mount.entry"
+                and value.split()[:1]
+                and value.split()[0].startswith("/dev/nvidia")
             ):
                 found.append((key, value))
             elif key.startswith("lxc.cgroup") and key.endswith("devices.allow"):

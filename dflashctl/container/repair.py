@@ -170,7 +170,9 @@ def split_ranks(config: Any) -> str | None:
     split = {h: ids for h, ids in by_host.items() if len(set(ids)) > 1}
     if not split:
         return None
-    return "; ".join(f"host {h} runs ranks in containers {', '.join(ids)}" for h, ids in split.items())
+    return "; ".join(
+        f"host {h} runs ranks in containers {', '.join(ids)}" for h, ids in split.items()
+    )
 
 
 def snapshot(target: Target, vmid: int, number: int) -> str | None:

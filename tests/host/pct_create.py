@@ -14,6 +14,7 @@ The table of what each one does is in tests/host/README.md.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -180,9 +181,7 @@ def cmd_set(root, args):
         conf.main.options.update(options)
         pve_conf.save(root, ct.vmid, conf)
         if "hostname" in options:
-            ct.conf_path.write_text(
-                __import__("json").dumps({**ct.conf(), "hostname": options["hostname"]})
-            )
+            ct.conf_path.write_text(json.dumps({**ct.conf(), "hostname": options["hostname"]}))
     return 0
 
 

@@ -121,7 +121,7 @@ def parse_device(value: str) -> dict[str, str]:
     if re.search(r"/\.\.?(?:/|$)", path) or not path.startswith("/dev/"):
         raise ValueError(f"invalid format - {path} is not a valid device path")
     if "mode" in fields and not re.fullmatch(r"0[0-7]{3}", fields["mode"]):
-        raise ValueError(f"invalid format - mode: value does not match the regex pattern")
+        raise ValueError("invalid format - mode: value does not match the regex pattern")
     for key in ("uid", "gid"):
         if key in fields and not fields[key].isdigit():
             raise ValueError(f"invalid format - {key}: type check ('integer') failed")

@@ -328,7 +328,11 @@ def gpu_passthrough(ct: Container) -> tuple[list[tuple[Path, str]], int | None, 
         raise PveError(f"startup for container '{ct.vmid}' failed\n{err}", 255) from None
     driver = pve_conf.host_root(ct.root_dir) / "proc" / "driver" / "nvidia"
     has_ctl = any(inside == "/dev/nvidiactl" for _, inside in binds)
-    return binds, pve_conf.shm_size_bytes(written.main.raw), driver if has_ctl and driver.is_dir() else None
+    return (
+        binds,
+        pve_conf.shm_size_bytes(written.main.raw),
+        driver if has_ctl and driver.is_dir() else None,
+    )
 
 
 def _gpu_sandbox_args(ct: Container) -> list[str]:
@@ -345,11 +349,18 @@ def _gpu_sandbox_args(ct: Container) -> list[str]:
 
 def _gpu_lxc_lines(ct: Container) -> list[str]:
     binds, shm, driver = gpu_passthrough(ct)
-    lines = [f"lxc.mount.entry = {node} {inside.lstrip('/')} none bind,create=file 0 0" for node, inside in binds]
+    lines = [
+        f"lxc.mount.entry = {node} {inside.lstrip('/')} none bind,create=file 0 0"
+        for node, inside in binds
+    ]
     if shm is not None:
-        lines.append(f"lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,size={shm},create=dir 0 0")
+        lines.append(
+            f"lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,size={shm},create=dir 0 0"
+        )
     if driver is not None:
-        lines.append(f"lxc.mount.entry = {driver} {FAKE_DRIVER_DIR.lstrip('/')} none ro,bind,create=dir 0 0")
+        lines.append(
+            f"lxc.mount.entry = {driver} {FAKE_DRIVER_DIR.lstrip('/')} none ro,bind,create=dir 0 0"
+        )
     return lines
 
 
