@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "shell",
     "pull",
     "stacks",
+    "container",
 )
 
 app = typer.Typer(

@@ -17,7 +17,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -185,6 +185,50 @@ class ContainerConfig(Section):
     workdir: str = "/root/dflash"
     python: str = "python3"
     start_if_stopped: bool = False
+    # What `dflashctl container create` makes (dflashctl/container/spec.py reads them).
+    template: str | None = None  # e.g. local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst
+    storage: str = "local-lvm"  # where the root disk goes
+    hostname: str | None = None
+    cores: int | None = None
+    memory: int | None = None  # MiB, as pct takes it
+    disk: int | None = None  # GiB
+    gpus: Literal["all"] | list[int] | None = None
+    shm_size: str | None = None  # /dev/shm, e.g. 16G; default: 1G per rank of the node
+    unprivileged: bool = True
+    net0: str = "name=eth0,bridge=vmbr0,ip=dhcp"
+    # The NVIDIA user-space installer for the host driver's {version}: a URL fetched in
+    # the container, or a file on this machine sent there.
+    nvidia_installer: str = (
+        "https://us.download.nvidia.com/XFree86/Linux-x86_64/{version}/"
+        "NVIDIA-Linux-x86_64-{version}.run"
+    )
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if isinstance(value, list) and any(
+            not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in value
+        ):
+            raise invalid(f"GPU indices are whole numbers from 0, got {value}", "e.g. [0, 1]")
+        if isinstance(value, str) and value != "all":
+            raise invalid(f"{value!r} is not a GPU selection", "all, or a list such as [0, 1]")
+        return value
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm_size(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\d+[KMGT]?", str(value).strip(), re.I):
+            raise invalid(f"{value!r} is not a size", "e.g. 16G or 512M")
+        return None if value is None else str(value).strip().upper()
+
+    @field_validator("cores", "memory", "disk")
+    @classmethod
+    def _positive(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise invalid(f"must be 1 or more, got {value}")
+        return value
 
     @field_validator("vmid")
     @classmethod

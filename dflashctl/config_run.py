@@ -4,6 +4,7 @@ crash (run.retry) and judged to hang (run.hang)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -87,6 +88,25 @@ class RunConfig(Section):
     on_exit: str | None = None
     retry: RetryConfig = Field(default_factory=RetryConfig)
     hang: HangConfig = Field(default_factory=HangConfig)
+    # The GPUs this run may use (indices as the container sees them): CUDA_VISIBLE_DEVICES
+    # and torchrun's nproc_per_node (when `gpu`/`auto`) follow; None: every GPU.
+    gpus: list[int] | None = None
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if isinstance(value, list) and (
+            not value
+            or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in value)
+            or len(set(value)) != len(value)
+        ):
+            raise invalid(
+                f"GPU indices are distinct whole numbers from 0, got {value}",
+                "e.g. [0, 1], or leave run.gpus out for every GPU",
+            )
+        return value
 
     @field_validator("stop_grace_s")
     @classmethod

@@ -197,6 +197,8 @@ def deploy(
             plans = make_plans(config, nodes, options, manifest, lasts, report)
             if options.dry_run:
                 return 0, dry_run_summary(nodes, plans)
+            if config.run.gpus is not None:  # shared box: other runs' GPUs are theirs
+                refuse_held_gpus(nodes)
             biggest = max(plans, key=lambda p: p.bytes_to_send)
             confirm_size(config, biggest, yes=options.yes, report=report)
             run = Execution(config, options, meta, git, started, report)
@@ -219,6 +221,15 @@ def deploy(
             return follow_unless_detached(
                 nodes, rules, summary, detach=options.detach, report=report
             )
+
+
+def refuse_held_gpus(nodes: list[Node]) -> None:
+    from dflashctl.connect import as_host_error
+    from dflashctl.container.holders import refuse_if_held
+
+    for node in nodes:
+        with as_host_error(node.target):
+            refuse_if_held(node.target, node.config.container.workdir, node.config.run.gpus)
 
 
 def remember_uploads(config: Config, nodes: list[Node], verb: str) -> None:

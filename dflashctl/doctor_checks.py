@@ -259,6 +259,30 @@ def _gpu_probe(target: Target) -> Callable[[], tuple[str, str]]:
     return probe
 
 
+def _passthrough_checks(doctor: Doctor, config: Any, target: Target) -> None:
+    """container.gpus set: what `doctor --fix` repairs, each a failure with its fix."""
+    from dflashctl.container import repair
+
+    start = time.monotonic()
+    try:
+        found = repair.findings(config, target, repair.survey(config, target))
+    except DflashError as exc:
+        doctor.add(Check("GPU passthrough", FAIL, exc.message, exc.hint))
+        return
+    for finding in found:
+        fix = finding.fix + ("" if finding.apply is None else " (dflashctl doctor --fix)")
+        doctor.add(Check(finding.name, FAIL, finding.problem, fix))
+    if not found:
+        doctor.add(
+            Check(
+                "GPU passthrough",
+                PASS,
+                "devices, majors, driver libraries and /dev/shm match the host",
+                seconds=time.monotonic() - start,
+            )
+        )
+
+
 def source_check(doctor: Doctor, config: Any) -> None:
     """What deploy checks before it contacts anything (trainer.source, the entry, every
     .py compiles): "all checks passed" then means a deploy will start."""
@@ -357,6 +381,8 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
     else:
         doctor.skip("torch", "needs python")
     doctor.run("GPUs", _gpu_probe(target))
+    if vmid is not None and config.container.gpus is not None:
+        _passthrough_checks(doctor, config, target)
     doctor.run("free disk", _disk_probe(target, config.container.workdir))
     if python_runs:
         from dflashctl.setup_env import doctor_probe

@@ -31,11 +31,17 @@ SHORT_HELP = {
     "shell": "Open an interactive shell in the container.",
     "pull": "Copy a run's checkpoint, export and metrics here.",
     "stacks": "Show every thread's stack of a live run, per rank.",
+    "container": "Make the GPU container a run needs (container create).",
+    "container create": "Create the container from the config, GPUs passed through.",
 }
 
 EXAMPLES = {
     "init": ["dflashctl init", "dflashctl init configs/gpu-host.yaml"],
-    "doctor": ["dflashctl doctor", "dflashctl doctor -c configs/gpu-host.yaml --json"],
+    "doctor": [
+        "dflashctl doctor",
+        "dflashctl doctor -c configs/gpu-host.yaml --json",
+        "dflashctl doctor --fix",
+    ],
     "status": ["dflashctl status", "dflashctl status --json"],
     "deploy": [
         "dflashctl deploy --dry-run",
@@ -62,6 +68,8 @@ EXAMPLES = {
         "dflashctl pull 20260101-120000-ab12 --step 400 --to ./ckpt",
     ],
     "stacks": ["dflashctl stacks", "dflashctl stacks 20260101-120000-ab12 --json"],
+    "container": ["dflashctl container create --dry-run", "dflashctl container create"],
+    "container create": ["dflashctl container create --dry-run", "dflashctl container create"],
 }
 
 # Every variable dflashctl reads, for the root --help (and the README).
@@ -70,6 +78,10 @@ ENVIRONMENT = [
     ("DFLASHCTL_DEBUG=1", "show the Python traceback of an error, after its message"),
     ("DFLASHCTL_SSH_CONFIG", "the ssh_config file to read (default: ~/.ssh/config)"),
     ("DFLASHCTL_SSH_CLIENT=paramiko", "never send archives through the system's OpenSSH"),
+    (
+        "DFLASHCTL_HOST_ROOT",
+        "on the Proxmox node: where container create and doctor --fix read /dev, /proc and /etc/pve (default /; the tests' fake node)",
+    ),
     ("NO_COLOR", "no colour in any output"),
     ("XDG_CACHE_HOME", "where dflashctl remembers each target's last deploy"),
 ]

@@ -116,7 +116,7 @@ def node_command(
         "torch.distributed.run",
         f"--nnodes={count}",
         f"--node-rank={node.index}",
-        f"--nproc-per-node={torchrun.nproc_per_node}",
+        f"--nproc-per-node={nproc_per_node(node.config)}",
         f"--master-addr={where[0]}",
         f"--master-port={where[1]}",
         f"--rdzv-id={run_id}",
@@ -125,6 +125,15 @@ def node_command(
         *config.trainer.args,
         *extra,
     ]
+
+
+def nproc_per_node(config: Config) -> int | str:
+    """torchrun.nproc_per_node, or one process per GPU of run.gpus where it says `gpu`
+    or `auto` (what torchrun would count from CUDA_VISIBLE_DEVICES, said outright)."""
+    nproc = config.torchrun.nproc_per_node
+    if config.run.gpus is not None and nproc in ("gpu", "auto"):
+        return len(config.run.gpus)
+    return nproc
 
 
 @cache

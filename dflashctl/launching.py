@@ -81,6 +81,12 @@ def hang_env(config: Config) -> dict[str, str]:
     return {"DFLASH_HANG_FACTOR": f"{hang.factor:g}", "DFLASH_HANG_MIN_S": f"{hang.min_s:g}"}
 
 
+def gpu_env(config: Config) -> dict[str, str]:
+    """run.gpus: the run sees only those GPUs (renumbered from 0 inside it)."""
+    gpus = config.run.gpus
+    return {} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+
+
 def launch_params(
     config: Config,
     run_id: str,
@@ -108,10 +114,11 @@ def launch_params(
             **hang_env(config),
             **config.trainer.env,
             **({"DFLASH_ON_EXIT": config.run.on_exit} if config.run.on_exit else {}),
+            **gpu_env(config),
         },
         "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
         "keep_releases": config.run.keep_releases,
-        "meta": dict(meta, hang=config.run.hang.model_dump()),
+        "meta": dict(meta, hang=config.run.hang.model_dump(), gpus=config.run.gpus),
         "supervisor": recovery.supervisor_program(),
         "recovery": recovery.recovery_settings(config),
         # The venv the run starts from (agent/venvs.py): made by the launch if missing.

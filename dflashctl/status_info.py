@@ -42,6 +42,11 @@ def node_status(config: Any, api: Any, target: Any) -> dict[str, Any]:
             raise
         except HostError as exc:  # still worth showing the container's state
             run_error = {"message": exc.message, "hint": exc.hint}
+    holders = []
+    if container is not None and container.running:
+        from dflashctl.container.holders import live_holders
+
+        holders = [h.to_json() for h in live_holders(target)]
     return {
         "target": target.describe(),
         "node": config.proxmox.node if api is not None else None,
@@ -50,4 +55,5 @@ def node_status(config: Any, api: Any, target: Any) -> dict[str, Any]:
         "release": release,
         "active_run": run.to_json() if run else None,
         "active_run_error": run_error,
+        "gpu_holders": holders,  # every live run of the container and its GPUs
     }

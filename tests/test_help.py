@@ -26,6 +26,8 @@ COMMANDS = [
     "stacks",
     "runs",
     "runs show",
+    "container",
+    "container create",
 ]
 TYPE_LABEL = re.compile(r"<(bool|str|int|float|path|list\[[^\]]*\])[^>]*>|\[x>=")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -97,9 +97,29 @@ class GroupedPrinter:
         print_check(check, "  " if self._grouped else "")
 
 
-def doctor(config: ConfigOption = None, as_json: JsonOption = False) -> None:
+FixOption = Annotated[
+    bool,
+    typer.Option(
+        "--fix",
+        help="First repair the GPU container's breakages (driver libraries, device majors, "
+        "nvidia-uvm nodes, /dev/shm), asking once per fix; a pct snapshot before each.",
+    ),
+]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="With --fix: fix without asking.")]
+
+
+def doctor(
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+    fix: FixOption = False,
+    yes: YesOption = False,
+) -> None:
     """Check the config, SSH, host key, Proxmox, the container, python/torch, GPUs and disk
     (on every node, then whether the nodes reach the rendezvous port and agree)."""
+    if fix:
+        from dflashctl.commands.doctor_fix import fix_all
+
+        fix_all(config, yes)
     result = run_checks(config, (lambda check: None) if as_json else GroupedPrinter())
     if as_json:
         terminal.print_json(_doctor_json(result, config), command="doctor")

@@ -32,6 +32,13 @@ def print_status(status: dict[str, Any]) -> None:
             f"[bold]container[/bold]  {container['vmid']}{name} on node "
             f"{escape(status['node'])}: {line}"
         )
+    for holder in status.get("gpu_holders") or []:  # every live run of the container
+        gpus = holder["gpus"]
+        held = "every GPU" if gpus is None else "GPU " + ",".join(map(str, gpus))
+        out.print(
+            f"[bold]gpus[/bold]       {held} held by run {escape(holder['run_id'])} "
+            f"({escape(holder['run_dir'])})"
+        )
     run = status["active_run"]
     if status["active_run_error"]:
         terminal.error(status["active_run_error"]["message"], status["active_run_error"]["hint"])

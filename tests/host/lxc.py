@@ -106,9 +106,11 @@ def write_config(
     tmp: Path,
     ro_binds: list[str],
     netns: str | None = None,
+    extra: list[str] = (),
 ) -> None:
     """netns: a network namespace (/proc/<pid>/ns/net) to join instead of an empty one
-    of its own (tests/host/netns.py makes those)."""
+    of its own (tests/host/netns.py makes those); extra: more config lines (the GPU
+    device binds and /dev/shm of a container with devN entries, state.py)."""
     network = [f"lxc.namespace.share.net = {netns}"] if netns else ["lxc.net.0.type = empty"]
     lines = [
         f"lxc.uts.name = {hostname}",
@@ -129,6 +131,7 @@ def write_config(
         f"lxc.mount.entry = {root} root none rw,bind 0 0",
         f"lxc.mount.entry = {tmp} tmp none rw,bind 0 0",
         *(f"lxc.mount.entry = {p} {p.lstrip('/')} none ro,bind,create=dir 0 0" for p in ro_binds),
+        *extra,
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

@@ -1,5 +1,5 @@
-"""`pct` stand-in: status, start, stop, exec, push, pull, list and config on the sandboxes
-in state.py.
+"""`pct` stand-in: status, start, stop, exec, push, pull, list, config, create, set,
+snapshot, listsnapshot, rollback and destroy on the sandboxes in state.py.
 
 Messages and exit statuses follow Proxmox's pct (pve-container, src/PVE/CLI/pct.pm and
 src/PVE/API2/LXC/Status.pm) and lxc-attach; each one says where it comes from. Errors of
@@ -16,8 +16,9 @@ import subprocess
 import sys
 
 try:  # imported by the tests as tests.host.<module>
-    from . import state
+    from . import pct_create, state
 except ImportError:  # run as bin/pct or bin/pvesh, with this folder on sys.path
+    import pct_create
     import state
 PveError = state.PveError
 
@@ -33,6 +34,12 @@ USAGE: pct <COMMAND> [ARGS] [OPTIONS]
        pct pull <vmid> <path> <destination> [OPTIONS]
        pct list
        pct config <vmid>
+       pct create <vmid> <ostemplate> [OPTIONS]
+       pct set <vmid> [OPTIONS]
+       pct snapshot <vmid> <snapname>
+       pct listsnapshot <vmid>
+       pct rollback <vmid> <snapname> [OPTIONS]
+       pct destroy <vmid>
 """
 
 
@@ -112,6 +119,8 @@ def cmd_config(root, args):
     for key in sorted(config):
         if key != "digest":  # pct.pm leaves the digest out
             print(f"{key}: {config[key]}")
+    for key, value in state.load_container(root, args[0]).raw_lxc():  # raw lines last
+        print(f"{key}: {value}")
     return 0
 
 
@@ -301,4 +310,5 @@ COMMANDS = {
     "exec": cmd_exec,
     "push": cmd_push,
     "pull": cmd_pull,
+    **pct_create.COMMANDS,
 }

@@ -147,7 +147,9 @@ Subsystem sftp internal-sftp
 # SHLVL=1: bash then takes itself for a nested shell and skips ~/.bashrc, which it
 # would otherwise source for ssh commands (Debian builds bash with SSH_SOURCE_BASHRC):
 # sessions stay fast and see only this PATH.
-SetEnv "PATH={STANDIN_BIN}:{SESSION_PATH}" "FAKEPVE_STATE={self.state_dir}" SHLVL=1
+# DFLASHCTL_HOST_ROOT: where dflashctl reads the node's GPU files and /etc/pve
+# (tests/host/pve_conf.py); a real node leaves it unset.
+SetEnv "PATH={STANDIN_BIN}:{SESSION_PATH}" "FAKEPVE_STATE={self.state_dir}" SHLVL=1 "DFLASHCTL_HOST_ROOT={self.state_dir}/host-root"
 """
         path = self.workdir / "sshd_config"
         optional = list(OPTIONAL_SETTINGS)

@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:  # imported by the tests as tests.host.<module>
-    from . import lxc
+    from . import lxc, pve_conf
 except ImportError:  # run as bin/pct or bin/pvesh, with this folder on sys.path
     import lxc
+    import pve_conf
 
 STATE_ENV = "FAKEPVE_STATE"
 DEFAULT_NODE = "pve"
@@ -141,6 +142,10 @@ class Container:
 
     def pve_config(self) -> dict:
         """The container's configuration as `pct config` / GET .../lxc/<vmid>/config show it."""
+        written = pve_conf.load(self.root_dir, self.vmid)
+        if written is not None:  # made or changed by `pct create` / `pct set`
+            digest = hashlib.sha1(written.text().encode()).hexdigest()
+            return {**written.main.options, "digest": digest}
         conf = self.conf()
         return {
             "arch": "amd64",
@@ -152,6 +157,11 @@ class Container:
             "swap": 512,
             "digest": hashlib.sha1(self.conf_path.read_bytes()).hexdigest(),
         }
+
+    def raw_lxc(self) -> list[tuple[str, str]]:
+        """The raw `lxc.*` lines of its config file, in order (pct config prints them last)."""
+        written = pve_conf.load(self.root_dir, self.vmid)
+        return written.main.raw if written is not None else []
 
     def init_pid(self) -> int | None:
         """Host pid of the container's pid 1, or None when the container is stopped."""
@@ -289,6 +299,7 @@ def _sandbox_argv(ct: Container, settings: dict, info_fd: int, die_with_parent: 
         resolv = ct.dir / "resolv.conf"
         resolv.write_text("nameserver 127.0.0.1\n")
         argv += ["--ro-bind", str(resolv), "/etc/resolv.conf"]
+    argv += _gpu_sandbox_args(ct)
     if die_with_parent:
         argv.append("--die-with-parent")
     argv += ["--chdir", "/", "--info-fd", str(info_fd), "--"]
@@ -297,6 +308,60 @@ def _sandbox_argv(ct: Container, settings: dict, info_fd: int, die_with_parent: 
     # stopped.
     init = "echo ready; exec >/dev/null; exec sleep infinity"
     return argv + ["/bin/sh", "-c", init]
+
+
+FAKE_DRIVER_DIR = "/dev/.fake-nvidia-driver"  # where the fake nvidia-smi reads the host's
+
+
+def gpu_passthrough(ct: Container) -> tuple[list[tuple[Path, str]], int | None, Path | None]:
+    """What a start gives the container of the host root's GPU files: (device node, path
+    inside) binds from its devN entries and raw mount entries, the size of a raw tmpfs
+    /dev/shm entry, and the host's driver folder (proc/driver/nvidia, for the fake
+    nvidia-smi) once /dev/nvidiactl is passed through. A devN whose node is missing on
+    the host stops the start, as PVE's does (`Device /dev/x does not exist`)."""
+    written = pve_conf.load(ct.root_dir, ct.vmid)
+    if written is None:
+        return [], None, None
+    try:
+        binds = pve_conf.passthrough(ct.root_dir, written)
+    except LookupError as err:
+        raise PveError(f"startup for container '{ct.vmid}' failed\n{err}", 255) from None
+    driver = pve_conf.host_root(ct.root_dir) / "proc" / "driver" / "nvidia"
+    has_ctl = any(inside == "/dev/nvidiactl" for _, inside in binds)
+    return (
+        binds,
+        pve_conf.shm_size_bytes(written.main.raw),
+        driver if has_ctl and driver.is_dir() else None,
+    )
+
+
+def _gpu_sandbox_args(ct: Container) -> list[str]:
+    binds, shm, driver = gpu_passthrough(ct)
+    args: list[str] = []
+    for node, inside in binds:
+        args += ["--dev-bind", str(node), inside]
+    if shm is not None:
+        args += ["--size", str(shm), "--tmpfs", "/dev/shm"]
+    if driver is not None:
+        args += ["--ro-bind", str(driver), FAKE_DRIVER_DIR]
+    return args
+
+
+def _gpu_lxc_lines(ct: Container) -> list[str]:
+    binds, shm, driver = gpu_passthrough(ct)
+    lines = [
+        f"lxc.mount.entry = {node} {inside.lstrip('/')} none bind,create=file 0 0"
+        for node, inside in binds
+    ]
+    if shm is not None:
+        lines.append(
+            f"lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,size={shm},create=dir 0 0"
+        )
+    if driver is not None:
+        lines.append(
+            f"lxc.mount.entry = {driver} {FAKE_DRIVER_DIR.lstrip('/')} none ro,bind,create=dir 0 0"
+        )
+    return lines
 
 
 def start_container(ct: Container, timeout: float = 10.0, *, die_with_parent: bool = False) -> int:
@@ -370,6 +435,7 @@ def _start_lxc(ct: Container, settings: dict, netns: str | None) -> int:
         tmp=ct.rootfs_tmp,
         ro_binds=settings.get("ro_binds", []),
         netns=netns,
+        extra=_gpu_lxc_lines(ct),
     )
     try:
         init_pid = lxc.start(ct.lxcpath, ct.lxc_name, ct.dir / "console.log")
@@ -422,6 +488,7 @@ def destroy_container(ct: Container) -> None:
     if container_kind(ct.root_dir) == "lxc":
         shutil.rmtree(ct.lxcpath / ct.lxc_name, ignore_errors=True)
     shutil.rmtree(ct.dir, ignore_errors=True)
+    pve_conf.conf_path(ct.root_dir, ct.vmid).unlink(missing_ok=True)
 
 
 def record_task(
