@@ -106,3 +106,105 @@ def test_bad_input_is_a_clear_error(tmp_path, target_dir, capsys):
     config.write_text(yaml.safe_dump({"regenerate": {"input": str(config), "output": "x.jsonl"}}))
     assert main(["--config", str(config)]) == 2
     assert "target.path" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def other_target_dir(tmp_path_factory):
+    """Another target of the same shape and tokenizer: only its weights differ."""
+    folder = tmp_path_factory.mktemp("other-target")
+    build_tiny_target(seed=1).save_pretrained(folder)
+    build_tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _with(config, **changes):
+    """The config file with its target/regenerate keys changed."""
+    data = yaml.safe_load(config.read_text())
+    for key, value in changes.items():
+        section, leaf = key.split("__")
+        data[section][leaf] = value
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def test_answers_of_another_target_are_refused_then_restarted_or_kept(
+    tmp_path, target_dir, other_target_dir, capsys
+):
+    config, output = regenerate_config(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    first = output.read_text()
+    _with(config, target__path=str(other_target_dir))
+    capsys.readouterr()
+    assert main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "6 answers made with a different target weights" in err
+    assert "--restart" in err and "--keep-mismatched" in err
+    assert output.read_text() == first  # refused: nothing touched
+
+    assert main(["--config", str(config), "--restart"]) == 0
+    assert "0 already answered, 6 to answer" in capsys.readouterr().out
+    records = [json.loads(x) for x in output.read_text().splitlines()]
+    assert len(records) == 6 and len({r["answered_by"] for r in records}) == 1
+    assert records[0]["answered_by"] != json.loads(first.splitlines()[0])["answered_by"]
+
+    # Back to the first target, keeping the other one's answers on purpose.
+    _with(config, target__path=str(target_dir))
+    assert main(["--config", str(config), "--keep-mismatched"]) == 0
+    out = capsys.readouterr().out
+    assert "keeping 6 answers made by another target" in out
+    assert "6 already answered, 0 to answer" in out
+
+
+def test_other_generation_settings_or_unkeyed_answers_are_refused(tmp_path, target_dir, capsys):
+    config, output = regenerate_config(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    _with(config, regenerate__max_new_tokens=12)
+    capsys.readouterr()
+    assert main(["--config", str(config)]) == 2
+    assert "with a different generation" in capsys.readouterr().err
+    # Records written before answers named their target count as another target's.
+    _with(config, regenerate__max_new_tokens=8)
+    records = [json.loads(x) for x in output.read_text().splitlines()]
+    output.write_text("".join(json.dumps({**r, "answered_by": None}) + "\n" for r in records))
+    assert main(["--config", str(config)]) == 2
+    assert "before answers recorded their target" in capsys.readouterr().err
+
+
+def test_answers_to_prompts_no_longer_in_the_input_are_left_out(tmp_path, target_dir, capsys):
+    config, output = regenerate_config(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    source = tmp_path / "chat.jsonl"
+    lines = source.read_text().splitlines()
+    new = {"messages": [{"role": "user", "content": "a new question"}]}
+    source.write_text("\n".join(lines[:3] + [json.dumps(new)]) + "\n")
+    capsys.readouterr()
+    assert main(["--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "3 already answered, 1 to answer" in out
+    assert "3 answers to prompts no longer in the input: left out" in out
+    kept = [json.loads(x)["messages"][0]["content"] for x in output.read_text().splitlines()]
+    assert kept == QUESTIONS[:3] + ["a new question"]
+
+
+def test_answers_cut_at_the_length_cap_are_counted_and_most_of_them_warned(
+    tmp_path, target_dir, capsys
+):
+    config, output = regenerate_config(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    records = [json.loads(x) for x in output.read_text().splitlines()]
+    capped = sum(not r["token_ids"]["ended"] for r in records)
+    out = capsys.readouterr().out
+    assert f"{capped} of 6 ended at the length cap (max_new_tokens 8)" in out
+    assert capped > 3  # a random tiny target seldom says its stop token in 8 tokens
+    assert "were cut at regenerate.max_new_tokens=8" in out
+
+
+def test_a_regeneration_budget_answers_a_share_and_a_rerun_the_rest(tmp_path, target_dir, capsys):
+    # A budget far below one batch's time: one batch is answered, then it stops.
+    config, output = regenerate_config(tmp_path, target_dir, batch_size=2, budget_minutes=1e-6)
+    assert main(["--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "regenerate.budget_minutes 1e-06 spent: 2 of 6 answered" in out
+    assert len(output.read_text().splitlines()) == 2
+    assert main(["--config", str(config)]) == 0
+    assert "2 already answered, 4 to answer" in capsys.readouterr().out

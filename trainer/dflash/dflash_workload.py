@@ -26,6 +26,7 @@ from dflash import (
     target_context,
     target_parts,
 )
+from dflash.budget import fit_to_data
 from dflash.checkpoint import load_drafter, save_drafter, save_drafter_weights
 from dflash.data import (
     Sample,
@@ -148,6 +149,7 @@ class DFlashWorkload(Workload):
         self.target_dtype = DTYPES[cfg.target.dtype]
         self.drafter_dtype = DTYPES[cfg.drafter.dtype]
         self._notes: list[str] = []
+        self.created = time.perf_counter()  # train.budget_minutes counts set-up time too
         # Everything that can be checked from configs is checked before a weight is read:
         # the target's shape comes from its config.json (or the preset), so a drafter that
         # does not fit it fails here, not after an 8B model has been loaded.
@@ -157,6 +159,8 @@ class DFlashWorkload(Workload):
         self._check_vocabulary()
         self.drafter_cfg = self._drafter_config()
         self.samples = self._samples()  # only synthetic data builds the target here
+        if cfg.data.fit:
+            fit_to_data(self, self._notes.append, lambda text: self._notes.append("warning: " + text))
 
     # -- setup
 

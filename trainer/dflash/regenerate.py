@@ -18,8 +18,17 @@ prompt) followed by the target's own answer, as chat JSONL the trainer reads as 
   in input order.
 - Resumable: every record carries `prompt_id` (a hash of its prompt messages); a rerun
   skips prompts already in the output or the parts, so an interrupted run continues.
+- One target per file: every record also carries `answered_by`, a digest of what made the
+  answer (the target's weights, its dtype, the tokenizer, the chat template and its kwargs,
+  the generation settings). Answers made otherwise (another target, older records without
+  the digest) are refused: `--restart` removes them and answers every prompt again,
+  `--keep-mismatched` keeps them as they are. The merged output holds only prompts of
+  the current input.
+- Says how many answers ended at `max_new_tokens` instead of a stop token, and warns when
+  most did (the drafter would learn answers cut short).
 
-Exit status: 0 done, 2 bad input (config, missing files, an unreadable input line).
+Exit status: 0 done, 2 bad input (config, missing files, an unreadable input line, answers
+of another target in the output).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -81,19 +91,135 @@ def parts_dir(output: Path) -> Path:
     return output.with_name(output.name + ".parts")
 
 
-def done_ids(output: Path) -> set[str]:
-    """Prompt ids already answered, in the merged output or any rank's part file."""
-    found: set[str] = set()
+def answered(output: Path) -> dict[str, str | None]:
+    """Prompt id -> the `answered_by` digest of its answer (None: a record made before
+    answers carried one), over the merged output and every rank's part file."""
+    found: dict[str, str | None] = {}
     files = [output] + sorted(parts_dir(output).glob("rank-*.jsonl"))
     for path in files:
         if not path.is_file():
             continue
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                found.add(json.loads(line)["prompt_id"])
-            except (json.JSONDecodeError, KeyError, TypeError):
+                record = json.loads(line)
+                found.setdefault(record["prompt_id"], record.get("answered_by"))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
                 continue  # a line cut off by an interrupted write: answered again
     return found
+
+
+ON_MISMATCH = ("refuse", "restart", "keep")
+
+
+class MismatchedAnswers(ValueError):
+    """The output holds answers made by another target or with other settings."""
+
+
+def files_digest(folder: Path, patterns: tuple[str, ...]) -> str:
+    """sha256 over the names and bytes of the folder's files matching `patterns`."""
+    digest = hashlib.sha256()
+    files = sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "config.json")
+
+
+def answer_settings(cfg, tokenizer, generator) -> dict:
+    """What an answer depends on, each as a short value or digest (compared field by field)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    vocab = backend.to_str() if backend is not None else json.dumps(
+        sorted(tokenizer.get_vocab().items())
+    )
+    template = tokenizer.chat_template or ""
+    if isinstance(template, dict):
+        template = json.dumps(template, sort_keys=True)
+    sha = lambda text: hashlib.sha256(text.encode()).hexdigest()[:16]  # noqa: E731
+    generation = {k: v for k, v in generator.kwargs.items() if v is not None}
+    if generation.get("do_sample"):
+        generation["seed"] = cfg.regenerate.seed
+    return {
+        "target weights": files_digest(Path(cfg.target.path), WEIGHT_FILES)[:16],
+        "target dtype": cfg.target.dtype,
+        "tokenizer": sha(vocab),
+        "chat template": sha(template),
+        "template kwargs": json.dumps(generator.template_kwargs, sort_keys=True),
+        "generation": json.dumps(generation, sort_keys=True),
+    }
+
+
+def settings_digest(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def settings_path(output: Path) -> Path:
+    """Beside the output: the settings behind each `answered_by` digest seen there."""
+    return output.with_name(output.name + ".answered-by.json")
+
+
+def check_answered_by(
+    output: Path, found: dict, settings: dict, on_mismatch: str, log, rank: int = 0, world: int = 1
+) -> dict:
+    """The answers a run may count as done: refuse, drop (restart) or keep (keep) those
+    made by another target or with other settings. Returns the prompt ids to skip.
+    Under torchrun each rank removes the merged output and its own part (every rank
+    decides alike, from the same files)."""
+    digest = settings_digest(settings)
+    other = [pid for pid, by in found.items() if by != digest]
+    known = {}
+    try:
+        known = json.loads(settings_path(output).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    if other and on_mismatch == "restart":
+        output.unlink(missing_ok=True)
+        folder = parts_dir(output)
+        if folder.is_dir():
+            mine = f"rank-{rank}-of-{world}."
+            for path in folder.iterdir():
+                if world == 1 or path.name.startswith(mine):
+                    path.unlink(missing_ok=True)
+        log(f"regenerate | --restart: removed {len(found)} earlier answers; answering again")
+        found = {}
+    elif other and on_mismatch == "keep":
+        log(
+            f"regenerate | warning: keeping {len(other)} answers made by another target or "
+            "with other settings (--keep-mismatched)"
+        )
+    elif other:
+        raise MismatchedAnswers(
+            f"{output} already holds {len(other)} answers made "
+            + _what_differs({by for pid, by in found.items() if by != digest}, known, settings)
+            + ". Training on a mix teaches the drafter a target that will not serve it. "
+            "Rerun with --restart to remove them and answer every prompt with this target, "
+            "or --keep-mismatched to keep them as they are (or set regenerate.output to a "
+            "new file)"
+        )
+    known[digest] = settings
+    settings_path(output).parent.mkdir(parents=True, exist_ok=True)
+    settings_path(output).write_text(json.dumps(known, indent=1) + "\n", encoding="utf-8")
+    return found
+
+
+def _what_differs(digests: set, known: dict, settings: dict) -> str:
+    if None in digests:
+        return "before answers recorded their target (no answered_by)"
+    changed = sorted(
+        {
+            key
+            for d in digests
+            for key, value in (known.get(d) or {}).items()
+            if settings.get(key) != value
+        }
+    )
+    if not changed:
+        return "with other settings (their target and settings are not on record)"
+    return "with a different " + ", ".join(changed)
 
 
 class Generator:
@@ -183,9 +309,11 @@ def rank_and_world() -> tuple[int, int, int]:
     )
 
 
-def run(cfg, *, log=print) -> dict:
+def run(cfg, *, log=print, on_mismatch: str = "refuse") -> dict:
     """Answer this rank's share of the prompts not yet answered; merge when all ranks are
-    done. Returns counts and tokens/s for the report."""
+    done. Answers in the output made by another target or with other settings are refused
+    (MismatchedAnswers), removed (`on_mismatch="restart"`) or kept ("keep").
+    Returns counts, tokens/s and how many answers the length cap cut, for the report."""
     import torch
 
     from .data import load_tokenizer
@@ -194,15 +322,21 @@ def run(cfg, *, log=print) -> dict:
     section = cfg.regenerate
     rank, world, local_rank = rank_and_world()
     source, output = Path(section.input), Path(section.output)
+    if on_mismatch not in ON_MISMATCH:
+        raise ValueError(f"on_mismatch must be one of {', '.join(ON_MISMATCH)}")
     jobs = read_jobs(source)
-    done = done_ids(output)
-    mine = [j for j in jobs if j.index % world == rank and j.pid not in done]
     device = section.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     target = load_target(cfg.target.path, device=device, dtype=getattr(torch, cfg.target.dtype))
     tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.target.path)
     generator = Generator(target, tokenizer, section, device)
+    settings = answer_settings(cfg, tokenizer, generator)
+    by = settings_digest(settings)
+    wanted = {j.pid for j in jobs}  # answers to prompts no longer in the input do not count
+    found = {pid: by for pid, by in answered(output).items() if pid in wanted}
+    done = check_answered_by(output, found, settings, on_mismatch, log, rank, world)
+    mine = [j for j in jobs if j.index % world == rank and j.pid not in done]
     if section.seed is not None:
         torch.manual_seed(section.seed + rank)
     log(
@@ -215,13 +349,20 @@ def run(cfg, *, log=print) -> dict:
     part.parent.mkdir(parents=True, exist_ok=True)
     encoded = [(j, generator.encode(j.messages)) for j in mine]
     encoded.sort(key=lambda item: len(item[1]))  # similar lengths: little padding per batch
-    tokens, started = 0, time.perf_counter()
+    batches = [
+        encoded[first : first + section.batch_size]
+        for first in range(0, len(encoded), section.batch_size)
+    ]
+    budget_s = section.budget_minutes * 60 if section.budget_minutes else None
+    if budget_s is not None:  # a cut leaves a random share unanswered, not the longest
+        random.Random(section.seed or 0).shuffle(batches)
+    tokens, capped, done_count, started = 0, 0, 0, time.perf_counter()
     with part.open("a", encoding="utf-8") as out:
-        for first in range(0, len(encoded), section.batch_size):
-            batch = encoded[first : first + section.batch_size]
+        for batch in batches:
             texts, count, answers = generator.answer([ids for _, ids in batch])
             tokens += count
             for (job, prompt), text, (kept, ended) in zip(batch, texts, answers, strict=True):
+                capped += not ended
                 answer = {"role": "assistant", "content": text}
                 # The exact ids: the trainer trains on them, not on a re-tokenization of
                 # the text (dflash.data._sample_from_ids says why).
@@ -230,27 +371,51 @@ def run(cfg, *, log=print) -> dict:
                     **job.record,
                     "messages": job.messages + [answer],
                     "prompt_id": job.pid,
+                    "answered_by": by,
                     "token_ids": ids,
                 }
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()  # an interrupted run keeps every finished batch
-            log(
-                f"regenerate | rank {rank} | {min(first + len(batch), len(encoded))}/{len(encoded)}"
-            )
+            done_count += len(batch)
+            log(f"regenerate | rank {rank} | {done_count}/{len(encoded)}")
+            if budget_s is not None and time.perf_counter() - started > budget_s:
+                if done_count < len(encoded):
+                    log(
+                        f"regenerate | rank {rank} | regenerate.budget_minutes "
+                        f"{section.budget_minutes:g} spent: {done_count} of {len(encoded)} "
+                        "answered (a rerun answers the rest)"
+                    )
+                break
     seconds = time.perf_counter() - started
-    (parts_dir(output) / f"rank-{rank}-of-{world}.done").write_text(str(len(mine)))
-    merged = merge_if_complete(jobs, output, world)
+    (parts_dir(output) / f"rank-{rank}-of-{world}.done").write_text(str(done_count))
+    merged = merge_if_complete(jobs, output, world, log)
     rate = tokens / seconds if seconds > 0 else 0.0
     log(
-        f"regenerate | rank {rank} | {len(mine)} answered, {tokens} tokens in {seconds:.1f} s "
-        f"({rate:.0f} tokens/s)" + (f" | merged into {output}" if merged else "")
+        f"regenerate | rank {rank} | {done_count} answered, {tokens} tokens in {seconds:.1f} s "
+        f"({rate:.0f} tokens/s) | {capped} of {done_count} ended at the length cap "
+        f"(max_new_tokens {section.max_new_tokens})"
+        + (f" | merged into {output}" if merged else "")
     )
-    return {"answered": len(mine), "tokens": tokens, "seconds": seconds, "merged": merged}
+    if done_count and capped * 2 > done_count:
+        log(
+            f"regenerate | warning: {capped} of {done_count} answers ({capped / done_count:.0%}) "
+            f"were cut at regenerate.max_new_tokens={section.max_new_tokens} before the target "
+            "ended them: the drafter would learn answers that stop mid-way. Raise "
+            "regenerate.max_new_tokens (and data.seq_len to hold them)"
+        )
+    return {
+        "answered": done_count,
+        "tokens": tokens,
+        "seconds": seconds,
+        "merged": merged,
+        "capped": capped,
+    }
 
 
-def merge_if_complete(jobs: list[Job], output: Path, world: int) -> bool:
+def merge_if_complete(jobs: list[Job], output: Path, world: int, log=print) -> bool:
     """Once every rank has marked itself done: the output in input order, parts removed.
-    The output keeps what it had (an earlier run) and gains the parts' records."""
+    The output keeps what it had (an earlier run) for prompts still in the input and gains
+    the parts' records; answers to prompts no longer in the input are left out."""
     folder = parts_dir(output)
     if any(not (folder / f"rank-{r}-of-{world}.done").exists() for r in range(world)):
         return False
@@ -264,9 +429,11 @@ def merge_if_complete(jobs: list[Job], output: Path, world: int) -> bool:
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
     order = [j.pid for j in jobs if j.pid in by_id]
-    extra = [pid for pid in by_id if pid not in set(order)]  # from an older input: kept
+    dropped = len(by_id) - len(order)
+    if dropped:
+        log(f"regenerate | {dropped} answers to prompts no longer in the input: left out")
     tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text("".join(by_id[pid] + "\n" for pid in order + extra), encoding="utf-8")
+    tmp.write_text("".join(by_id[pid] + "\n" for pid in order), encoding="utf-8")
     os.replace(tmp, output)
     for path in folder.iterdir():
         path.unlink(missing_ok=True)
@@ -284,6 +451,17 @@ def _parse(argv):
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a key; repeatable"
     )
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--restart",
+        action="store_true",
+        help="remove answers made by another target or with other settings; answer again",
+    )
+    choice.add_argument(
+        "--keep-mismatched",
+        action="store_true",
+        help="keep answers made by another target or with other settings as they are",
+    )
     return parser.parse_args(argv)
 
 
@@ -294,7 +472,8 @@ def main(argv=None) -> int:
     try:
         cfg = load_train_config(args.config, args.set)
         check_inputs(cfg)
-        run(cfg, log=lambda line: print(line, flush=True))
+        on_mismatch = "restart" if args.restart else "keep" if args.keep_mismatched else "refuse"
+        run(cfg, log=lambda line: print(line, flush=True), on_mismatch=on_mismatch)
     except (TrainConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -213,7 +213,11 @@ def _train(
     target_devices = [torch.device(d) for d in runtime.target_devices]
     num_drafters = len(drafter_devices)
     start_step = resume_state.step if resume_state else 0
-    if cfg.train.epochs is not None:
+    if cfg.train.budget_minutes is not None:  # sizes cfg.train.steps (epochs then unused)
+        from dflash.budget import size_to_budget
+
+        size_to_budget(cfg, workload, num_drafters, world.size, log.line)
+    elif cfg.train.epochs is not None:
         per_step = cfg.data.batch_size * num_drafters * world.size
         cfg.train.steps = steps_for_epochs(cfg.train.epochs, workload.num_samples(), per_step)
         log.line(

@@ -173,6 +173,7 @@ class DataSection(Section):
     batch_size: Count = 4  # sequences per drafter per step
     num_anchors: Count = 8  # anchors per sequence
     prompt_len: Count = 8  # synthetic: random prompt length before the target continues
+    fit: bool = False  # file data: seq_len (a ceiling) and num_anchors fitted to it (dflash/budget.py)
 
 
 class OptimSection(Section):
@@ -198,6 +199,9 @@ class TrainSection(Section):
     # Passes over the training samples instead of a step count: when set, the run takes
     # ceil(epochs * samples / samples per step) steps and train.steps is not used.
     epochs: Annotated[Number, AfterValidator(_above_zero)] | None = None
+    # A wall-clock budget instead: steps timed by a probe, as many as fit (dflash/budget.py);
+    # train.steps and train.epochs are then not used.
+    budget_minutes: Annotated[Number, AfterValidator(_above_zero)] | None = None
     log_every: Count = 10
     # tau~ on each step line: speculative decoding walked over this many rows of the
     # step's batch (what serving would measure on that text); 0: the mean acceptance
@@ -276,6 +280,8 @@ class RegenerateSection(Section):
     seed: int | None = 0  # sampling seed (plus the rank)
     device: Text | None = None  # None: cuda:LOCAL_RANK when there is a GPU, else cpu
     template_kwargs: dict[str, Any] = Field(default_factory=dict)  # e.g. {enable_thinking: false}
+    # Stop answering after this long (a random share of the prompts, rerun to continue).
+    budget_minutes: Annotated[Number, AfterValidator(_above_zero)] | None = None
 
 
 def _tracker_switch(value: Any) -> Any:

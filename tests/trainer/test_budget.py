@@ -1,0 +1,107 @@
+"""train.budget_minutes and data.fit: one recipe sized to a time budget and fitted to the data."""
+
+from __future__ import annotations
+
+import io
+import json
+import types
+
+import dflash.budget as budget
+import pytest
+import torch
+from dflash.budget import fit_anchors, fit_seq_len, measure_step_seconds, steps_for_budget
+from dflash.dflash_workload import DFlashWorkload
+from dflash.pipeline.logging import RunLog
+from dflash.pipeline.run import train
+from dflash.pipeline.train_config import TrainConfigError, config_from_dict
+
+
+def test_the_step_count_follows_the_budget_and_the_step_time():
+    # 10 minutes, 15% kept for evals and the checkpoint, 30 s already spent: 480 s of steps.
+    assert steps_for_budget(600, 0.1, spent_s=30) == 4800
+    assert steps_for_budget(600, 0.2, spent_s=30) == 2400  # slower steps: fewer of them
+    assert steps_for_budget(1200, 0.1, spent_s=30) == 9900  # twice the budget: more
+    assert steps_for_budget(60, 100.0) == 1  # a budget below one step still trains one
+    with pytest.raises(ValueError, match="step time"):
+        steps_for_budget(60, 0.0)
+
+
+def test_budget_minutes_must_be_positive():
+    assert config_from_dict({"train": {"budget_minutes": 3}}).train.budget_minutes == 3
+    with pytest.raises(TrainConfigError, match="train.budget_minutes"):
+        config_from_dict({"train": {"budget_minutes": 0}})
+
+
+def tiny_config(tmp_path, **train):
+    return config_from_dict(
+        {
+            "output_dir": str(tmp_path / "out"),
+            "target": {"preset": "tiny", "init_std": 0.03},
+            "drafter": {"num_layers": 1, "block_size": 4, "gamma": 4.0},
+            "data": {"num_samples": 16, "seq_len": 24, "batch_size": 2, "num_anchors": 2},
+            "train": {"steps": 500, "log_every": 5, "tau_walk_rows": 0, **train},
+            "runtime": {"compile": "eager", "threads": 2, "warmup_iters": 1},
+            "eval": {"enabled": False},
+        }
+    )
+
+
+def test_a_budgeted_run_takes_the_steps_its_budget_holds(tmp_path, monkeypatch):
+    # The probe's step time and the clock are injected: the count is the budget's, not
+    # this machine's speed (2 s a step, 9 s spent on set-up, 1 minute: 51 s - 9 s = 21 steps).
+    monkeypatch.setattr(budget, "measure_step_seconds", lambda *args, **kw: 2.0)
+    monkeypatch.setattr(budget, "time", types.SimpleNamespace(perf_counter=lambda: 1000.0))
+    cfg = tiny_config(tmp_path, budget_minutes=1, epochs=50)
+    workload = DFlashWorkload(cfg)
+    workload.created = 991.0
+    log = RunLog(io.StringIO())
+    result = train(cfg, workload, log, handle_signals=False)
+    assert result.exit_code == 0
+    assert any("train.budget_minutes 1: 21 steps at 2000 ms a step" in x for x in log.lines)
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert steps[-1]["step"] == 21 and steps[-1]["total_steps"] == 21
+
+
+def test_the_probe_times_real_training_steps(tmp_path):
+    torch.set_num_threads(2)
+    workload = DFlashWorkload(tiny_config(tmp_path))
+    assert measure_step_seconds(workload, torch.device("cpu"), torch.device("cpu"), steps=1) > 0
+
+
+def test_fitting_shapes_to_the_data():
+    assert fit_seq_len([30, 41, 17], ceiling=3072, block=16) == 48  # longest, whole blocks
+    assert fit_seq_len([5000], ceiling=3072, block=16) == 3072  # the ceiling holds
+    assert fit_seq_len([3], ceiling=3072, block=16) == 32  # two blocks at least
+    assert fit_anchors([160] * 10, wanted=512, block=16) == 10  # 512 cannot fit: 10 do
+    assert fit_anchors([16000] * 10, wanted=512, block=16) == 512  # what was asked fits
+
+
+def test_data_fit_shapes_the_run_to_its_file_and_warns(tmp_path):
+    words = "numbers and lists and a short answer about them"
+    records = [
+        {
+            "messages": [
+                {"role": "user", "content": f"question {i}"},
+                {"role": "assistant", "content": " ".join([words] * (1 + i % 3))},
+            ]
+        }
+        for i in range(12)
+    ]
+    source = tmp_path / "chat.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = {"source": str(source), "seq_len": 512, "num_anchors": 64, "batch_size": 2}
+    cfg = {
+        "target": {"preset": "tiny"},
+        "drafter": {"num_layers": 1, "block_size": 4},
+        "eval": {"enabled": False},
+    }
+    plain = DFlashWorkload(config_from_dict({**cfg, "data": data}))
+    assert (plain.seq_len, plain.num_anchors) == (512, 64)  # fit off: as configured
+    fitted = DFlashWorkload(config_from_dict({**cfg, "data": {**data, "fit": True}}))
+    longest = max(len(s.input_ids) for s in fitted.samples)
+    assert fitted.seq_len == -(-longest // 4) * 4 < 512
+    assert 1 <= fitted.num_anchors < 64
+    notes = "\n".join(fitted.describe())
+    assert "warning: data.num_anchors 64 cannot fit this data" in notes
+    assert f"data.fit: seq_len {fitted.seq_len} (ceiling 512)" in notes
