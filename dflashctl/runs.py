@@ -147,8 +147,20 @@ class RunInfo:
             return last.get("stop") or None
         return None
 
+    @property
+    def hung(self) -> str | None:
+        """What the hang was, when the run was stopped while it hung (the supervisor's
+        record of its last attempt): a stop after a hang does not make it a clean stop."""
+        items = (self.attempts or {}).get("attempts") or []
+        last = items[-1] if items else {}
+        if self.state.status != "running" and last.get("category") == "hang":
+            return str(last.get("summary") or "hang")
+        return None
+
     def describe_state(self) -> str:
         """`running, attempt 2/4, resumed at step 18400 after nccl_timeout`."""
+        if self.hung:
+            return f"hung ({self.hung}), then {self.clean_stop or self.state.describe()}"
         if self.clean_stop:
             return self.clean_stop
         note = self.recovery
@@ -162,10 +174,15 @@ class RunInfo:
             "release": self.release,
             "started": self.started,
             "pid": self.pid,
-            "state": self.clean_stop or self.state.describe(self.crash_category),
-            "category": self.crash_category
+            "state": self.describe_state()
+            if self.hung
+            else self.clean_stop or self.state.describe(self.crash_category),
+            "category": "hang"
+            if self.hung
+            else self.crash_category
             if self.state.outcome == "crashed" and not self.clean_stop
             else None,
+            "hung": self.hung,
             **self.state.to_json(),
             "command": self.command,
             "meta": self.meta,

@@ -80,8 +80,8 @@ def score(log: Path) -> list[str]:
             )
     if want.get("detail") and want["detail"] not in first["hint"]:
         wrong.append(f"the hint does not say {want['detail']!r}: {first['hint']}")
-    if result.status != "crashed":
-        wrong.append(f"status {result.status}")
+    if result.status != want.get("status", "crashed"):
+        wrong.append(f"status {result.status}, expected {want.get('status', 'crashed')}")
     return wrong
 
 
@@ -106,6 +106,10 @@ def test_the_corpus_covers_every_class():
         "port_in_use",
         "setup_error",
         "config_error",
+        "hang",
+        "code_error",
+        "rendezvous",
+        "interrupted",
     } <= classes
     assert clean >= 3 and stops >= 3
     assert any(".node1" in log.name for log in CORPUS), "a two-node run is part of it"

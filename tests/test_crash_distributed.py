@@ -93,7 +93,8 @@ def test_a_gloo_timeout_names_the_rank_it_waited_for_when_the_job_has_two():
         "Timed out waiting 10000ms for recv operation to complete",
     ]
     [event] = classify_text(lines, 1, RULES)
-    assert (event.category, event.rank, event.details["waited_for"]) == ("gloo_timeout", 0, [1])
+    assert (event.category, event.rank, event.details["waited_for"]) == ("gloo_timeout", 1, [1])
+    assert event.details["noticed_by"]["rank"] == 0  # rank 1 never joined the collective
     assert "waiting for rank 1, which stopped taking part" in event.hint
 
 

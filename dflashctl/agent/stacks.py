@@ -98,6 +98,14 @@ def flight_recorder_dumps(run_dir):
     return dumps
 
 
+def process_state(pid):
+    """The process's state letter from /proc (R, S, D, T: stopped, t: traced, Z); "?"."""
+    text = read_text(f"/proc/{pid}/stat") or ""
+    # The command name (in parentheses) may hold spaces: the state follows its end.
+    rest = text[text.rfind(")") + 1 :].split()
+    return rest[0] if rest else "?"
+
+
 def op_stacks(p):
     """{"run_id", "status", "asked": [ranks], "answers": [dumps], "missing": [ranks],
     "watchdog": [dumps], "flight_recorder": [...]}: waits up to `wait_s` for every live
@@ -114,6 +122,7 @@ def op_stacks(p):
     folder = os.path.join(run_dir, STACKS_DIR)
     state = run_state(workdir, run_id)
     asked, answers, missing = [], [], []
+    stopped = {}  # rank (as text) -> pid of a missing rank whose process is stopped
     if state["status"] == "running":
         ranks = live_ranks(folder, run_id)
         asked = sorted(ranks)
@@ -136,6 +145,9 @@ def op_stacks(p):
                 if pending:
                     time.sleep(POLL_S)
             missing = sorted(pending)
+            stopped = {
+                str(rank): ranks[rank] for rank in missing if process_state(ranks[rank]) in "Tt"
+            }
     answers.sort(key=lambda record: record.get("rank", 0))
     return {
         "run_id": run_id,
@@ -144,6 +156,7 @@ def op_stacks(p):
         "asked": asked,
         "answers": answers,
         "missing": missing,
+        "stopped": stopped,
         "watchdog": watchdog_dumps(folder),
         "flight_recorder": flight_recorder_dumps(run_dir),
     }

@@ -186,6 +186,18 @@ def _clean_stop(lines, exit_code, rules):
     return said["summary"] if said and said["category"] == "stopped" else None
 
 
+def _hung(lines, exit_code, rules):
+    """A run stopped while it hung (the trainer's watchdog said so, and no step came
+    after): the hang stays its end state, {"category": "hang", ...}; else {}."""
+    try:
+        said = classify(lines, exit_code, rules)
+    except Exception:  # noqa: BLE001 - an engine that cannot run decides nothing
+        return {}
+    if not said or said["category"] != "hang":
+        return {}
+    return {"category": "hang", "rule": said["rule"], "summary": said["summary"]}
+
+
 def last_step(lines):
     step = None
     for line in lines:
@@ -292,6 +304,8 @@ class Supervisor:
                     stopped = _clean_stop(lines, code, self.rules)
                     if stopped:
                         record.update(reason="stopped", stop=stopped)
+                else:
+                    record.update(_hung(lines, code, self.rules))
                 self.record(record)
                 return self.end(code)
             try:

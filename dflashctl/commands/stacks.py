@@ -75,7 +75,16 @@ def print_answer(answer: dict[str, Any], node: str | None = None) -> None:
             "no rank of this run said it can be asked (its trainer predates `stacks`, or it "
             "has not started yet)"
         )
+    stopped = answer.get("stopped") or {}
     for rank in answer["missing"]:
+        pid = stopped.get(str(rank))
+        if pid is not None:
+            terminal.warning(
+                f"rank {rank} did not answer: its process (pid {pid}) is stopped (state T: "
+                f"SIGSTOP, Ctrl-Z or a debugger), so it runs nothing at all; continue it with "
+                f"`kill -CONT {pid}` in the container"
+            )
+            continue
         terminal.warning(
             f"rank {rank} did not answer: its Python is blocked with the GIL held; "
             f"`kill -USR1` it for a C-level dump into {answer['run_dir']}/stacks/"

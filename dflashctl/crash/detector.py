@@ -27,10 +27,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dflashctl.crash import endings
+from dflashctl.crash.culprit import blame, own_rank, unblame
 from dflashctl.crash.events import CrashEvent
 from dflashctl.crash.facts import add_facts
 from dflashctl.crash.gate import keyword_gate
-from dflashctl.crash.ordering import rank_crashes
+from dflashctl.crash.hangs import HangLines
+from dflashctl.crash.ordering import prefer_named, rank_crashes
 from dflashctl.crash.ranks import RankBook, split_prefix
 from dflashctl.crash.rules import Rule
 from dflashctl.crash.stops import StopWatch
@@ -64,7 +66,14 @@ _STAGE = re.compile(
 _ANNOUNCE_FAILED = re.compile(
     r"^(?P<thread>[A-Za-z][\w.-]*) failed(?: \(after an earlier failure\))?:\s*$"
 )
-_ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?):\s*$")
+# CPython's header; " failed" at its end: another thread's "X failed:" header written
+# into it when two threads failed at once (a real, garbled log).
+_ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?)(?: failed)?:\s*$")
+# The trainer's own word on which of its threads failed, after their tracebacks.
+_TRAINING_FAILED = re.compile(
+    r"^training failed.*?: (?P<thread>[A-Za-z][\w.-]*)(?: on (?P<device>[\w:]+))? failed: "
+    r"(?P<type>[\w.]+): (?P<message>.*)$"
+)
 # CPython reports exceptions it swallowed (in __del__, at exit) this way; the run goes on.
 _IGNORED = "Exception ignored"
 # The fixed lines PyTorch appends to a CUDA error's message.
@@ -124,6 +133,9 @@ class CrashDetector:
         self.ranks = RankBook(node)
         self.torchrun = TorchrunWatch()
         self.stops = StopWatch()
+        self.hangs = HangLines()
+        # rank -> (thread, device, exception type, message) of "training failed: ..."
+        self._named_failures: dict[int | None, tuple[str, str | None, str, str]] = {}
         self._ordinary_lines = 0  # lines that were not part of a traceback
         self._traces: list[Trace] = []
         self._pending: list[_Pending] = []
@@ -137,8 +149,18 @@ class CrashDetector:
 
     @property
     def crashes(self) -> list[CrashEvent]:
-        """Every crash so far, the root cause first (see ordering.py)."""
-        return rank_crashes(self._events, self.named_rank)
+        """Every crash so far, the root cause first (see ordering.py), named after the
+        rank that failed rather than the one that noticed (culprit.py)."""
+        for event in self._events:
+            unblame(event)  # as ranked before: the root cause may have changed since
+        ranked = rank_crashes(self._events, self.named_rank)
+        if ranked:
+            named = self._named_failures.get(own_rank(ranked[0]))
+            if named is not None:
+                ranked = prefer_named(ranked, *named)
+            stuck = {rank: s.threads for rank, s in self.hangs.silences.items()}
+            blame(ranked[0], ranked, self.ranks, stuck, self.thread_state)
+        return ranked
 
     @property
     def named_rank(self) -> int | None:
@@ -202,6 +224,10 @@ class CrashDetector:
                 for event in endings.torchrun_events(self):
                     self._emit(event, out)
             return out  # torchrun's summary: read above, its text matches no rule
+        if (line.startswith(("watchdog: ", "threads still running ", "step "))) and self.hangs.feed(
+            line, self._rank, self.line_no
+        ):
+            return out  # the trainer's word on a hang: weighed at the end (hangs.py)
         if self._traces and self._feed_traceback(line, out):
             return out
         self._ordinary_lines += 1
@@ -211,6 +237,15 @@ class CrashDetector:
         after_header = bool(self._announced) and self._announced[-1][2] == self.line_no - 1
         if gated or self._unkeyed_line_rules or after_header:
             self._feed_candidate(line, out, gated=bool(gated))
+        if line.startswith("training failed"):
+            named = _TRAINING_FAILED.match(line)
+            if named and self._rank not in self._named_failures:
+                self._named_failures[self._rank] = (
+                    named["thread"],
+                    named["device"],
+                    named["type"],
+                    named["message"],
+                )
         if " on " in line:  # after the rules: a crash line is not the stage it failed in
             stage = _STAGE.match(line)
             if stage:
@@ -234,6 +269,8 @@ class CrashDetector:
         for trace in sorted(self._traces, key=lambda t: t.start_line):
             self._close_trace(trace, out)
         self._flush_pending(out, before=None)
+        for event in endings.hang_events(self):
+            self._emit(event, out)
         for event in endings.error_file_events(self, self._error_files):
             self._emit(event, out)
         for event in endings.exit_code_events(self, exit_code):
@@ -545,6 +582,10 @@ class CrashDetector:
             message=message,
             excerpt=list(self._recent),
         )
+
+    def thread_state(self, rank: int | None, thread: str) -> tuple[str | None, str | None]:
+        """(device, stage) of a rank's thread, from its last "X on cuda:N: stage" line."""
+        return self._threads.get((rank, thread), (None, None))
 
     def _emit(self, event: CrashEvent, out: list[CrashEvent]) -> None:
         if self.stops.is_echo(event):

@@ -42,6 +42,8 @@ def exit_code_events(detector: CrashDetector, exit_code: int | None) -> list[Cra
     if signal == 9 and stops.takes_kill():
         return []  # the stop's SIGKILL when its grace period ran out
     seen = {event.category for event in detector.in_log_order}
+    if signal == 9 and "hang" in seen:
+        return []  # the end of a run that hung: killed by whoever gave up waiting
     category = BY_SIGNAL.get(signal) if signal is not None else None
     if category is not None:
         if category in seen or (category == "aborted" and seen):
@@ -148,6 +150,48 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
     event.details["torchrun"] = failure.to_json()
     event.line = event.end_line = failure.line or detector.line_no
     return [event]
+
+
+def hang_events(detector: CrashDetector) -> list[CrashEvent]:
+    """A hang still open when the log ended (crash/hangs.py), one per silent rank."""
+    rule = _rule_for(detector, "hang")
+    if rule is None:
+        return []
+    out = []
+    for silence in detector.hangs.open:
+        if silence.silent_s is None and detector.in_log_order:
+            # Only a stop that found a thread still running, and a failure told (a
+            # collective that timed out waiting, a peer's): the stuck thread names the
+            # culprit of that failure (culprit.py), no hang of its own.
+            continue
+        event = detector.exit_event(
+            rule.name, "hang", rule.hint, rule.severity, rule.retryable, silence.message()
+        )
+        event.line = event.end_line = silence.line
+        event.excerpt = list(silence.said)
+        event.rank = silence.rank
+        event.thread = silence.threads[0] if silence.threads else None
+        if event.thread is not None:
+            event.device, event.stage = detector.thread_state(silence.rank, event.thread)
+        event.details.update(silence.to_json())
+        detail = (
+            "before the first step"
+            if silence.before_first_step
+            else (f"after step {silence.last_step}")
+        )
+        how_long = f"{silence.silent_s:.0f} s" if silence.silent_s is not None else "a while"
+        who = f"rank {silence.rank}" if silence.rank is not None else "the run"
+        stuck = (
+            f", {event.thread} at {silence.waiting_at}"
+            if event.thread and silence.waiting_at
+            else (f", {event.thread} stuck" if event.thread else "")
+        )
+        said = f"{who} made no step for {how_long} {detail}{stuck}"
+        if silence.stacks_file:
+            said += f"; every thread's stack: {silence.stacks_file}"
+        event.hint = f"{event.hint} Here: {said}."
+        out.append(event)
+    return out
 
 
 def classify_recorded_traceback(detector: CrashDetector, lines: list[str]) -> CrashEvent | None:

@@ -22,6 +22,8 @@ _PORT = re.compile(r"\bport[: =]+(?P<port>\d{2,5})\b|:(?P<port2>\d{4,5})\b")
 _MODULE = re.compile(r"No module named '(?P<module>[\w.]+)'|cannot import (?P<name>[\w.]+)")
 _PIP = re.compile(r"(?P<pip>\S*python\S* -m pip install .+?)\s*$")
 _BYTES = re.compile(r"allocate (?P<bytes>\d+) bytes")
+_POSITION = re.compile(r"byte (?P<byte>\d+) of the file|in position (?P<position>\d+)")
+_FRAME_TEXT = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?: in (?P<function>.+))?$")
 _SIZES = re.compile(r"has (?P<ids>\d+) tokens but the target's vocabulary has (?P<vocab>\d+)")
 # Module names that pip knows by another name.
 _PIP_NAMES = {
@@ -49,6 +51,9 @@ def add_facts(event: CrashEvent, others: list[int]) -> None:
 
 def _data_error(event: CrashEvent, text: str, others: list[int]) -> str | None:
     found = _FILE_LINE.search(event.message or "") or _FILE_LINE.search(text)
+    position = _POSITION.search(event.message or "")
+    if position:
+        event.details.update(byte=int(position["byte"] or position["position"]))
     if found:
         event.details.update(file=found["file"], line=int(found["line"]))
         return (
@@ -59,7 +64,20 @@ def _data_error(event: CrashEvent, text: str, others: list[int]) -> str | None:
     if position:
         event.details.update(line=int(position["line"]), column=int(position["column"]))
         return f"line {position['line']}, column {position['column']} of the file being read."
+    if "byte" in event.details:
+        return (
+            f"byte {event.details['byte']} of the file being read is not UTF-8 "
+            "(`grep -naxv '.*' FILE` lists the lines that are not)."
+        )
     return None
+
+
+def _code_error(event: CrashEvent, text: str, others: list[int]) -> str | None:
+    found = _FRAME_TEXT.match(event.last_frame or "")
+    if found is None:
+        return None
+    event.details.update(file=found["file"], line=int(found["line"]))
+    return f"{found['file']}:{found['line']}: {event.message or event.exception}."
 
 
 def _disk_full(event: CrashEvent, text: str, others: list[int]) -> str | None:
@@ -149,6 +167,7 @@ def _size(count: int) -> str:
 
 _READERS: dict[str, Callable[[CrashEvent, str, list[int]], str | None]] = {
     "data_error": _data_error,
+    "code_error": _code_error,
     "disk_full": _disk_full,
     "host_memory": _host_memory,
     "port_in_use": _port_in_use,

@@ -24,7 +24,7 @@ class FollowResult:
     """How a run stands once following stopped."""
 
     run_id: str | None
-    status: str  # "finished" | "crashed" | "stopped" | "running"
+    status: str  # "finished" | "crashed" | "hung" | "stopped" | "running"
     exit_code: int | None
     crashes: list[CrashEvent] = field(default_factory=list)
     state: str | None = None  # dflashctl.runs status: running, exited, killed, lost
@@ -50,7 +50,7 @@ class FollowResult:
     def cli_exit_code(self) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
-        return EXIT_CRASH if self.status == "crashed" else EXIT_OK
+        return EXIT_CRASH if self.status in ("crashed", "hung") else EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -115,7 +115,7 @@ def classify_log(
     sink.finish(exit_code)
     crashes = sink.crashes
     failed = exit_code not in (0, None)
-    status = "crashed" if crashes or failed else "finished"
+    status = ended_as(crashes, failed)
     if not crashes and stopped_cleanly(sink.stop):
         status = "stopped"
     return FollowResult(
@@ -127,6 +127,15 @@ def classify_log(
         summary=sink.summary,
         stop=sink.stop,
     )
+
+
+def ended_as(crashes: list[CrashEvent], failed: bool) -> str:
+    """`hung` when the root cause is a hang (whatever ended the run after it), `stopped`
+    when it was interrupted during start-up, `crashed` for any other failure."""
+    if not crashes:
+        return "crashed" if failed else "finished"
+    category = crashes[0].category
+    return {"hang": "hung", "interrupted": "stopped"}.get(category, "crashed")
 
 
 def stopped_cleanly(stop: dict[str, Any] | None) -> bool:
@@ -219,7 +228,7 @@ def _say_outcome(result: FollowResult) -> None:
             causes.append(f"exit code {result.exit_code}")
     detail = "; ".join(causes)
     terminal.err.print(
-        f"[bold red]✗[/bold red] {what} crashed"
+        f"[bold red]✗[/bold red] {what} {'hung' if result.status == 'hung' else 'crashed'}"
         + escape(_recovery_note(result))
         + (f": {escape(detail)}" if detail else "")
     )

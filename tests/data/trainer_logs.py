@@ -59,6 +59,20 @@ class TrainerScenario:
     python: str | None = None  # another interpreter (the setup error)
     files: dict[str, str] = field(default_factory=dict)  # name -> text, in the scratch dir
     timeout_s: float = 300
+    # Python run in the trainer's process before the trainer itself (a user's wrapper:
+    # an added thread, a lock-order bug): written to {scratch}/entry.py, which then runs
+    # train_dflash_pipeline.py as __main__ (tests/data/trainer_wrappers.py).
+    wrapper: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    binary_files: dict[str, bytes] = field(default_factory=dict)
+    # (file under trainer/, text, replacement): run a copy of the trainer with this edit.
+    patch: tuple[str, str, str] | None = None
+    # Run node k's launcher in a network namespace of its own with a master address that
+    # drops every packet (a dummy interface): a wrong master address, a connection
+    # timing out.
+    unreachable_nodes: tuple[int, ...] = ()
+    launcher_args: tuple[str, ...] = ()
+    stop_grace_s: float = 10  # after the stop's SIGTERM, SIGKILL (as dflashctl stop does)
 
 
 def _peer_lost(rank: int = 0) -> dict:
@@ -139,16 +153,17 @@ SCENARIOS = [
     ),
     TrainerScenario(
         "torchrun-sigstop-rank1",
-        [{"exit_code": 1, "root_cause": {"category": "peer_lost", "rank": 0}}],
+        # Rank 0 noticed; rank 1, stopped, is the one its PeerFailure names.
+        [{"exit_code": 1, "root_cause": {"category": "peer_lost", "rank": 1}}],
         sets=LONG,
         ranks=2,
         action="sigstop-rank1",
     ),
     TrainerScenario(
         "torchrun-gloo-timeout",
-        [{"exit_code": 1, "root_cause": {"category": "gloo_timeout", "rank": 0}}],
+        [{"exit_code": 1, "root_cause": {"category": "gloo_timeout", "rank": 1}}],
         # Rank 1 hangs in its step loop (its heartbeat goes on, so the trainer cannot
-        # name it): rank 0's next all-reduce times out in gloo.
+        # name it): rank 0's next all-reduce times out in gloo, waiting for rank 1.
         sets=(
             *LONG,
             "runtime.dist_timeout_s=10",
@@ -161,7 +176,8 @@ SCENARIOS = [
     TrainerScenario(
         "nodes-sigkill-rank1",
         [
-            {"exit_code": 1, "root_cause": {"category": "peer_lost", "rank": 0, "node": "node-a"}},
+            # Node a's rank 0 noticed; its PeerFailure names rank 1, on the other node.
+            {"exit_code": 1, "root_cause": {"category": "peer_lost", "rank": 1, "node": None}},
             {
                 "exit_code": 1,
                 "root_cause": {"category": "killed", "rank": 1, "node": "node-b"},
@@ -177,7 +193,8 @@ SCENARIOS = [
     TrainerScenario(
         "nodes-sigstop-rank1",
         [
-            {"exit_code": 1, "root_cause": {"category": "peer_lost", "rank": 0, "node": "node-a"}},
+            # Node a's rank 0 noticed; its PeerFailure names rank 1, on the other node.
+            {"exit_code": 1, "root_cause": {"category": "peer_lost", "rank": 1, "node": None}},
             # The stopped rank says nothing of its own and its agent waits on: the
             # generator ends it with SIGKILL after timeout_s, as a user would by hand.
             {"root_cause": {"category": "killed", "node": "node-b"}},
@@ -227,6 +244,30 @@ SCENARIOS = [
 ]
 
 
+# A network namespace of the run's own in which 10.9.0.2 (on a dummy interface) never
+# answers: a connection to it times out, as to a wrong master address.
+UNREACHABLE = [
+    "unshare",
+    "--net",
+    "sh",
+    "-c",
+    "ip link set lo up && ip link add d0 type dummy && ip addr add 10.9.0.1/24 dev d0 "
+    '&& ip link set d0 up && exec "$@"',
+    "unreachable",
+]
+
+
+def wrapper_program(code: str, trainer: Path) -> str:
+    """entry.py: `code` (with the trainer's modules importable), then the trainer."""
+    return (
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {str(trainer)!r})\n"
+        f"{code}\n"
+        f"sys.argv[0] = {str(trainer / 'train_dflash_pipeline.py')!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -234,7 +275,8 @@ def free_port() -> int:
 
 
 def _command(scenario: TrainerScenario, python: str, port: int, node: int) -> list[str]:
-    entry = ["train_dflash_pipeline.py", "--config", "configs/tiny-cpu.yaml"]
+    script = "{scratch}/entry.py" if scenario.wrapper else "train_dflash_pipeline.py"
+    entry = [script, "--config", "configs/tiny-cpu.yaml"]
     for item in (*QUICK, *scenario.sets):
         entry += ["--set", item]
     if scenario.ranks == 1 and scenario.nodes == 1:
@@ -244,7 +286,9 @@ def _command(scenario: TrainerScenario, python: str, port: int, node: int) -> li
         launcher += [f"--nnodes={scenario.nodes}", f"--node-rank={node}", "--nproc-per-node=1"]
     else:
         launcher += [f"--nproc-per-node={scenario.ranks}"]
-    return [*launcher, "--master-addr=127.0.0.1", f"--master-port={port}", *entry]
+    addr = "10.9.0.2" if node in scenario.unreachable_nodes else "127.0.0.1"
+    launcher += list(scenario.launcher_args)
+    return [*launcher, f"--master-addr={addr}", f"--master-port={port}", *entry]
 
 
 class _Act:
@@ -256,6 +300,30 @@ class _Act:
         self.rank1_pid: int | None = None
         self.done = False
         self.second_sent = False
+        self.grace_s = scenario.stop_grace_s
+        self.kill_at: float | None = None  # the stop's SIGKILL, once its grace has run out
+        self.started = time.monotonic()
+
+    def _stop(self) -> None:
+        """As `dflashctl stop` does: SIGTERM to each group, SIGKILL after the grace."""
+        self.done = True
+        for proc in self.procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        self.kill_at = time.monotonic() + self.grace_s
+
+    def tick(self) -> None:
+        """Called twice a second: what is done by the clock rather than by a line."""
+        now = time.monotonic()
+        # Ctrl-C a moment after the start: while Python still imports torch.
+        if self.action == "sigint-at-start" and not self.done and now - self.started > 1.5:
+            self.done = True
+            for proc in self.procs:
+                os.killpg(proc.pid, signal.SIGINT)
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_at = None
+            for proc in self.procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
 
     def line(self, text: str) -> None:
         found = RANK1_PID.match(text)
@@ -278,6 +346,9 @@ class _Act:
                 self.second_sent = True
                 for proc in self.procs:
                     os.killpg(proc.pid, signal.SIGINT)
+        # The trainer's watchdog said it hangs: the user stops the run.
+        if self.action == "stop-on-watchdog" and "watchdog: " in text and not self.done:
+            self._stop()
         if self.action == "sigstop-rank1" and at_step and not self.done and self.rank1_pid:
             self.done = True
             os.kill(self.rank1_pid, signal.SIGSTOP)
@@ -299,6 +370,18 @@ def run_scenario(scenario: TrainerScenario) -> list[tuple[str, int | None]]:
     try:
         for name, text in scenario.files.items():
             (scratch / name).write_text(text)
+        for name, data in scenario.binary_files.items():
+            (scratch / name).write_bytes(data)
+        trainer = TRAINER
+        if scenario.patch is not None:
+            trainer = scratch / "trainer"
+            shutil.copytree(TRAINER, trainer, ignore=shutil.ignore_patterns("__pycache__"))
+            edited, old, new = scenario.patch
+            text = (trainer / edited).read_text()
+            assert old in text, f"{edited} no longer holds {old!r}"
+            (trainer / edited).write_text(text.replace(old, new, 1))
+        if scenario.wrapper:
+            (scratch / "entry.py").write_text(wrapper_program(scenario.wrapper, trainer))
         if scenario.action == "tiny-disk":
             mounted = scratch / "full"
             mounted.mkdir()
@@ -316,21 +399,25 @@ def run_scenario(scenario: TrainerScenario) -> list[tuple[str, int | None]]:
         python = scenario.python or sys.executable
         procs = []
         for node in range(scenario.nodes):
+            (scratch / f"run{node}").mkdir()  # as the launch makes the run's folder
             env = {
                 **os.environ,
                 "DFLASH_RUN_DIR": str(scratch / f"run{node}"),
                 "PYTHONUNBUFFERED": "1",
                 "PET_LOG_DIR": str(scratch / f"run{node}" / "torchelastic"),
                 "TORCHELASTIC_ERROR_FILE": str(scratch / f"run{node}" / "error.json"),
+                **scenario.env,
             }
             if scenario.nodes > 1:  # as dflashctl launches each node
                 env.update(DFLASH_NODE_NAME=f"node-{'ab'[node]}", DFLASH_NUM_NODES="2")
             command = _command(scenario, python, port, node)
             command = [part.replace("{scratch}", str(scratch)) for part in command]
+            if node in scenario.unreachable_nodes:
+                command = [*UNREACHABLE, *command]
             procs.append(
                 subprocess.Popen(
                     command,
-                    cwd=TRAINER,
+                    cwd=trainer,
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -359,6 +446,7 @@ def _collect(
     open_streams = len(procs)
     try:
         while open_streams and time.monotonic() < deadline:
+            act.tick()
             for key, _ in selector.select(timeout=0.5):
                 index = key.data
                 chunk = os.read(key.fileobj.fileno(), 65536)
@@ -415,7 +503,9 @@ def write_logs(scenario: TrainerScenario) -> list[Path]:
 
 
 def main(names: list[str]) -> None:
-    chosen = [s for s in SCENARIOS if not names or s.name in names]
+    from trainer_wrappers import MORE_SCENARIOS
+
+    chosen = [s for s in [*SCENARIOS, *MORE_SCENARIOS] if not names or s.name in names]
     for scenario in chosen:
         started = time.monotonic()
         paths = write_logs(scenario)

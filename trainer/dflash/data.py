@@ -197,7 +197,17 @@ def read_records(path: str | Path) -> list[dict]:
         docs = [d.strip() for d in path.read_text().split("\n\n")]
         return [{"text": d} for d in docs if d]
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    offset = 0
+    for number, raw in enumerate(path.read_bytes().splitlines(keepends=True), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # The whole file's decode error says only a byte offset: name the line too.
+            raise ValueError(
+                f"{path}:{number}: not valid UTF-8 (byte {offset + exc.start} of the file, "
+                f"column {exc.start + 1}: {exc.reason})"
+            ) from None
+        offset += len(raw)
         if not line.strip():
             continue
         try:

@@ -39,6 +39,13 @@ DEFAULT_FACTOR = 4.0
 DEFAULT_MIN_S = 60.0
 RECENT_STEPS = 16
 THREAD_NAME = "stack-watch"
+# Before the first step (loading, compiling, the rendezvous) the watchdog waits this many
+# times the floor, and at least STARTUP_MIN_S (DFLASH_HANG_STARTUP_S replaces both): a
+# start-up that deadlocks is named too, a slow compile is not.
+STARTUP_FACTOR = 10.0
+STARTUP_MIN_S = 90.0
+# The threads whose stack the watchdog's line names: the ones that make the steps.
+STEP_THREADS = ("drafter-",)
 
 _installed: StackWatch | None = None
 
@@ -71,6 +78,18 @@ def thread_stacks(skip: set[int] | None = None) -> list[dict]:
     return threads
 
 
+def _where_waiting(threads: list[dict]) -> str:
+    """`drafter-0 at entry.py:14 in push`: where each step-making thread stands."""
+    parts = []
+    for thread in threads:
+        if thread["name"].startswith(STEP_THREADS) and thread["frames"]:
+            frame = thread["frames"][-1]
+            parts.append(
+                f"{thread['name']} at {Path(frame['file']).name}:{frame['line']} in {frame['function']}"
+            )
+    return ", ".join(parts)
+
+
 def _env_float(name: str, default: float) -> float:
     try:
         value = float(os.environ.get(name, ""))
@@ -88,6 +107,7 @@ class StackWatch:
         *,
         factor: float | None = None,
         min_s: float | None = None,
+        startup_s: float | None = None,
         clock=time.monotonic,
     ) -> None:
         self.folder = stacks_dir(run_dir)
@@ -97,10 +117,18 @@ class StackWatch:
             factor if factor is not None else _env_float("DFLASH_HANG_FACTOR", DEFAULT_FACTOR)
         )
         self.min_s = min_s if min_s is not None else _env_float("DFLASH_HANG_MIN_S", DEFAULT_MIN_S)
+        self.startup_s = (
+            startup_s
+            if startup_s is not None
+            else _env_float(
+                "DFLASH_HANG_STARTUP_S", max(STARTUP_FACTOR * self.min_s, STARTUP_MIN_S)
+            )
+        )
         self.clock = clock
         self._steps: deque[float] = deque(maxlen=RECENT_STEPS + 1)
         self._last_step: tuple[int, int] | None = None
         self._dumped_silence = False  # the watchdog dumps once per silence
+        self._started_at: float | None = None  # start(): the start-up's clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen_request: str | None = None
@@ -109,6 +137,7 @@ class StackWatch:
     # -- set-up ---------------------------------------------------------------------
 
     def start(self) -> None:
+        self._started_at = self.clock()
         self.folder.mkdir(parents=True, exist_ok=True)
         self._write(
             f"rank{self.rank}.pid",
@@ -155,18 +184,29 @@ class StackWatch:
         return None if not self._steps else self.clock() - self._steps[-1]
 
     def check_watchdog(self) -> Path | None:
-        """Dump once when the steps stopped for the threshold; the path, when it did."""
+        """Dump once when the steps stopped for the threshold (or the first step has not
+        come STARTUP_FACTOR times the floor after the start); the path, when it did."""
+        if self._dumped_silence:
+            return None
         threshold, silent = self.threshold_s(), self.silent_for()
-        if threshold is None or silent is None or silent <= threshold or self._dumped_silence:
+        if threshold is None and self._started_at is not None:
+            threshold, silent = self.startup_s, self.clock() - self._started_at
+            when = f"after the start (threshold {threshold:.0f} s), before the first step"
+        else:
+            when = (
+                f"(threshold {threshold:.0f} s) after step "
+                f"{self._last_step[0] if self._last_step else '?'}"
+            )
+        if threshold is None or silent is None or silent <= threshold:
             return None
         if self._last_step is not None and self._last_step[0] >= self._last_step[1]:
             return None  # past the last step: evaluation and the final checkpoint
         self._dumped_silence = True
         path = self.dump("watchdog", "watchdog")
+        waiting = _where_waiting(json.loads(path.read_text())["threads"])
         self.log.line(
-            f"watchdog: no step finished for {silent:.0f} s (threshold {threshold:.0f} s) after "
-            f"step {self._last_step[0] if self._last_step else '?'}; every thread's stack "
-            f"written to {path}"
+            f"watchdog: no step finished for {silent:.0f} s {when}; "
+            f"{f'waiting: {waiting}; ' if waiting else ''}every thread's stack written to {path}"
         )
         return path
 
