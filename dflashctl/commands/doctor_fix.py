@@ -79,9 +79,8 @@ def fix_all(config_path: str | None, yes: bool) -> int:
     or was refused)."""
     from dflashctl.config import load_config
     from dflashctl.connect import as_host_error
-    from dflashctl.nodes import node_sessions
-
     from dflashctl.container import repair
+    from dflashctl.nodes import node_sessions
 
     cfg = load_config(config_path)
     split = repair.split_ranks(cfg)
