@@ -250,8 +250,9 @@ def _gpu_probe(target: Target) -> Callable[[], tuple[str, str]]:
         if result.exit_status != 0 or not gpus:
             raise HostError(
                 f"nvidia-smi finds no GPU: {result.last_error_line() or 'no output'}",
-                hint="pass the GPU devices into the container (lxc.cgroup2.devices.allow and "
-                "lxc.mount.entry for /dev/nvidia*) and match the host driver version",
+                hint="set container.gpus and run `dflashctl doctor --fix` (or `dflashctl "
+                "container create`): it passes the GPUs through and installs the host "
+                "driver's libraries",
             )
         names = sorted({line.split(":", 1)[1].split("(")[0].strip() for line in gpus})
         return PASS, f"{len(gpus)} GPU(s): {', '.join(names)}"

@@ -227,7 +227,7 @@ def test_small_shm_is_found_and_fixed_without_a_snapshot_where_storage_has_none(
     ct.start()
     found = cli(gpu_config, "doctor")
     assert found.returncode == 3, said(found)
-    assert "/dev/shm is 64M bytes, 2 rank(s) need 1G" in said(found)
+    assert "/dev/shm is 64.0 MiB, 2 rank(s) need 1.0 GiB" in said(found)
     fixed = cli(gpu_config, "doctor", "--fix", "--yes")
     assert fixed.returncode == 0, said(fixed)
     assert "no snapshot: the storage of container" in said(fixed)

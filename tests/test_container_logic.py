@@ -132,3 +132,19 @@ def test_run_gpus_sets_cuda_visible_devices_nproc_and_meta(tmp_path):
     assert nproc_per_node(every) == "gpu"
     with pytest.raises(ConfigError, match="distinct whole numbers"):
         config(gpus=[1, 1])
+
+
+def test_ranks_of_one_host_split_over_containers_are_named(tmp_path):
+    from dflashctl.config import parse_config
+    from dflashctl.container.repair import split_ranks
+
+    (tmp_path / "trainer").mkdir()
+    text = (
+        "host: {address: gpu-a}\ncontainer: {vmid: 200}\n"
+        "nodes:\n  - {container: 200}\n  - {container: 201}\n  - {host: gpu-b, container: 300}\n"
+    )
+    assert split_ranks(parse_config(text, tmp_path / "dflash.yaml")) == (
+        "host gpu-a runs ranks in containers 200, 201"
+    )
+    one = "host: {address: gpu-a}\ncontainer: {vmid: 200}\n"
+    assert split_ranks(parse_config(one, tmp_path / "dflash.yaml")) is None

@@ -26,7 +26,7 @@ from dflashctl.doctor_checks import (
     Doctor,
     source_check,
 )
-from dflashctl.errors import EXIT_OK, ConfigError, DflashError
+from dflashctl.errors import EXIT_OK, ConfigError, DflashError, UsageError
 from dflashctl.json_output import node_name_of
 
 
@@ -116,6 +116,11 @@ def doctor(
 ) -> None:
     """Check the config, SSH, host key, Proxmox, the container, python/torch, GPUs and disk
     (on every node, then whether the nodes reach the rendezvous port and agree)."""
+    if fix and as_json:
+        raise UsageError(
+            "--fix asks and reports on the terminal: run it without --json",
+            hint="dflashctl doctor --fix --yes, then dflashctl doctor --json",
+        )
     if fix:
         from dflashctl.commands.doctor_fix import fix_all
 

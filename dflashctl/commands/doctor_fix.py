@@ -28,13 +28,6 @@ def fix_node(config, target, yes: bool) -> tuple[int, int]:
     vmid = config.container.vmid
     seen = repair.survey(config, target)
     found = repair.findings(config, target, seen)
-    split = repair.split_ranks(config)
-    if split:
-        terminal.warning(
-            f"ranks of one host split over several containers: {escape(split)}; they lose "
-            "NVLink and CUDA IPC between them. Put a host's GPUs in one container "
-            "(container.gpus) and raise torchrun.nproc_per_node (not done automatically)"
-        )
     if not found:
         terminal.success(f"container {vmid}: nothing to fix")
         return 0, 0
@@ -86,9 +79,17 @@ def fix_all(config_path: str | None, yes: bool) -> int:
     or was refused)."""
     from dflashctl.config import load_config
     from dflashctl.connect import as_host_error
+    from dflashctl.container import repair
     from dflashctl.nodes import node_sessions
 
     cfg = load_config(config_path)
+    split = repair.split_ranks(cfg)
+    if split:
+        terminal.warning(
+            f"ranks of one host split over several containers: {escape(split)}; they lose "
+            "NVLink and CUDA IPC between them. Put a host's GPUs in one container "
+            "(container.gpus) and raise torchrun.nproc_per_node (not done automatically)"
+        )
     left = 0
     with node_sessions(cfg) as nodes:
         for node in nodes:

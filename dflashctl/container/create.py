@@ -175,7 +175,13 @@ def node_plan(config: Any, target: Target, host_gpus: HostGpus) -> tuple[Plan, b
         return plan, False
     _compare_options(plan, target, config, current)
     missing = ctconfig.missing_devices(current, wanted)
-    if missing:
+    if current.raw_nvidia_lines(host_gpus):
+        # Passed by hand already: devN entries on top would bind each node twice.
+        plan.notes.append(
+            "raw lxc lines pass the NVIDIA devices by hand: `dflashctl doctor --fix` "
+            "rewrites them as devN entries (left as they are here)"
+        )
+    elif missing:
         argv = pct_argv("set", vmid)
         for key, value in missing:
             argv += [f"--{key}", value]
@@ -189,11 +195,6 @@ def node_plan(config: Any, target: Target, host_gpus: HostGpus) -> tuple[Plan, b
         )
     else:
         plan.matches.append(f"devices: {', '.join(wanted)}")
-    if current.raw_nvidia_lines(host_gpus):
-        plan.notes.append(
-            "raw lxc lines pass NVIDIA devices by hand as well: `dflashctl doctor --fix` "
-            "rewrites them as devN entries"
-        )
     have_shm = current.shm_bytes()
     if have_shm == shm:
         plan.matches.append(f"/dev/shm: {ctconfig.human_size(shm)}")
@@ -306,12 +307,38 @@ def libraries_action(config: Any, target: Target, version: str, problem: str) ->
     )
 
 
+# container.python naming a venv that is not there yet (/opt/dflash/bin/python): made
+# first (Debian's system python refuses pip installs, PEP 668); then pip install torch.
+_TORCH_SCRIPT = r"""py="$0"
+if [ ! -x "$py" ] && [ "${py%/bin/python*}" != "$py" ]; then
+  venv="${py%/bin/python*}"
+  python3 -m venv "$venv" 2>/dev/null || {
+    apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv "$venv"
+  } || exit 1
+fi
+exec "$py" -m pip install torch
+"""
+
+
+def install_torch(config: Any, target: Target) -> None:
+    python = config.container.python
+    result = target.run(["sh", "-c", _TORCH_SCRIPT, python], timeout=INSTALL_TIMEOUT_S, check=False)
+    if result.exit_status != 0:
+        raise HostError(
+            f"installing torch with {python} in {target.describe()} failed: "
+            f"{result.last_error_line() or f'exit {result.exit_status}'}",
+            hint="a distribution's python refuses pip (externally-managed-environment): "
+            "set container.python to a venv's, e.g. /opt/dflash/bin/python, and run "
+            "`dflashctl container create` again (it makes that venv)",
+        )
+
+
 def torch_action(config: Any, target: Target) -> Action:
-    argv = [config.container.python, "-m", "pip", "install", "torch"]
+    python = config.container.python
     return Action(
         "install torch",
-        [f"pct exec {config.container.vmid} -- {shlex.join(argv)}"],
-        lambda: target.run(argv, timeout=INSTALL_TIMEOUT_S),
+        [f"pct exec {config.container.vmid} -- {python} -m pip install torch"],
+        lambda: install_torch(config, target),
     )
 
 

@@ -16,6 +16,7 @@ from dflashctl.container import create, ctconfig, host, inside
 from dflashctl.container.ctconfig import CtConfig
 from dflashctl.container.host import HostGpus
 from dflashctl.errors import HostError
+from dflashctl.humanize import human_bytes
 from dflashctl.target import Target
 
 NO_SNAPSHOT = "snapshot feature is not available"
@@ -128,8 +129,8 @@ def findings(config: Any, target: Target, seen: Survey) -> list[Finding]:
             found.append(
                 Finding(
                     "/dev/shm",
-                    f"/dev/shm is {ctconfig.human_size(have) if have % 1024 == 0 else have} "
-                    f"bytes, {ranks} rank(s) need {ctconfig.human_size(need)} (NCCL: "
+                    f"/dev/shm is {human_bytes(have)}, {ranks} rank(s) need "
+                    f"{human_bytes(need)} (NCCL: "
                     "posix_fallocate ... No space left; DataLoader workers: bus error)",
                     f"mount a {ctconfig.human_size(need)} tmpfs on /dev/shm",
                     create.shm_action(target, vmid, need).apply,
