@@ -209,3 +209,49 @@ def test_ctrl_c_during_start_up_is_an_interruption_not_a_crash():
     )
     assert (event.category, event.severity) == ("interrupted", "warning")
     assert "fix the code" not in event.hint
+
+
+def test_a_wrong_master_address_is_a_rendezvous_failure_naming_the_address():
+    event, _ = root(
+        [
+            "Traceback (most recent call last):",
+            '  File "/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", line 67, '
+            "in next_rendezvous",
+            "torch.distributed.DistNetworkError: The client socket has timed out after 30000ms "
+            "while trying to connect to (10.9.0.2, 29400).",
+        ]
+    )
+    assert (event.category, event.details["address"], event.details["port"]) == (
+        "rendezvous",
+        "10.9.0.2",
+        29400,
+    )
+    assert "fix the code" not in event.hint
+
+
+def test_a_port_in_use_at_the_rendezvous_stays_port_in_use():
+    event, _ = root(
+        [
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+            "local network address. port: 29400, useIpv6: false, code: -98, name: EADDRINUSE, "
+            "message: address already in use",
+        ]
+    )
+    assert event.category == "port_in_use"
+
+
+BANNER = [
+    "*****************************************",
+    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default",
+    "*****************************************",
+]
+
+
+def test_killed_while_torchrun_waits_at_the_rendezvous_is_a_hang_in_start_up():
+    [event] = classify_text(BANNER, -9, RULES)
+    assert event.category == "hang" and event.details["before_first_line"]
+
+
+def test_an_empty_log_killed_is_a_kill_not_a_hang():
+    [event] = classify_text([], -9, RULES)
+    assert event.category == "killed"

@@ -24,6 +24,10 @@ _PIP = re.compile(r"(?P<pip>\S*python\S* -m pip install .+?)\s*$")
 _BYTES = re.compile(r"allocate (?P<bytes>\d+) bytes")
 _POSITION = re.compile(r"byte (?P<byte>\d+) of the file|in position (?P<position>\d+)")
 _FRAME_TEXT = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?: in (?P<function>.+))?$")
+_ENDPOINT = re.compile(
+    r"\((?P<host>[\w.:-]+), (?P<port>\d{2,5})\)|(?P<host2>[\w.-]+):(?P<port2>\d{2,5})\b"
+)
+_JOINED = re.compile(r"(?P<joined>\d+)/(?P<expected>\d+) clients joined")
 _SIZES = re.compile(r"has (?P<ids>\d+) tokens but the target's vocabulary has (?P<vocab>\d+)")
 # Module names that pip knows by another name.
 _PIP_NAMES = {
@@ -148,6 +152,23 @@ def _collective_timeout(event: CrashEvent, text: str, others: list[int]) -> str 
     )
 
 
+def _rendezvous(event: CrashEvent, text: str, others: list[int]) -> str | None:
+    joined = _JOINED.search(event.message or "") or _JOINED.search(text)
+    if joined:
+        count, expected = int(joined["joined"]), int(joined["expected"])
+        event.details.update(joined=count, expected=expected)
+        return (
+            f"{count} of {expected} nodes joined: the {expected - count} missing never reached "
+            "this node (read their logs)."
+        )
+    found = _ENDPOINT.search(event.message or "")
+    if found is None:
+        return None
+    host, port = found["host"] or found["host2"], int(found["port"] or found["port2"])
+    event.details.update(address=host, port=port)
+    return f"{host}:{port} did not answer: `nc -vz {host} {port}` from this node tells."
+
+
 def _vocabulary(event: CrashEvent, text: str, others: list[int]) -> str | None:
     found = _SIZES.search(text)
     if not found:
@@ -175,4 +196,5 @@ _READERS: dict[str, Callable[[CrashEvent, str, list[int]], str | None]] = {
     "gloo_timeout": _collective_timeout,
     "nccl_timeout": _collective_timeout,
     "config_error": _vocabulary,
+    "rendezvous": _rendezvous,
 }
