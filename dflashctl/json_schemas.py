@@ -175,11 +175,15 @@ class StacksNode(NodeEntry):
 
 class StacksAnalysis(BaseModel):
     model_config = ConfigDict(extra="allow")
-    ranks: list[dict[str, Any]] = Field(description="every rank of every node: node, last step, threads")
+    ranks: list[dict[str, Any]] = Field(
+        description="every rank of every node: node, last step, threads"
+    )
     behind: list[int] = Field(description="the ranks behind the others")
     why: str
     collective: dict[str, Any] | None = Field(description="the collective they never issued")
-    flight_recorder: dict[str, Any] | None = Field(description="every rank's dump, analysed together")
+    flight_recorder: dict[str, Any] | None = Field(
+        description="every rank's dump, analysed together"
+    )
     said: list[str]
 
 
