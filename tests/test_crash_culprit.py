@@ -255,3 +255,15 @@ def test_killed_while_torchrun_waits_at_the_rendezvous_is_a_hang_in_start_up():
 def test_an_empty_log_killed_is_a_kill_not_a_hang():
     [event] = classify_text([], -9, RULES)
     assert event.category == "killed"
+
+
+def test_a_thread_that_never_ended_at_a_stop_before_any_step_is_a_start_up_hang():
+    """A trainer without the start-up watchdog: only the stop finds drafter-0 stuck."""
+    lines = [
+        "drafter-0 on cpu: warming up",
+        "received SIGTERM: finishing the current step, then writing a checkpoint",
+        "threads still running 8 s after the stop: drafter-0; exiting",
+    ]
+    [event] = classify_text(lines, 1, RULES)
+    assert (event.category, event.thread, event.stage) == ("hang", "drafter-0", "warming up")
+    assert event.details["before_first_step"] and "before the first step" in event.message

@@ -49,3 +49,21 @@ def test_status_and_runs_keep_hung_after_a_stop(flaky):  # noqa: F811
     assert '"hung (no step finished for 64 s' in status.stdout, status.stdout
     plain = cli("runs", "-c", str(path))
     assert "hung (no step finished" in " ".join(plain.stdout.split()), plain.stdout
+
+
+def test_the_supervisor_records_a_hang_when_the_trainer_ends_after_a_stop():
+    """The trainer that ends by itself after the stop (its stuck thread given up): the
+    attempt's record keeps the hang as its category."""
+    from dflashctl.agent.supervisor import _hung
+    from dflashctl.crash.rules import rule_mappings
+
+    lines = [
+        "step 10/400 | loss 2.0",
+        "watchdog: no step finished for 64 s (threshold 60 s) after step 10; waiting: "
+        "drafter-0 at train.py:9 in push; every thread's stack written to /tmp/x.json",
+        "received SIGTERM: finishing the current step, then writing a checkpoint",
+        "threads still running 8 s after the stop: drafter-0; exiting",
+    ]
+    said = _hung(lines, 1, rule_mappings())
+    assert said["category"] == "hang" and "drafter-0 stuck" in said["summary"]
+    assert _hung(lines[:1], 143, rule_mappings()) == {}

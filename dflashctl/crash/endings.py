@@ -224,11 +224,7 @@ def hang_events(detector: CrashDetector) -> list[CrashEvent]:
         if event.thread is not None:
             event.device, event.stage = detector.thread_state(silence.rank, event.thread)
         event.details.update(silence.to_json())
-        detail = (
-            "before the first step"
-            if silence.before_first_step
-            else (f"after step {silence.last_step}")
-        )
+        detail = silence.where()
         how_long = f"{silence.silent_s:.0f} s" if silence.silent_s is not None else "a while"
         who = f"rank {silence.rank}" if silence.rank is not None else "the run"
         stuck = (
