@@ -267,3 +267,18 @@ def test_a_thread_that_never_ended_at_a_stop_before_any_step_is_a_start_up_hang(
     [event] = classify_text(lines, 1, RULES)
     assert (event.category, event.thread, event.stage) == ("hang", "drafter-0", "warming up")
     assert event.details["before_first_step"] and "before the first step" in event.message
+
+
+def test_a_missing_submodule_of_the_trainers_own_package_is_a_code_error():
+    event, _ = root(
+        [
+            "Traceback (most recent call last):",
+            '  File "/root/dflash/current/dflash/pipeline/run.py", line 26, in <module>',
+            "    from dflash.pipeline.threadz import run_drafter",
+            "ModuleNotFoundError: No module named 'dflash.pipeline.threadz'",
+        ]
+    )
+    assert event.category == "code_error"
+    assert "/root/dflash/current/dflash/pipeline/run.py:26" in event.hint
+    assert "pip install" not in event.hint
+    assert "own pip" not in event.hint and "not a missing package" in event.hint

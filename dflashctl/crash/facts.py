@@ -7,6 +7,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -126,6 +127,21 @@ def _setup_error(event: CrashEvent, text: str, others: list[int]) -> str | None:
     if module is None:
         return None
     top = module.split(".")[0]
+    own = [line for line in event.excerpt if f"{os.sep}{top}{os.sep}" in line and "File " in line]
+    if "." in module and own and event.exception == "ModuleNotFoundError":
+        # A submodule of a package the traceback runs in: the program's own code names
+        # a module it does not have (a typo, a file left out), not a missing package.
+        event.category, event.rule = "code_error", "import_error_own_code"
+        event.hint = (
+            "A module of the program imports a module of its own package that is not "
+            "there (a rename, a typo, a file left out): a code error, not a missing "
+            "package. Fix the import at the file and line below and deploy again."
+        )
+        where = _FRAME_TEXT.match(event.last_frame or "")
+        if where:
+            event.details.update(file=where["file"], line=int(where["line"]))
+            return f"{where['file']}:{where['line']} imports {module}, which its own package does not have."
+        return f"{module}: the program's own package does not have it."
     if top == "dflash":
         return (
             f"{module} is the trainer's own package: the release is incomplete or "
