@@ -173,9 +173,24 @@ class StacksNode(NodeEntry):
     missing: list[int] = Field(description="the ranks that did not answer in time")
 
 
+class StacksAnalysis(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    ranks: list[dict[str, Any]] = Field(
+        description="every rank of every node: node, last step, threads"
+    )
+    behind: list[int] = Field(description="the ranks behind the others")
+    why: str
+    collective: dict[str, Any] | None = Field(description="the collective they never issued")
+    flight_recorder: dict[str, Any] | None = Field(
+        description="every rank's dump, analysed together"
+    )
+    said: list[str]
+
+
 class StacksAnswer(Envelope):
     command: Literal["stacks"]
     nodes: list[StacksNode]
+    analysis: StacksAnalysis
 
 
 ANSWERS: dict[str, type[Envelope]] = {

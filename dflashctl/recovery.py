@@ -34,6 +34,8 @@ ENGINE = (
     ("dflashctl.crash.gate", "dflashctl.crash", "gate.py"),
     ("dflashctl.crash.ordering", "dflashctl.crash", "ordering.py"),
     ("dflashctl.crash.ranks", "dflashctl.crash", "ranks.py"),
+    ("dflashctl.crash.hangs", "dflashctl.crash", "hangs.py"),
+    ("dflashctl.crash.culprit", "dflashctl.crash", "culprit.py"),
     ("dflashctl.crash.stops", "dflashctl.crash", "stops.py"),
     ("dflashctl.crash.torchrun", "dflashctl.crash", "torchrun.py"),
     ("dflashctl.crash.facts", "dflashctl.crash", "facts.py"),

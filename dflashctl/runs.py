@@ -151,6 +151,10 @@ class RunInfo:
     def hung(self) -> str | None:
         """What the hang was, when the run was stopped while it hung (the supervisor's
         record of its last attempt): a stop after a hang does not make it a clean stop."""
+        said = (self.state.stopped or {}).get("hung")  # the stop found it hanging
+        if said:
+            said = str(said)
+            return said[len("hanging: ") :] if said.startswith("hanging: ") else said
         items = (self.attempts or {}).get("attempts") or []
         last = items[-1] if items else {}
         if self.state.status != "running" and last.get("category") == "hang":

@@ -143,7 +143,7 @@ def test_the_trainers_own_line_names_the_failed_thread_over_a_users_thread():
         "Exception in thread sample-upload:",
         "Traceback (most recent call last):",
         '  File "/srv/entry.py", line 9, in upload_samples',
-        "ConnectionResetError: [Errno 104] upload of samples: connection reset by peer",
+        "OSError: [Errno 5] upload of samples: the server answered 503",
         "drafter-0 failed:",
         "Traceback (most recent call last):",
         *frames(),
@@ -209,3 +209,76 @@ def test_ctrl_c_during_start_up_is_an_interruption_not_a_crash():
     )
     assert (event.category, event.severity) == ("interrupted", "warning")
     assert "fix the code" not in event.hint
+
+
+def test_a_wrong_master_address_is_a_rendezvous_failure_naming_the_address():
+    event, _ = root(
+        [
+            "Traceback (most recent call last):",
+            '  File "/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", line 67, '
+            "in next_rendezvous",
+            "torch.distributed.DistNetworkError: The client socket has timed out after 30000ms "
+            "while trying to connect to (10.9.0.2, 29400).",
+        ]
+    )
+    assert (event.category, event.details["address"], event.details["port"]) == (
+        "rendezvous",
+        "10.9.0.2",
+        29400,
+    )
+    assert "fix the code" not in event.hint
+
+
+def test_a_port_in_use_at_the_rendezvous_stays_port_in_use():
+    event, _ = root(
+        [
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+            "local network address. port: 29400, useIpv6: false, code: -98, name: EADDRINUSE, "
+            "message: address already in use",
+        ]
+    )
+    assert event.category == "port_in_use"
+
+
+BANNER = [
+    "*****************************************",
+    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default",
+    "*****************************************",
+]
+
+
+def test_killed_while_torchrun_waits_at_the_rendezvous_is_a_hang_in_start_up():
+    [event] = classify_text(BANNER, -9, RULES)
+    assert event.category == "hang" and event.details["before_first_line"]
+
+
+def test_an_empty_log_killed_is_a_kill_not_a_hang():
+    [event] = classify_text([], -9, RULES)
+    assert event.category == "killed"
+
+
+def test_a_thread_that_never_ended_at_a_stop_before_any_step_is_a_start_up_hang():
+    """A trainer without the start-up watchdog: only the stop finds drafter-0 stuck."""
+    lines = [
+        "drafter-0 on cpu: warming up",
+        "received SIGTERM: finishing the current step, then writing a checkpoint",
+        "threads still running 8 s after the stop: drafter-0; exiting",
+    ]
+    [event] = classify_text(lines, 1, RULES)
+    assert (event.category, event.thread, event.stage) == ("hang", "drafter-0", "warming up")
+    assert event.details["before_first_step"] and "before the first step" in event.message
+
+
+def test_a_missing_submodule_of_the_trainers_own_package_is_a_code_error():
+    event, _ = root(
+        [
+            "Traceback (most recent call last):",
+            '  File "/root/dflash/current/dflash/pipeline/run.py", line 26, in <module>',
+            "    from dflash.pipeline.threadz import run_drafter",
+            "ModuleNotFoundError: No module named 'dflash.pipeline.threadz'",
+        ]
+    )
+    assert event.category == "code_error"
+    assert "/root/dflash/current/dflash/pipeline/run.py:26" in event.hint
+    assert "pip install" not in event.hint
+    assert "own pip" not in event.hint and "not a missing package" in event.hint

@@ -159,3 +159,30 @@ def test_run_hang_is_checked_with_a_clear_error(tmp_path, hang, says):
         load_config(path)
     assert caught.value.exit_code == 2
     assert says in caught.value.message
+
+
+def test_the_trainers_watchdog_line_names_a_hang_before_the_first_step_line():
+    """A start-up that deadlocked (or a rank waiting at the rendezvous): no step line
+    to time, but the trainer's watchdog says so, and the follower takes its word."""
+    from dflashctl.follow.hangs import describe_hang
+
+    said = []
+    clock = FakeClock()
+    watch = HangWatch(4, 5, announce=lambda kind, p: said.append(kind), clock=clock)
+    watch.line("drafter-0 on cpu: warming up", live=True)
+    clock.now = 500
+    assert watch.check() is None  # nothing to judge yet
+    watch.line(
+        "[rank1]: watchdog: no step finished for 92 s after the start (threshold 90 s), before "
+        "the first step; waiting: drafter-0 at entry.py:26 in warm; every thread's stack "
+        "written to /r/stacks/rank1.watchdog.json",
+        live=True,
+    )
+    clock.now += 1
+    hanging = watch.check()
+    assert hanging["hanging"] and hanging["silent_s"] == 92 and said == ["hanging"]
+    assert describe_hang(hanging).startswith("hanging: no step finished for 92 s after the start")
+    clock.now += 600
+    assert watch.check() is hanging and watch.final() is hanging
+    watch.line("step 5/100 | loss 1.0 | acc 0.1", live=True)
+    assert watch.hanging is None and said[-1] == "progress"

@@ -82,3 +82,16 @@ def test_the_failure_is_recorded_for_torchrun_and_read_back_by_logs(tmp_path):
     assert root["category"] == "data_error" and root["root_cause"]
     assert root["details"]["error_file"] == str(run_dir / "error.json")
     assert root["details"]["file"] == str(data) and root["details"]["line"] == 2
+
+
+def test_bad_utf8_deep_in_a_jsonl_file_names_its_line_and_byte(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+    from dflash.data import read_records
+
+    data = tmp_path / "train.jsonl"
+    good = b'{"text": "fine"}\n' * 399
+    data.write_bytes(good + b'{"text": "bad \xff byte"}\n')
+    with pytest.raises(ValueError) as failed:
+        read_records(data)
+    said = str(failed.value)
+    assert said.startswith(f"{data}:400: not valid UTF-8 (byte {len(good) + 14} of the file")

@@ -154,3 +154,35 @@ def hang_settings(meta):
     if not isinstance(min_s, (int, float)) or min_s < 0:
         min_s = DEFAULT_MIN_S
     return float(factor), float(min_s)
+
+
+# The trainer's watchdog line (trainer/dflash/pipeline/stacks.py) and a step line.
+_WATCHDOG_LINE = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?watchdog: (no step finished for .*?)(?:; every thread's stack.*)?$"
+)
+
+
+def hang_at_stop(run_dir, factor, min_s, now):
+    """What the run's hang was when a stop came, or None when it was not hanging: the
+    agent's judgement from metrics.jsonl, else the trainer's watchdog line in the log
+    with no step line after it. Recorded with the stop, so that a run stopped while it
+    hung keeps `hung` as its end state."""
+    progress = metrics_progress(run_dir, factor, min_s, now)
+    if progress and progress.get("hanging"):
+        return describe(progress)
+    try:
+        with open(os.path.join(run_dir, "train.log"), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    said = None
+    for line in tail:
+        if STEP_LINE.match(line):
+            said = None  # the steps came again after it
+            continue
+        found = _WATCHDOG_LINE.match(line) if "watchdog: " in line else None
+        if found:
+            said = found.group(1)
+    return said

@@ -18,7 +18,7 @@ from .files import (
     write_best_effort,
 )
 from .processes import alive, process_env, read_proc
-from .progress import hang_settings, metrics_progress
+from .progress import hang_at_stop, hang_settings, metrics_progress
 
 
 def runs_dir(workdir):
@@ -48,6 +48,15 @@ def record_stop(workdir, run_id, how):
     if not os.path.isdir(run_dir):
         return
     record = dict(how, at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    meta_text = read_text(os.path.join(run_dir, "meta.json"))
+    try:
+        meta = json.loads(meta_text) if meta_text else {}
+    except ValueError:
+        meta = {}
+    factor, min_s = hang_settings(meta)
+    hung = hang_at_stop(run_dir, factor, min_s, time.time())
+    if hung:
+        record["hung"] = hung  # a stop after a hang: the run hung, then was stopped
     # Best effort: on a full disk the run is stopped all the same (it then reads as
     # killed or exited, not `stopped`); stopping must never need free space.
     return write_best_effort(

@@ -107,7 +107,7 @@ WIDE_TABLE = 110
 
 def _state_style(run: RunInfo) -> str:
     style = _STYLES.get(run.state.status, "red")
-    if (run.state.status == "exited" and not run.state.ok) or run.hanging:
+    if (run.state.status == "exited" and not run.state.ok) or run.hanging or run.hung:
         style = "red"
     return style
 

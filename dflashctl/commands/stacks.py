@@ -27,7 +27,7 @@ def stacks(
     its hang watchdog and the NCCL flight recorder dumped: where a hanging run is stuck."""
     from dflashctl.config import load_config
     from dflashctl.node_errors import error_json, first_failure, nobody_answered
-    from dflashctl.stacks import stacks_of_every_node
+    from dflashctl.stacks import analyse_together, stacks_of_every_node
 
     if not wait > 0:
         raise UsageError(f"--wait must be more than 0 seconds, got {wait:g}")
@@ -37,17 +37,19 @@ def stacks(
     failure = first_failure(outcomes, "asking for stacks")
     if failure is not None and nobody_answered(outcomes):
         raise failure
+    analysis = analyse_together(outcomes)  # every node's ranks as one job
     if json_output:
         entries = [
             {"node": o.node.name, **(o.value or _unanswered(run_id)), "error": error_json(o.error)}
             for o in outcomes
         ]
-        terminal.print_json({"nodes": entries}, command="stacks")
+        terminal.print_json({"nodes": entries, "analysis": analysis}, command="stacks")
     else:
         several = len(outcomes) > 1
         for outcome in outcomes:
             if outcome.value is not None:
                 print_answer(outcome.value, outcome.node.name if several else None)
+        print_analysis(analysis)
     if failure is not None:
         raise failure
 
@@ -107,6 +109,25 @@ def print_answer(answer: dict[str, Any], node: str | None = None) -> None:
             out.print(f"  {escape(line)}")
     if not answer["answers"] and not answer["watchdog"] and answer["status"] != "running":
         terminal.info("the run is not running and left no stacks")
+
+
+def print_analysis(analysis: dict[str, Any]) -> None:
+    """Every rank of every node as one job: who is behind, at which collective, doing what."""
+    out = terminal.out
+    if not analysis["ranks"] and not analysis["flight_recorder"]:
+        return
+    nodes = sorted({str(r["node"]) for r in analysis["ranks"] if r.get("node")})
+    out.print(
+        f"[bold]every rank together[/bold] ({len(analysis['ranks'])} ranks"
+        + (f" on nodes {', '.join(map(escape, nodes))}" if nodes else "")
+        + ")"
+    )
+    for line in analysis["said"] or [analysis["why"]]:
+        out.print(f"  {escape(line)}")
+    recorder = analysis["flight_recorder"]
+    if recorder:
+        for line in recorder["summary"]:
+            out.print(f"  flight recorder: {escape(line)}")
 
 
 def _print_dump(dump: dict[str, Any], how: str) -> None:

@@ -87,7 +87,7 @@ def state_of(report: dict[str, Any]) -> tuple[str, str]:
         "exited": "green" if run["exit_code"] == 0 else "red",
         "stopped": "yellow",
     }.get(run["status"], "red")
-    return state, "red" if run.get("hanging") else colour
+    return state, "red" if run.get("hanging") or run.get("hung") else colour
 
 
 def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:

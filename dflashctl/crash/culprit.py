@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from dflashctl.crash.events import CrashEvent
+from dflashctl.crash.ordering import prefer_named, rank_crashes
 from dflashctl.crash.ranks import RankBook
 
 _FAILED = re.compile(
@@ -99,3 +101,18 @@ def own_rank(event: CrashEvent) -> int | None:
     """The rank whose lines told of `event` (before blame gave it the culprit's)."""
     noticed = event.details.get("noticed_by")
     return noticed["rank"] if noticed else event.rank
+
+
+def rank_and_blame(detector: Any) -> list[CrashEvent]:
+    """A CrashDetector's crashes, the root cause first (ordering.py), preferring the
+    failure the trainer's own line names, and named after the culprit (blame)."""
+    for event in detector.in_log_order:
+        unblame(event)  # as ranked before: the root cause may have changed since
+    ranked = rank_crashes(detector.in_log_order, detector.named_rank)
+    if ranked:
+        named = detector.named_failures.get(own_rank(ranked[0]))
+        if named is not None:
+            ranked = prefer_named(ranked, *named)
+        stuck = {rank: s.threads for rank, s in detector.hangs.silences.items()}
+        blame(ranked[0], ranked, detector.ranks, stuck, detector.thread_state)
+    return ranked

@@ -27,12 +27,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from dflashctl.crash import endings
-from dflashctl.crash.culprit import blame, own_rank, unblame
+from dflashctl.crash.culprit import rank_and_blame
 from dflashctl.crash.events import CrashEvent
 from dflashctl.crash.facts import add_facts
 from dflashctl.crash.gate import keyword_gate
 from dflashctl.crash.hangs import HangLines
-from dflashctl.crash.ordering import prefer_named, rank_crashes
+from dflashctl.crash.ordering import training_failed
 from dflashctl.crash.ranks import RankBook, split_prefix
 from dflashctl.crash.rules import Rule
 from dflashctl.crash.stops import StopWatch
@@ -69,11 +69,6 @@ _ANNOUNCE_FAILED = re.compile(
 # CPython's header; " failed" at its end: another thread's "X failed:" header written
 # into it when two threads failed at once (a real, garbled log).
 _ANNOUNCE_THREAD = re.compile(r"^Exception in thread (?P<thread>.+?)(?: failed)?:\s*$")
-# The trainer's own word on which of its threads failed, after their tracebacks.
-_TRAINING_FAILED = re.compile(
-    r"^training failed.*?: (?P<thread>[A-Za-z][\w.-]*)(?: on (?P<device>[\w:]+))? failed: "
-    r"(?P<type>[\w.]+): (?P<message>.*)$"
-)
 # CPython reports exceptions it swallowed (in __del__, at exit) this way; the run goes on.
 _IGNORED = "Exception ignored"
 # The fixed lines PyTorch appends to a CUDA error's message.
@@ -90,6 +85,8 @@ _STRUCTURAL_KEYWORDS = (
     _IGNORED,
 )
 
+# What torchrun itself prints before any rank runs: its banner, its glog-style lines.
+_LAUNCHER_LINE = re.compile(r"^(\*{5,}|Setting OMP_NUM_THREADS|[IWEF]\d{4} \d\d:\d\d:\d\d)")
 _STARTED = re.compile(r"^started (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$")  # the trainer's header
 ANNOUNCE_REACH = 8  # "X failed:" names a traceback starting within this many other lines
 STALE_REACH = 200  # lines without a frame after which an unfinished traceback is given up
@@ -135,7 +132,7 @@ class CrashDetector:
         self.stops = StopWatch()
         self.hangs = HangLines()
         # rank -> (thread, device, exception type, message) of "training failed: ..."
-        self._named_failures: dict[int | None, tuple[str, str | None, str, str]] = {}
+        self.named_failures: dict[int | None, tuple[str, str | None, str, str]] = {}
         self._ordinary_lines = 0  # lines that were not part of a traceback
         self._traces: list[Trace] = []
         self._pending: list[_Pending] = []
@@ -146,21 +143,13 @@ class CrashDetector:
         self._outside_stop = False  # see stopped_from_outside
         self._error_files: list = []
         self.started_at: float | None = None  # the trainer's last "started ..." header line
+        self.program_lines = 0  # lines not torchrun's own: 0, the program never spoke
 
     @property
     def crashes(self) -> list[CrashEvent]:
         """Every crash so far, the root cause first (see ordering.py), named after the
         rank that failed rather than the one that noticed (culprit.py)."""
-        for event in self._events:
-            unblame(event)  # as ranked before: the root cause may have changed since
-        ranked = rank_crashes(self._events, self.named_rank)
-        if ranked:
-            named = self._named_failures.get(own_rank(ranked[0]))
-            if named is not None:
-                ranked = prefer_named(ranked, *named)
-            stuck = {rank: s.threads for rank, s in self.hangs.silences.items()}
-            blame(ranked[0], ranked, self.ranks, stuck, self.thread_state)
-        return ranked
+        return rank_and_blame(self)
 
     @property
     def named_rank(self) -> int | None:
@@ -211,11 +200,13 @@ class CrashDetector:
         self._rank = self.ranks.rank_of(prefixed, local)
         self._local = local  # torchrun --tee's [defaultN]: the local rank, rank or not
         self._recent.append(line)
+        if line.strip() and not _LAUNCHER_LINE.match(line):
+            self.program_lines += 1
         out: list[CrashEvent] = []
         self.stops.feed(line, self.line_no, torchrun_failing=self.torchrun.rank_failed)
         started = _STARTED.match(line) if line.startswith("started ") else None
         if started:
-            self.started_at = _utc_seconds(started[1])
+            self.started_at = endings.utc_seconds(started[1])
         was_done = self.torchrun.done
         self.torchrun.feed(line)
         if self.torchrun.in_summary or self.torchrun.done != was_done:
@@ -237,15 +228,10 @@ class CrashDetector:
         after_header = bool(self._announced) and self._announced[-1][2] == self.line_no - 1
         if gated or self._unkeyed_line_rules or after_header:
             self._feed_candidate(line, out, gated=bool(gated))
-        if line.startswith("training failed"):
-            named = _TRAINING_FAILED.match(line)
-            if named and self._rank not in self._named_failures:
-                self._named_failures[self._rank] = (
-                    named["thread"],
-                    named["device"],
-                    named["type"],
-                    named["message"],
-                )
+        if line.startswith("training failed") and self._rank not in self.named_failures:
+            named = training_failed(line)
+            if named is not None:
+                self.named_failures[self._rank] = named
         if " on " in line:  # after the rules: a crash line is not the stage it failed in
             stage = _STAGE.match(line)
             if stage:
@@ -567,21 +553,9 @@ class CrashDetector:
 
     # --- the end of the run -------------------------------------------------------------
 
-    def exit_event(
-        self, rule: str, category: str, hint: str, severity: str, retryable: bool, message: str
-    ) -> CrashEvent:
-        """An event the log's end or its exit status tells of (no traceback of its own)."""
-        return CrashEvent(
-            rule=rule,
-            category=category,
-            severity=severity,
-            retryable=retryable,
-            hint=hint,
-            line=self.line_no,
-            end_line=self.line_no,
-            message=message,
-            excerpt=list(self._recent),
-        )
+    def recent_lines(self) -> list[str]:
+        """The last lines read (an event without a traceback shows them)."""
+        return list(self._recent)
 
     def thread_state(self, rank: int | None, thread: str) -> tuple[str | None, str | None]:
         """(device, stage) of a rank's thread, from its last "X on cuda:N: stage" line."""
@@ -621,13 +595,3 @@ def classify_text(
         detector.feed(line)
     detector.finish(exit_code)
     return detector.crashes
-
-
-def _utc_seconds(text: str) -> float | None:
-    import calendar
-    import time
-
-    try:
-        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
-    except ValueError:
-        return None

@@ -24,6 +24,29 @@ NONZERO_EXIT_HINT = (
 BY_SIGNAL = {9: "killed", 11: "segfault", 7: "segfault", 6: "aborted"}
 
 
+def exit_event(
+    detector: CrashDetector,
+    rule: str,
+    category: str,
+    hint: str,
+    severity: str,
+    retryable: bool,
+    message: str,
+) -> CrashEvent:
+    """An event the log's end or its exit status tells of (no traceback of its own)."""
+    return CrashEvent(
+        rule=rule,
+        category=category,
+        severity=severity,
+        retryable=retryable,
+        hint=hint,
+        line=detector.line_no,
+        end_line=detector.line_no,
+        message=message,
+        excerpt=detector.recent_lines(),
+    )
+
+
 def is_torchrun_summary(exception: str | None) -> bool:
     """torchrun's ChildFailedError: the summary after it says which rank failed, how."""
     return bool(exception) and exception.endswith("ChildFailedError")
@@ -44,6 +67,8 @@ def exit_code_events(detector: CrashDetector, exit_code: int | None) -> list[Cra
     seen = {event.category for event in detector.in_log_order}
     if signal == 9 and "hang" in seen:
         return []  # the end of a run that hung: killed by whoever gave up waiting
+    if signal == 9 and not seen and detector.line_no and not detector.program_lines:
+        return [silent_from_the_start(detector)]
     category = BY_SIGNAL.get(signal) if signal is not None else None
     if category is not None:
         if category in seen or (category == "aborted" and seen):
@@ -52,7 +77,8 @@ def exit_code_events(detector: CrashDetector, exit_code: int | None) -> list[Cra
         if rule is not None:
             name = signal_name(signal)
             return [
-                detector.exit_event(
+                exit_event(
+                    detector,
                     rule.name,
                     category,
                     rule.hint,
@@ -64,7 +90,8 @@ def exit_code_events(detector: CrashDetector, exit_code: int | None) -> list[Cra
     if seen:
         return []
     return [
-        detector.exit_event(
+        exit_event(
+            detector,
             "nonzero_exit",
             "exit_status",
             NONZERO_EXIT_HINT,
@@ -152,6 +179,29 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
     return [event]
 
 
+def silent_from_the_start(detector: CrashDetector) -> CrashEvent:
+    """Killed when torchrun had spoken (its banner) and no rank had (not one line of the
+    program's: an empty log is a kill like any other, the OOM killer's say): it never got past
+    start-up, most often a rendezvous that never completes (a node waiting for the
+    master port another process holds, or for a node that never comes)."""
+    rule = _rule_for(detector, "hang")
+    hint = rule.hint if rule is not None else ""
+    event = exit_event(
+        detector,
+        rule.name if rule is not None else "hang",
+        "hang",
+        f"{hint} Here: the trainer never printed a line before it was killed: it hung in "
+        "start-up, most often at the rendezvous (torchrun waiting for the master address and "
+        "port: another process may hold that port, or a node never came). Look at the first "
+        "node's log and `ss -ltnp` on its host.",
+        "fatal",
+        False,
+        "killed by SIGKILL before the trainer printed a line (hung in start-up, at the rendezvous)",
+    )
+    event.details.update(silent_rank=None, before_first_step=True, before_first_line=True)
+    return event
+
+
 def hang_events(detector: CrashDetector) -> list[CrashEvent]:
     """A hang still open when the log ended (crash/hangs.py), one per silent rank."""
     rule = _rule_for(detector, "hang")
@@ -164,8 +214,8 @@ def hang_events(detector: CrashDetector) -> list[CrashEvent]:
             # collective that timed out waiting, a peer's): the stuck thread names the
             # culprit of that failure (culprit.py), no hang of its own.
             continue
-        event = detector.exit_event(
-            rule.name, "hang", rule.hint, rule.severity, rule.retryable, silence.message()
+        event = exit_event(
+            detector, rule.name, "hang", rule.hint, rule.severity, rule.retryable, silence.message()
         )
         event.line = event.end_line = silence.line
         event.excerpt = list(silence.said)
@@ -174,11 +224,7 @@ def hang_events(detector: CrashDetector) -> list[CrashEvent]:
         if event.thread is not None:
             event.device, event.stage = detector.thread_state(silence.rank, event.thread)
         event.details.update(silence.to_json())
-        detail = (
-            "before the first step"
-            if silence.before_first_step
-            else (f"after step {silence.last_step}")
-        )
+        detail = silence.where()
         how_long = f"{silence.silent_s:.0f} s" if silence.silent_s is not None else "a while"
         who = f"rank {silence.rank}" if silence.rank is not None else "the run"
         stuck = (
@@ -208,7 +254,7 @@ def classify_recorded_traceback(detector: CrashDetector, lines: list[str]) -> Cr
 
 
 def _at_summary(detector, rule, category, hint, severity, retryable, message) -> CrashEvent:
-    event = detector.exit_event(rule, category, hint, severity, retryable, message)
+    event = exit_event(detector, rule, category, hint, severity, retryable, message)
     failure = detector.torchrun.failure
     start = failure.line if failure is not None and failure.line else detector.line_no
     event.excerpt = event.excerpt[-10:]
@@ -266,3 +312,14 @@ def _same_failure(event: CrashEvent, other: CrashEvent) -> bool:
         other.exception,
         (other.message or "")[:80],
     )
+
+
+def utc_seconds(text: str) -> float | None:
+    """The trainer's `started YYYY-MM-DD HH:MM:SS UTC` as seconds since the epoch."""
+    import calendar
+    import time
+
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M:%S")))
+    except ValueError:
+        return None

@@ -7,6 +7,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -24,6 +25,10 @@ _PIP = re.compile(r"(?P<pip>\S*python\S* -m pip install .+?)\s*$")
 _BYTES = re.compile(r"allocate (?P<bytes>\d+) bytes")
 _POSITION = re.compile(r"byte (?P<byte>\d+) of the file|in position (?P<position>\d+)")
 _FRAME_TEXT = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?: in (?P<function>.+))?$")
+_ENDPOINT = re.compile(
+    r"\((?P<host>[\w.:-]+), (?P<port>\d{2,5})\)|(?P<host2>[\w.-]+):(?P<port2>\d{2,5})\b"
+)
+_JOINED = re.compile(r"(?P<joined>\d+)/(?P<expected>\d+) clients joined")
 _SIZES = re.compile(r"has (?P<ids>\d+) tokens but the target's vocabulary has (?P<vocab>\d+)")
 # Module names that pip knows by another name.
 _PIP_NAMES = {
@@ -122,6 +127,21 @@ def _setup_error(event: CrashEvent, text: str, others: list[int]) -> str | None:
     if module is None:
         return None
     top = module.split(".")[0]
+    own = [line for line in event.excerpt if f"{os.sep}{top}{os.sep}" in line and "File " in line]
+    if "." in module and own and event.exception == "ModuleNotFoundError":
+        # A submodule of a package the traceback runs in: the program's own code names
+        # a module it does not have (a typo, a file left out), not a missing package.
+        event.category, event.rule = "code_error", "import_error_own_code"
+        event.hint = (
+            "A module of the program imports a module of its own package that is not "
+            "there (a rename, a typo, a file left out): a code error, not a missing "
+            "package. Fix the import at the file and line below and deploy again."
+        )
+        where = _FRAME_TEXT.match(event.last_frame or "")
+        if where:
+            event.details.update(file=where["file"], line=int(where["line"]))
+            return f"{where['file']}:{where['line']} imports {module}, which its own package does not have."
+        return f"{module}: the program's own package does not have it."
     if top == "dflash":
         return (
             f"{module} is the trainer's own package: the release is incomplete or "
@@ -146,6 +166,23 @@ def _collective_timeout(event: CrashEvent, text: str, others: list[int]) -> str 
         f"rank {event.rank} timed out waiting for {which} {names}, which stopped taking part: "
         "look at its log at that moment."
     )
+
+
+def _rendezvous(event: CrashEvent, text: str, others: list[int]) -> str | None:
+    joined = _JOINED.search(event.message or "") or _JOINED.search(text)
+    if joined:
+        count, expected = int(joined["joined"]), int(joined["expected"])
+        event.details.update(joined=count, expected=expected)
+        return (
+            f"{count} of {expected} nodes joined: the {expected - count} missing never reached "
+            "this node (read their logs)."
+        )
+    found = _ENDPOINT.search(event.message or "")
+    if found is None:
+        return None
+    host, port = found["host"] or found["host2"], int(found["port"] or found["port2"])
+    event.details.update(address=host, port=port)
+    return f"{host}:{port} did not answer: `nc -vz {host} {port}` from this node tells."
 
 
 def _vocabulary(event: CrashEvent, text: str, others: list[int]) -> str | None:
@@ -175,4 +212,5 @@ _READERS: dict[str, Callable[[CrashEvent, str, list[int]], str | None]] = {
     "gloo_timeout": _collective_timeout,
     "nccl_timeout": _collective_timeout,
     "config_error": _vocabulary,
+    "rendezvous": _rendezvous,
 }

@@ -49,10 +49,14 @@ class Silence:
     stuck_after_stop: bool = False  # "threads still running ... after the stop"
     said: list[str] = field(default_factory=list)  # the lines that told it
 
+    def where(self) -> str:
+        """`after step 10`, `before the first step`."""
+        if self.before_first_step:
+            return "before the first step"
+        return f"after step {self.last_step}" if self.last_step is not None else "before the stop"
+
     def message(self) -> str:
-        where = (
-            "before the first step" if self.before_first_step else f"after step {self.last_step}"
-        )
+        where = self.where()
         how_long = f" for {self.silent_s:.0f} s" if self.silent_s is not None else ""
         text = f"no step finished{how_long} {where}"
         if self.threads:
@@ -84,11 +88,13 @@ class HangLines:
 
     def __init__(self) -> None:
         self.silences: dict[int | None, Silence] = {}
+        self.stepped = False  # a step line came: a silence after it is not start-up's
 
     def feed(self, line: str, rank: int | None, line_no: int) -> bool:
         """True when the line was the watchdog's or a stuck stop's (no rule needs it)."""
         if line.startswith("step ") and _STEP.match(line):
             self.silences.clear()  # the steps came again: every rank took part in them
+            self.stepped = True
             return False
         if line.startswith("watchdog: "):
             found = _WATCHDOG.match(line)
@@ -114,7 +120,9 @@ class HangLines:
             if found is None:
                 return False
             stuck = [name.strip() for name in found["threads"].split(",") if name.strip()]
-            silence = self.silences.setdefault(rank, Silence(rank=rank, line=line_no))
+            silence = self.silences.setdefault(
+                rank, Silence(rank=rank, line=line_no, before_first_step=not self.stepped)
+            )
             silence.stuck_after_stop = True
             silence.said.append(line)
             # The stop names the threads that never ended: the stuck ones, first.

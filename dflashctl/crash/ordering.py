@@ -108,6 +108,22 @@ def rank_crashes(crashes: list[CrashEvent], named_rank: int | None) -> list[Cras
     return ordered
 
 
+# The trainer's own word on which of its threads failed, after their tracebacks.
+_TRAINING_FAILED = re.compile(
+    r"^training failed.*?: (?P<thread>[A-Za-z][\w.-]*)(?: on (?P<device>[\w:]+))? failed: "
+    r"(?P<type>[\w.]+): (?P<message>.*)$"
+)
+
+
+def training_failed(line: str) -> tuple[str, str | None, str, str] | None:
+    """(thread, device, exception type, message) of "training failed: drafter-0 on cpu
+    failed: KeyError: ..." (the trainer's run.py)."""
+    found = _TRAINING_FAILED.match(line)
+    if found is None:
+        return None
+    return found["thread"], found["device"], found["type"], found["message"]
+
+
 def prefer_named(
     ranked: list[CrashEvent], thread: str, device: str | None, exc_type: str, message: str
 ) -> list[CrashEvent]:

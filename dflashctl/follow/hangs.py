@@ -6,6 +6,7 @@ so a run that already hangs when `logs -f` starts is named too."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,11 @@ from dflashctl.agent.progress import (
 )
 
 CHECK_EVERY_S = 0.5
+# trainer/dflash/pipeline/stacks.py's line, with the prefix torchrun's ranks may carry.
+WATCHDOG_LINE = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?watchdog: (?P<said>no step finished for (?P<silent>\d+) s .*?"
+    r"\(threshold (?P<threshold>\d+) s\)[^;]*)"
+)
 
 
 class HangWatch:
@@ -36,16 +42,37 @@ class HangWatch:
         self.announce = announce
         self.clock = clock
         self.hanging: dict[str, Any] | None = None  # the judgement while it hangs
+        self._from_watchdog = False  # `hanging` came from the trainer's watchdog line
         self._next_check = 0.0
 
     def line(self, text: str, live: bool) -> None:
         if text.startswith("dflashctl: attempt "):
             self.steps.restart()  # a restarted attempt warms up again
             return
+        watchdog = WATCHDOG_LINE.match(text) if live and "watchdog: " in text else None
+        if watchdog is not None:
+            # The trainer's own watchdog: also before the first step line (a start-up
+            # that deadlocked, a rank waiting at the rendezvous), which the step clock
+            # cannot judge.
+            first = self.hanging is None
+            self._from_watchdog = True  # stands until a step line comes (see check)
+            self.hanging = {
+                "hanging": True,
+                "last_step": self.steps.step,
+                "total_steps": self.steps.total,
+                "silent_s": float(watchdog["silent"]),
+                "interval_s": None,
+                "threshold_s": float(watchdog["threshold"]),
+                "said": watchdog["said"],
+            }
+            if first and self.announce is not None:
+                self.announce("hanging", self.hanging)
+            return
         m = STEP_LINE.match(text)
         if m is None or not live:
             return
         self.steps.step_line(self.clock(), int(m[1]), int(m[2]))
+        self._from_watchdog = False
         if self.hanging is not None:
             was, self.hanging = self.hanging, None
             if self.announce is not None:
@@ -57,6 +84,8 @@ class HangWatch:
         if now < self._next_check:
             return self.hanging
         self._next_check = now + CHECK_EVERY_S
+        if self._from_watchdog and self.hanging is not None:
+            return self.hanging  # the trainer's own word: until its steps come again
         judged = self.steps.judge(now)
         if judged is None and self.progress_of is not None:
             judged = self.progress_of()  # no live step line yet: the agent's view
@@ -78,4 +107,6 @@ class HangWatch:
 
 
 def describe_hang(progress: dict[str, Any]) -> str:
+    if progress.get("said"):  # the trainer's watchdog said it, in its own words
+        return f"hanging: {progress['said']}"
     return describe(progress) or "hanging"

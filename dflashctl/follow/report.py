@@ -138,6 +138,16 @@ def ended_as(crashes: list[CrashEvent], failed: bool) -> str:
     return {"hang": "hung", "interrupted": "stopped"}.get(category, "crashed")
 
 
+def hung_before_the_stop(result: FollowResult) -> str | None:
+    """What the hang was, when the run hung and was then stopped: the stop's record
+    (the agent found it hanging), else the log's own watchdog line (crash/hangs.py)."""
+    said = (result.stopped or {}).get("hung")
+    if said:
+        return str(said)
+    root = result.crashes[0] if result.crashes else None
+    return root.message if root is not None and root.category == "hang" else None
+
+
 def stopped_cleanly(stop: dict[str, Any] | None) -> bool:
     """The trainer stopped as asked: its checkpoint written (or nothing to write), or
     killed by the stop itself when its grace period ran out."""
@@ -193,7 +203,13 @@ def _say_outcome(result: FollowResult) -> None:
 
         if result.stopped is not None:
             said = f" ({result.stop['outcome']})" if stopped_cleanly(result.stop) else ""
-            terminal.info(f"{what} was {describe_stop(result.stopped)}{escape(said)}")
+            hung = hung_before_the_stop(result)
+            if hung:  # a stop after a hang does not make it a clean stop
+                terminal.warning(
+                    f"{what} hung ({escape(hung)}), then was {describe_stop(result.stopped)}"
+                )
+            else:
+                terminal.info(f"{what} was {describe_stop(result.stopped)}{escape(said)}")
         else:
             said = result.stop["said"] if result.stop else "stopped"
             code = "" if result.exit_code is None else f"; exit code {result.exit_code}"

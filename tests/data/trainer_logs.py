@@ -53,7 +53,7 @@ class TrainerScenario:
     name: str
     expected: list[dict]  # per node (one entry for a single log): see the module doc
     sets: tuple[str, ...] = ()
-    ranks: int = 1  # 1: plain python; 2: torchrun --nproc-per-node 2
+    ranks: int = 1  # 1: plain python; 2: torchrun --nproc-per-node 2 (per node with nodes > 1)
     nodes: int = 1  # 2: two torchrun agents, one rank each
     action: str | None = None  # what is done to the run from outside (see _Act)
     python: str | None = None  # another interpreter (the setup error)
@@ -244,15 +244,16 @@ SCENARIOS = [
 ]
 
 
-# A network namespace of the run's own in which 10.9.0.2 (on a dummy interface) never
-# answers: a connection to it times out, as to a wrong master address.
+# A network namespace of the run's own in which packets to 10.9.0.2 are dropped (nft):
+# a connection to it times out, as to a wrong master address.
 UNREACHABLE = [
     "unshare",
     "--net",
     "sh",
     "-c",
-    "ip link set lo up && ip link add d0 type dummy && ip addr add 10.9.0.1/24 dev d0 "
-    '&& ip link set d0 up && exec "$@"',
+    "ip link set lo up && ip addr add 10.9.0.1/24 dev lo && nft add table inet f && "
+    'nft "add chain inet f out { type filter hook output priority 0; policy accept; }" && '
+    'nft add rule inet f out ip daddr 10.9.0.2 drop && exec "$@"',
     "unreachable",
 ]
 
@@ -283,7 +284,11 @@ def _command(scenario: TrainerScenario, python: str, port: int, node: int) -> li
         return [python, *entry]
     launcher = [python, "-m", "torch.distributed.run"]
     if scenario.nodes > 1:
-        launcher += [f"--nnodes={scenario.nodes}", f"--node-rank={node}", "--nproc-per-node=1"]
+        launcher += [
+            f"--nnodes={scenario.nodes}",
+            f"--node-rank={node}",
+            f"--nproc-per-node={scenario.ranks}",
+        ]
     else:
         launcher += [f"--nproc-per-node={scenario.ranks}"]
     addr = "10.9.0.2" if node in scenario.unreachable_nodes else "127.0.0.1"

@@ -190,10 +190,11 @@ MORE_SCENARIOS = [
     TrainerScenario(
         "nodes-port-held",
         [
-            {"exit_code": 1, "root_cause": {"category": "port_in_use", "node": "node-a"}},
+            {"exit_code": 1, "root_cause": {"category": "port_in_use"}},
             {"root_cause": {"category": "hang"}, "status": "hung"},
         ],
         nodes=2,
+        ranks=2,  # per node: torchrun prints its banner, then nothing (no rank starts)
         action="hold-port",
         timeout_s=90,
     ),

@@ -192,6 +192,8 @@ class StackWatch:
         if threshold is None and self._started_at is not None:
             threshold, silent = self.startup_s, self.clock() - self._started_at
             when = f"after the start (threshold {threshold:.0f} s), before the first step"
+        elif threshold is None:
+            return None  # not started (a test's watch): nothing to judge before a step
         else:
             when = (
                 f"(threshold {threshold:.0f} s) after step "
