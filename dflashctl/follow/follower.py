@@ -150,6 +150,7 @@ def follow_run(
             on_crash=on_crash,
             on_line=on_line,
             node=node,
+            collapse_config=follow,
         ),
         backlog_max=BACKLOG_MAX_BYTES if lines is not None else -1,
         reconnect_timeout_s=reconnect_timeout_s,
