@@ -61,7 +61,9 @@ def start(args: list[str]) -> None:
     """Start the remembered uploads for `dflashctl <args>` when it is a deploy of the
     same config bytes; never fails (a deploy that finds none starts its own)."""
     mine = args[: args.index("--")] if "--" in args else args
-    words = [a for a in mine if not a.startswith("-")]
+    # `-c PATH` may come before the command too (cli.common_options_anywhere).
+    values = {i + 1 for i, a in enumerate(mine) if a in ("-c", "--config")}
+    words = [a for i, a in enumerate(mine) if not a.startswith("-") and i not in values]
     skip = {"--dry-run", "--start-container", "--help", "-h"}
     if not words or words[0] != "deploy" or skip & set(mine):
         return

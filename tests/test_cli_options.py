@@ -79,6 +79,7 @@ def complete(config: Path, line: str) -> list[str]:
         COMP_WORDS=line,
         COMP_CWORD=str(len(words) - 1),
         DFLASHCTL_CONFIG=str(config),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),  # this checkout's dflashctl
     )
     done = subprocess.run(
         [str(Path(sys.executable).parent / "dflashctl")],

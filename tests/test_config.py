@@ -177,7 +177,11 @@ def test_init_writes_template_and_refuses_to_overwrite(tmp_path):
     first = run_cli("init", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     written = (tmp_path / "dflash.yaml").read_text()
-    assert written == template_path("dflash.yaml").read_text()
+    # the template, naming the built-in crash rules where this installation has them
+    rules = str(template_path("crash_patterns.yaml"))
+    assert written == template_path("dflash.yaml").read_text().replace(
+        "templates/crash_patterns.yaml", rules
+    )
     (tmp_path / "dflash.yaml").write_text("host:\n  address: mine\n")
     second = run_cli("init", cwd=tmp_path)
     assert second.returncode == 2

@@ -137,3 +137,32 @@ def test_cli_errors_before_anything_is_contacted(tmp_path, monkeypatch):
         done = cli(*args, cwd=tmp_path)
         assert done.returncode == 2, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+PIP_WITHOUT_DNS = """Looking in indexes: https://pypi.x.example/simple
+WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError('<x>: \
+Failed to establish a new connection: [Errno -3] Temporary failure in name resolution')': \
+/simple/tabulate/
+ERROR: Could not find a version that satisfies the requirement tabulate>=0.9 (from versions: none)
+ERROR: No matching distribution found for tabulate>=0.9"""
+
+
+def test_an_index_pip_never_reached_is_said_as_such_not_as_a_wrong_name():
+    no_dns = failure("pip install", 1, PIP_WITHOUT_DNS)
+    assert "pip could not reach the package index (name resolution failed for pypi.x.example" in (
+        no_dns.message
+    )
+    assert "while looking for tabulate>=0.9" in no_dns.message
+    refused = failure(
+        "pip install",
+        1,
+        PIP_WITHOUT_DNS.replace(
+            "[Errno -3] Temporary failure in name resolution", "Connection refused"
+        ),
+    )
+    assert "could not connect to pypi.x.example: Connection refused" in refused.message
+    # The index answered in the end (a retry, then the versions it has): the version is wrong.
+    answered = failure(
+        "pip install", 1, PIP_WITHOUT_DNS.replace("(from versions: none)", "(from versions: 0.8)")
+    )
+    assert "pip found no distribution of it" in answered.message

@@ -41,6 +41,15 @@ def test_wandb_offline_run_holds_the_metrics_and_the_config(tmp_path, monkeypatc
         updates = record.run.config.update if kind == "run" else record.config.update
         if kind in ("run", "config"):
             config.update({item.key: json.loads(item.value_json) for item in updates})
+    # No deprecated feature used (wandb records them, and warns: a boolean `reinit`).
+    deprecated = [
+        field.name
+        for record in records
+        if record.WhichOneof("record_type") == "telemetry"
+        for field, used in record.telemetry.deprecated.ListFields()
+        if used
+    ]
+    assert deprecated == []
     start = run.records()[0]["config"]
     assert config["train.steps"] == 40
     assert config["optim.lr"] == pytest.approx(start["optim"]["lr"])
@@ -154,6 +163,25 @@ def test_a_tracker_without_its_package_names_the_pip_command(key, package, monke
     message = str(caught.value)
     assert f"logging.{key}" in message and f"pip install {package}" in message
     assert config_from_dict({"logging": {key: False}}).logging.model_dump()[key] is None
+
+
+def test_a_tracker_without_its_package_names_the_setting_that_was_written(monkeypatch):
+    import importlib.util
+
+    from dflash.pipeline.train_config import load_train_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(TrainConfigError) as caught:
+        load_train_config(None, ["logging.wandb.mode=offline"])
+    message = str(caught.value)
+    assert "--set logging.wandb.mode=offline: logging.wandb.mode: offline needs the wandb " in (
+        message
+    )
+    assert "logging.wandb: true" not in message
+    assert "or set logging.wandb: false" in message
 
 
 def test_flattened_config_and_scalars():

@@ -15,6 +15,7 @@ import subprocess
 from .errors import AgentError
 from .files import read_text
 from .lineage import fill_placeholders
+from .runs import bytecode_env
 
 CHECK_ENV = "DFLASH_CHECK_CONFIG"
 TIMEOUT_S = 300
@@ -50,7 +51,8 @@ def check_env(p):
     if p.get("venv"):
         env["VIRTUAL_ENV"] = p["venv"]
         env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
-    env.update({CHECK_ENV: "1", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    env.update({CHECK_ENV: "1", "PYTHONUNBUFFERED": "1"})
+    env.update(bytecode_env(env, p["workdir"]))  # the run's bytecode cache: warm for it too
     return env
 
 

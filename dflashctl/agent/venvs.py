@@ -309,6 +309,8 @@ def failure(what, code, text):
 
 def _unreachable_index(text):
     """A SetupFailed saying that pip never reached its index (no DNS, no route), or None."""
+    if re.search(r"\(from versions: (?!none\))", text):
+        return None  # the index answered (after a retry, perhaps): a version problem
     resolution = _NO_NAME_RESOLUTION.search(text)
     connection = None if resolution else _NO_CONNECTION.search(text)
     if not (resolution or connection):

@@ -10,7 +10,7 @@ import typer
 from dflashctl import terminal
 from dflashctl.config import DEFAULT_CONFIG_NAME
 from dflashctl.errors import UsageError
-from dflashctl.resources import template_path
+from dflashctl.resources import project_root, template_path
 
 
 def init(
@@ -33,14 +33,35 @@ def init(
             hint="create it first, or give a path in an existing folder",
         )
     text = template_path("dflash.yaml").read_text(encoding="utf-8")
+    # The built-in crash rules where this installation has them (a pip install has no
+    # templates/ folder of its own).
+    rules = template_path("crash_patterns.yaml")
+    text = text.replace("templates/crash_patterns.yaml", str(rules))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
     terminal.success(f"wrote {path}")
+    bundled = project_root() / "trainer"
+    if (bundled / "train_dflash_pipeline.py").is_file():
+        source = (
+            f"trainer.source: the folder deployed; the bundled trainer is {bundled} "
+            "(a relative path is read from the config file's folder)"
+        )
+    else:
+        source = (
+            "trainer.source: the folder deployed; this installation has no trainer of its "
+            "own: point it at yours, or at trainer/ of a dflashctl checkout (git clone) "
+            "for the bundled one"
+        )
+    terminal.info("next, set:")
+    terminal.info("  host.address and container.vmid: the Proxmox host and the LXC container")
+    terminal.info(f"  {source}")
     terminal.info(
-        "next: set host.address and container.vmid, then run "
-        f"`dflashctl doctor{'' if path.name == DEFAULT_CONFIG_NAME and path.parent == Path('.') else f' -c {path}'}`"
+        "  container.python: the container's interpreter with torch and the trainer's "
+        "packages (e.g. /opt/dflash/bin/python; README: Torch and the trainer's packages)"
     )
+    where = "" if path.name == DEFAULT_CONFIG_NAME and path.parent == Path(".") else f" -c {path}"
+    terminal.info(f"then run `dflashctl doctor{where}`")
 
 
 def register(app: typer.Typer) -> None:

@@ -168,6 +168,7 @@ def follow_run(
             on_crash=on_crash,
             on_line=on_line,
             node=node,
+            collapse_config=follow,
         ),
         backlog_max=_backlog_max(lines, follow),
         reconnect_timeout_s=reconnect_timeout_s,

@@ -31,6 +31,15 @@ def _line_style(line: str) -> str | None:
     return None
 
 
+# The trainer's header prints its resolved config, one line per key (some fifty), before
+# the first step; a followed run shows one line for it instead.
+TRAINER_HEADER = "dflash trainer: "
+CONFIG_BLOCK = "config:"
+CONFIG_COLLAPSED = (
+    "config: (its lines are in train.log; `dflashctl runs show` shows the run's settings)"
+)
+
+
 class LineSink:
     """Prints log lines and feeds them to the crash detector, rendering each crash panel
     as soon as the detector is sure of it.
@@ -50,8 +59,13 @@ class LineSink:
         on_crash: Callable[[CrashEvent], None] | None = None,
         on_line: Callable[[str, bool], None] | None = None,
         node: str | None = None,
+        collapse_config: bool = False,
     ) -> None:
         self.rules = rules
+        # The trainer's resolved config in one line (following: deploy, restart, logs -f).
+        self.collapse_config = collapse_config
+        self._in_header = False
+        self._in_config = False
         self.node = node  # the node this log is from: every crash in it names it
         self.detector = CrashDetector(rules, node=node)
         # Crashes of earlier attempts the run's supervisor recovered from (run.retry).
@@ -159,8 +173,24 @@ class LineSink:
                 self.on_crash(event)
 
     def _print(self, text: str) -> None:
-        if self.show_lines:
+        if self.collapse_config:
+            text = self._collapsed(text)
+        if self.show_lines and text is not None:
             self.console.print(Text(text, style=_line_style(text) or ""), soft_wrap=True)
+
+    def _collapsed(self, text: str) -> str | None:
+        """The line to print in place of `text` (None: nothing): the config block of the
+        trainer's header becomes one line; the crash detector still saw every line."""
+        if self._in_config:
+            if text.startswith("  "):
+                return None
+            self._in_config = False
+        if text.startswith(TRAINER_HEADER):
+            self._in_header = True
+        elif self._in_header and text == CONFIG_BLOCK:
+            self._in_header, self._in_config = False, True
+            return CONFIG_COLLAPSED
+        return text
 
     def _render(self, events: Iterable[CrashEvent]) -> None:
         if not self.show_lines:

@@ -55,10 +55,11 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def missing_package(package: str, setting: str, extra: str) -> str:
-    """The config error for an enabled tracker whose package is not installed."""
+def missing_package(package: str, setting: str, extra: str, written: str = "true") -> str:
+    """The config error for an enabled tracker whose package is not installed (`written`:
+    the value the key it is said of was given)."""
     return (
-        f"true needs the {package} package, which is not installed: pip install {package} "
+        f"{written} needs the {package} package, which is not installed: pip install {package} "
         f"(or dflashctl's `{extra}` extra: pip install 'dflashctl[{extra}]'), or set "
         f"{setting}: false"
     )
@@ -85,7 +86,9 @@ class WandbTracker:
             mode=settings.mode,  # None: WANDB_MODE, else online
             dir=str(self._folder),
             config=flatten_config(config),
-            reinit=True,
+            # A second run in this process finishes the first; the string form, as a
+            # boolean is deprecated (wandb >= 0.19.10 warns), the boolean before it.
+            reinit=_reinit(self._wandb),
         )
 
     def log(self, step: int, values: dict[str, float]) -> None:
@@ -96,6 +99,14 @@ class WandbTracker:
         if self._run is not None:
             self._run.finish()
             self._run = None
+
+
+def _reinit(wandb: Any) -> Any:
+    try:
+        version = tuple(int(part) for part in wandb.__version__.split(".")[:3])
+    except (AttributeError, ValueError):
+        return True
+    return "finish_previous" if version >= (0, 19, 10) else True
 
 
 class MlflowTracker:

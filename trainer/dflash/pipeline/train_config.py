@@ -298,7 +298,13 @@ def _tracker_installed(package: str, setting: str, extra: str):
         if value is not None and importlib.util.find_spec(package) is None:
             from dflash.pipeline.trackers import missing_package
 
-            raise invalid(missing_package(package, setting, extra))
+            # Named as written: `wandb: true`, or the first of its settings (wandb.mode).
+            written = sorted(value.model_fields_set)
+            shown = f"{getattr(value, written[0])}" if written else "true"
+            raise invalid(
+                missing_package(package, setting, extra, shown),
+                key=tuple(written[:1]),
+            )
         return value
 
     return AfterValidator(check)
