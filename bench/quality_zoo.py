@@ -193,7 +193,10 @@ def _dialogue(rng: random.Random, words: list[str]) -> dict:
     messages = []
     for _ in range(rng.randrange(1, 4)):
         question, answer = turn()
-        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        messages += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
     return {"messages": messages}
 
 
@@ -308,7 +311,10 @@ def run_target(name: str, scale: str, out: Path) -> dict:
     seen = {prompt_key(x) for x in data + regen_prompts}
     # ... and has a reference answer the trainer keeps (2 blocks of loss tokens at least).
     block = r["drafter"]["block_size"]
-    long_enough = lambda rec: len(tokenizer(rec["messages"][-1]["content"])["input_ids"]) >= 2 * block  # noqa: E731
+
+    def long_enough(rec: dict) -> bool:
+        return len(tokenizer(rec["messages"][-1]["content"])["input_ids"]) >= 2 * block
+
     evals = [e for e in evals if fits(e) and long_enough(e) and prompt_key(e) not in seen]
     evals = evals[: r["eval"]["num_prompts"]]
     write_jsonl(out / "regen-prompts.jsonl", regen_prompts)
@@ -375,7 +381,9 @@ def eval_cost(target_dir: Path, checkpoint: str, out: Path, s: dict) -> dict:
         return value, time.perf_counter() - started
 
     evaluate(drafter, target, prompts[:2], batch_size=2, **kw)  # warm-up (kernels, allocator)
-    batched, eval_s = timed(lambda: evaluate(drafter, target, prompts, batch_size=len(prompts), **kw))
+    batched, eval_s = timed(
+        lambda: evaluate(drafter, target, prompts, batch_size=len(prompts), **kw)
+    )
     few = [torch.tensor([p], device=device) for p in prompts[: max(1, len(prompts) // 4)]]
     with torch.no_grad():
         greedy, greedy_s = timed(

@@ -382,8 +382,7 @@ def accepted_by_position(lengths: list[int], block_size: int) -> list[float]:
     if not lengths:
         return []
     return [
-        round(sum(1 for n in lengths if n - 1 >= k) / len(lengths), 4)
-        for k in range(1, block_size)
+        round(sum(1 for n in lengths if n - 1 >= k) / len(lengths), 4) for k in range(1, block_size)
     ]
 
 
