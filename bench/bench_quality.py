@@ -171,9 +171,6 @@ def regenerate_data(target_dir: Path, source: Path, output: Path, s: dict) -> di
 
 # -- drafter training --------------------------------------------------------------------------
 def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Path, s: dict) -> dict:
-    from dflash.dflash_workload import DFlashWorkload
-    from dflash.pipeline.logging import RunLog
-    from dflash.pipeline.run import train
     from dflash.pipeline.train_config import config_from_dict
 
     device = s["device"]
@@ -216,6 +213,15 @@ def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Pat
         }
     )
 
+    return train_drafter_from(name, cfg, out)
+
+
+def train_drafter_from(name: str, cfg, out: Path) -> dict:
+    """Train the drafter `cfg` describes into `out` (a fresh run); its curves and eval."""
+    from dflash.dflash_workload import DFlashWorkload
+    from dflash.pipeline.logging import RunLog
+    from dflash.pipeline.run import train
+
     class Tee(io.TextIOBase):
         def __init__(self, path: Path) -> None:
             self.file = path.open("w")
@@ -245,6 +251,9 @@ def train_drafter(name: str, target_dir: Path, data: Path, evals: Path, out: Pat
     # three) average out which rows a line happened to draw.
     last = steps[-max(3, len(steps) // 4) :]
     return {
+        "steps": steps[-1]["step"],
+        "headline": result.eval_line.split(" | ")[2],
+        "accepted_by_position": evals_[-1].get("accepted_by_position"),
         "train_tau": sum(r["tau"] for r in last) / len(last),
         "train_tau_anchors": sum(r.get("tau_anchors", r["tau"]) for r in last) / len(last),
         "train_curve": [(r["step"], round(r["tau"], 3)) for r in steps],
@@ -359,6 +368,7 @@ def prompt_lookup_tau(target_dir: Path, evals: Path, s: dict) -> dict:
     """transformers' prompt-lookup decoding on the eval prompts: tokens per verifying
     forward (prefill left out, as eval tau counts it) and tokens per target forward."""
     from dflash.data import load_tokenizer
+    from dflash.regenerate import prompt_messages
     from dflash.target import load_target
 
     target = load_target(target_dir, device=s["device"], dtype=getattr(torch, s["dtype"]))
@@ -367,7 +377,7 @@ def prompt_lookup_tau(target_dir: Path, evals: Path, s: dict) -> dict:
     target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     new_tokens = forwards = 0
     for line in evals.read_text().splitlines()[: s["eval_prompts"]]:
-        messages = json.loads(line)["messages"][:1]
+        messages = prompt_messages(json.loads(line))  # every turn before the last answer
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         calls[0] = 0
@@ -397,6 +407,11 @@ def main(argv=None) -> int:
     faulthandler.enable()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="gpu")
+    parser.add_argument(
+        "--zoo",
+        action="store_true",
+        help="one recipe on three targets made differently (quality_zoo.py): a row each",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-quality"))
     parser.add_argument(
         "--set",
@@ -417,6 +432,10 @@ def main(argv=None) -> int:
         "the same target and regeneration settings (drafter runs only)",
     )
     args = parser.parse_args(argv)
+    if args.zoo:
+        from quality_zoo import main as zoo
+
+        return zoo(["--scale", args.scale, "--out", str(args.out)])
     s = dict(SCALES[args.scale])
     for item in args.set:
         key, _, value = item.partition("=")

@@ -108,7 +108,18 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 # -- target ------------------------------------------------------------------------------------
-def build_tokenizer(files: list[Path], vocab: int, folder: Path, s_files: int = 400):
+def build_tokenizer(
+    files: list[Path],
+    vocab: int,
+    folder: Path,
+    s_files: int = 400,
+    *,
+    texts=None,
+    template: str = CHATML,
+    specials: tuple[str, ...] = SPECIALS,
+):
+    """A byte-level BPE of `vocab` ids learnt from the files (or `texts`), with `specials`
+    as its last ids (pad, turn start, end of turn, mask) and `template` as chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -116,28 +127,29 @@ def build_tokenizer(files: list[Path], vocab: int, folder: Path, s_files: int = 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab - len(SPECIALS),
+        vocab_size=vocab - len(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
 
-    def texts():
+    def file_texts():
         for path in files[:s_files]:
             try:
                 yield path.read_text(encoding="utf-8")
             except (UnicodeDecodeError, OSError):
                 continue
 
-    tok.train_from_iterator(texts(), trainer=trainer)
-    tok.add_special_tokens(list(SPECIALS))  # the last ids: <|MASK|> is vocab - 1
+    tok.train_from_iterator(texts if texts is not None else file_texts(), trainer=trainer)
+    tok.add_special_tokens(list(specials))  # the last ids: the mask is vocab - 1
+    pad, start, end, mask = specials
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=end,
+        pad_token=pad,
         bos_token=None,
-        additional_special_tokens=["<|im_start|>", "<|MASK|>"],
+        additional_special_tokens=[start, mask],
     )
-    fast.chat_template = CHATML
+    fast.chat_template = template
     fast.save_pretrained(folder)
     return fast
 

@@ -73,3 +73,25 @@ def test_the_tiny_quality_bench_reports_both_drafters_and_prompt_lookup(tmp_path
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "target | reused" in again.stdout and "regenerate | reused" in again.stdout
     assert (tmp_path / "regenerated.jsonl").read_bytes() == before
+
+
+@pytest.mark.timeout(900)
+def test_the_tiny_zoo_runs_the_one_recipe_and_judges_every_goal(tmp_path):
+    """bench_quality --zoo at tiny scale, one target (the whole zoo is the GPU run)."""
+    zoo = BENCH.with_name("quality_zoo.py")
+    done = subprocess.run(
+        [sys.executable, str(zoo), "--scale", "tiny", "--out", str(tmp_path), "--only", "chat"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "zoo.json").read_text())
+    (row,) = summary["rows"]
+    assert row["target"] == "chat" and row["drafter"]["eval_tau"] >= 1.0
+    assert len(row["goals"]) == 5 and row["eval_cost"]["batch1_greedy_tokens_per_s"] > 0
+    assert len(row["eval_cost"]["accepted_by_position"]) == 3  # block 4: three drafted slots
+    # The recipe sized the run to its budget and fitted the shapes to the data.
+    log = (tmp_path / "chat.log").read_text()
+    assert "train.budget_minutes 0.25:" in log and "data.fit: seq_len" in log
+    assert "chat goals: eval tau >= 3.0" in done.stdout and "target  params" in done.stdout

@@ -319,4 +319,6 @@ def test_the_published_recipe_preset_loads():
     assert (cfg.drafter.block_size, cfg.drafter.num_layers, cfg.drafter.gamma) == (16, 5, 7.0)
     assert (cfg.data.num_anchors, cfg.data.seq_len, cfg.optim.lr) == (512, 3072, 6e-4)
     assert cfg.regenerate.output == cfg.data.source and cfg.eval.every > 0
+    # One recipe for any target: sized to a time budget, shapes fitted to the data.
+    assert cfg.train.budget_minutes and cfg.regenerate.budget_minutes and cfg.data.fit
     assert "arXiv 2602.06036" in recipe.read_text()

@@ -7,7 +7,7 @@ import dflash.spec_decode as spec_decode
 import pytest
 import torch
 from dflash.decode_batch import greedy_generate_batch_padded, speculative_generate_batch
-from dflash.spec_decode import evaluate, speculative_generate
+from dflash.spec_decode import accepted_by_position, evaluate, speculative_generate
 from dflash.target import greedy_generate
 
 MAX_NEW = 20
@@ -127,6 +127,18 @@ def test_evaluate_reports_the_same_in_batches_as_one_at_a_time(
     assert batched.lossless and batched.is_identical and one.tau > 1.5
     for a, b in zip(one.per_prompt, batched.per_prompt, strict=True):
         assert (a["tokens"], a["acceptance_lengths"]) == (b["tokens"], b["acceptance_lengths"])
+    # Per-position acceptance: the same either way, and what the steps say.
+    assert batched.accepted_by_position == one.accepted_by_position
+    steps = [n for p in one.per_prompt for n in p["acceptance_lengths"]]
+    assert one.accepted_by_position[0] == pytest.approx(sum(n >= 2 for n in steps) / len(steps))
+    assert one.accepted_by_position == sorted(one.accepted_by_position, reverse=True)
+    assert one.metrics()["accepted_by_position"] == one.accepted_by_position
+
+
+def test_accepted_by_position_counts_each_drafted_slot():
+    # Block 4: steps that kept 1, 4 and 2 tokens accepted slots {}, {1, 2, 3} and {1}.
+    assert accepted_by_position([1, 4, 2], 4) == pytest.approx([2 / 3, 1 / 3, 1 / 3], abs=1e-3)
+    assert accepted_by_position([], 4) == []
 
 
 def test_evaluate_refuses_a_batch_size_below_one(tiny_target, make_drafter):

@@ -67,7 +67,7 @@ def fit_to_data(workload, log_note, warn) -> None:
     if anchors < data.num_anchors:
         warn(
             f"data.num_anchors {data.num_anchors} cannot fit this data (a block of "
-            f"{block} loss tokens per anchor): using {anchors}, what 90% of samples hold"
+            f"{block} loss tokens per anchor): using {anchors}, enough for 90% of the samples"
         )
     workload.seq_len, workload.num_anchors = seq_len, anchors
     log_note(f"data.fit: seq_len {seq_len} (ceiling {data.seq_len}), {anchors} anchors")
@@ -89,7 +89,9 @@ def measure_step_seconds(workload, target_device, drafter_device, steps: int = 4
         with torch.no_grad():
             context = workload.target_context(target, batch).to(drafter_device)
         batch = batch.to(drafter_device)
-        loss, _ = loss_fn(context, batch.input_ids, batch.anchors, batch.anchor_valid, batch.loss_mask)
+        loss, _ = loss_fn(
+            context, batch.input_ids, batch.anchors, batch.anchor_valid, batch.loss_mask
+        )
         loss.backward()
         for p in params:
             p.grad = None

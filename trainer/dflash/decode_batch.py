@@ -151,24 +151,30 @@ def speculative_generate_batch(
         )
         verified = out.logits.argmax(-1)  # [N, B]: the target's choice after each position
         block_margins = top2_margin(out.logits)
-        accepted = torch.zeros_like(start)
+        # Every row's accepted prefix at once, on the device; then one copy to the host
+        # per step (a copy per row was a device sync per row and step: most of an eval's
+        # time at small shapes).
+        accepted = (proposal == verified[:, :-1]).long().cumprod(1).sum(1)
+        token = verified.gather(1, accepted[:, None])[:, 0]
+        host = torch.cat([proposal, verified, accepted[:, None]], dim=1).tolist()
+        host_margins = block_margins.tolist()
+        width = proposal.shape[1]
         for row, result in enumerate(results):
             if not active[row]:
                 continue
-            taken = accepted_prefix(proposal[row], verified[row])
-            accepted[row] = taken
-            new_tokens = proposal[row, :taken].tolist() + [int(verified[row, taken])]
+            drafted, target_says = host[row][:width], host[row][width:-1]
+            taken = host[row][-1]
+            new_tokens = drafted[:taken] + [target_says[taken]]
             for i, t in enumerate(new_tokens):
                 if t in stops:
                     new_tokens = new_tokens[: i + 1]
                     break
             new_tokens = new_tokens[: max_new_tokens - len(result.tokens)]
             result.target_forwards += 1
-            result.verify_argmax.extend(verified[row, : len(new_tokens)].tolist())
-            result.verify_margin.extend(block_margins[row, : len(new_tokens)].tolist())
+            result.verify_argmax.extend(target_says[: len(new_tokens)])
+            result.verify_margin.extend(host_margins[row][: len(new_tokens)])
             result.tokens.extend(new_tokens)
             result.acceptance_lengths.append(len(new_tokens))
-            token[row] = new_tokens[-1]
         # Slots start..start+accepted of a row hold verified tokens; the rest stay hidden.
         kept = offsets <= accepted[:, None]
         slots[:, -cfg.block_size :] = kept
@@ -205,9 +211,9 @@ def greedy_generate_batch_padded(
             target, token[:, None], start[:, None], slots.long(), cache, hidden=False
         )
         token = out.logits[:, -1].argmax(-1)
-        margin = top2_margin(out.logits[:, -1])
+        tokens, margin = token.tolist(), top2_margin(out.logits[:, -1]).tolist()  # one copy each
         for row, (generated, margins) in enumerate(results):
             if active[row]:
-                generated.append(int(token[row]))
-                margins.append(float(margin[row]))
+                generated.append(tokens[row])
+                margins.append(margin[row])
         start = start + 1

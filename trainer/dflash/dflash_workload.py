@@ -160,7 +160,7 @@ class DFlashWorkload(Workload):
         self.drafter_cfg = self._drafter_config()
         self.samples = self._samples()  # only synthetic data builds the target here
         if cfg.data.fit:
-            fit_to_data(self, self._notes.append, lambda text: self._notes.append("warning: " + text))
+            fit_to_data(self, self._notes.append, lambda x: self._notes.append("warning: " + x))
 
     # -- setup
 

@@ -133,8 +133,10 @@ WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "config.json")
 def answer_settings(cfg, tokenizer, generator) -> dict:
     """What an answer depends on, each as a short value or digest (compared field by field)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    vocab = backend.to_str() if backend is not None else json.dumps(
-        sorted(tokenizer.get_vocab().items())
+    vocab = (
+        backend.to_str()
+        if backend is not None
+        else json.dumps(sorted(tokenizer.get_vocab().items()))
     )
     template = tokenizer.chat_template or ""
     if isinstance(template, dict):

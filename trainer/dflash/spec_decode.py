@@ -183,6 +183,9 @@ class EvalResult:
     identical: bool | None = None  # speculative == greedy token for token (None: lossless)
     checkpoint: str | None = None  # what was measured (set by the caller that loaded it)
     results_path: str | None = None
+    # Per drafted slot k = 1..B-1: the share of verify steps whose k-th drafted token was
+    # accepted (what serving reports as per-position acceptance).
+    accepted_by_position: list[float] = field(default_factory=list)
 
     @property
     def bugs(self) -> list[Divergence]:
@@ -248,6 +251,7 @@ class EvalResult:
             "num_prompts": self.num_prompts,
             "target_dtype": self.target_dtype,
             "checkpoint": self.checkpoint,
+            "accepted_by_position": self.accepted_by_position,
             "divergences": [d.to_dict() for d in self.divergences],
             "prompts": self.per_prompt,
         }
@@ -264,6 +268,7 @@ class EvalResult:
             "tokens": self.num_tokens,
             "tokens_per_target_forward": self.tokens_per_target_forward,
             "prompts": self.num_prompts,
+            "accepted_by_position": self.accepted_by_position,
             "checkpoint": self.checkpoint,
         }
 
@@ -367,7 +372,18 @@ def evaluate(
         verification_exact=all(p["verification_exact"] for p in per_prompt),
         per_prompt=per_prompt,
         target_dtype=str(dtype).removeprefix("torch."),
+        accepted_by_position=accepted_by_position(steps, drafter.cfg.block_size),
     )
+
+
+def accepted_by_position(lengths: list[int], block_size: int) -> list[float]:
+    """Per drafted slot 1..B-1: the share of verify steps that accepted it (a step of
+    length n accepted its first n - 1 drafted tokens; the last one is the target's)."""
+    if not lengths:
+        return []
+    return [
+        round(sum(1 for n in lengths if n - 1 >= k) / len(lengths), 4) for k in range(1, block_size)
+    ]
 
 
 def _decode(drafter, target, prompts, max_new_tokens, stop_token_ids, batch_size):

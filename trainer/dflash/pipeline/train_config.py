@@ -173,7 +173,8 @@ class DataSection(Section):
     batch_size: Count = 4  # sequences per drafter per step
     num_anchors: Count = 8  # anchors per sequence
     prompt_len: Count = 8  # synthetic: random prompt length before the target continues
-    fit: bool = False  # file data: seq_len (a ceiling) and num_anchors fitted to it (dflash/budget.py)
+    # File data: seq_len (then a ceiling) and num_anchors fitted to it (dflash/budget.py).
+    fit: bool = False
 
 
 class OptimSection(Section):

@@ -1,0 +1,91 @@
+"""What one mid-run eval costs at the Qwen3-8B shape, and where the time goes.
+
+    python bench/bench_eval_cost.py [--prompts 32] [--tokens 256] [--old PATH]
+
+The trainer's eval (spec_decode.evaluate, batched) on random-weight Qwen3-8B-shape
+target and 5-layer drafter (trainer/configs/qwen3-8b.yaml), random prompts of 64
+tokens, no stop token: every row decodes all its tokens, and an untrained drafter is
+the worst case (one token a verify step). Timed apart: the speculative pass and the
+greedy reference pass (the lossless check), and with --old, the same with a decoder
+file of an earlier commit (git show REV:trainer/dflash/decode_batch.py > PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "trainer"))
+
+import torch  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--old", type=Path, help="an earlier decode_batch.py to time beside")
+    args = parser.parse_args(argv)
+    import dflash.spec_decode as spec_decode
+    from dflash.dflash_workload import DFlashWorkload
+    from dflash.pipeline.train_config import load_train_config
+
+    cfg = load_train_config(ROOT / "trainer" / "configs" / "qwen3-8b.yaml", ["data.num_samples=1"])
+    device = torch.device("cuda:0")
+    started = time.perf_counter()
+    workload = DFlashWorkload(cfg)
+    target = workload.target_for(device)
+    torch.manual_seed(0)
+    drafter = workload.build_drafter(device).eval()
+    print(f"models built in {time.perf_counter() - started:.0f} s", flush=True)
+    gen = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, 150000, (args.prompts, 64), generator=gen).to(device)
+    prompts = list(prompts)
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        value = fn()
+        torch.cuda.synchronize()
+        return value, time.perf_counter() - began
+
+    decoders = {
+        "now": (spec_decode.speculative_generate_batch, spec_decode.greedy_generate_batch_padded)
+    }
+    if args.old:
+        spec = importlib.util.spec_from_file_location("dflash.decode_batch_old", args.old)
+        old = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = old  # dataclasses look their module up there
+        spec.loader.exec_module(old)
+        decoders["old"] = (old.speculative_generate_batch, old.greedy_generate_batch_padded)
+    n = args.tokens
+    with torch.no_grad():
+        spec_decode.evaluate(drafter, target, prompts[:2], max_new_tokens=8, batch_size=2)  # warm
+        for name, (speculative, greedy) in decoders.items():
+            out, spec_s = timed(lambda s=speculative: s(drafter, target, prompts, n))
+            _, greedy_s = timed(lambda g=greedy: g(target, prompts, n))
+            steps = max(len(o.acceptance_lengths) for o in out)
+            tau = sum(len(o.tokens) for o in out) / sum(1 + len(o.acceptance_lengths) for o in out)
+            spec_decode.speculative_generate_batch = speculative
+            spec_decode.greedy_generate_batch_padded = greedy
+            result, eval_s = timed(
+                lambda: spec_decode.evaluate(
+                    drafter, target, prompts, max_new_tokens=n, batch_size=len(prompts)
+                )
+            )
+            print(
+                f"{name}: eval {args.prompts} x {n} in {eval_s:.1f} s (tau {result.tau:.2f}) = "
+                f"speculative pass {spec_s:.1f} s ({steps} verify steps, "
+                f"{1000 * spec_s / steps:.0f} ms a step, tokens per forward {tau:.2f}) + greedy "
+                f"reference {greedy_s:.1f} s ({1000 * greedy_s / n:.0f} ms a token step)",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
