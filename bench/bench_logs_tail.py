@@ -58,7 +58,7 @@ def main() -> int:
         before = base / "before"
         before.mkdir()
         archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.before, "dflashctl"],
+            ["git", "-C", str(ROOT), "archive", args.before, "dflashctl", "templates"],
             capture_output=True,
             check=True,
         ).stdout
