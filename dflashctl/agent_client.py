@@ -191,7 +191,7 @@ if s is None and B is not None:
  except Exception:
   pass
 if s is None:
- print('{"ok": false, "agent_missing": true, "error": "no agent in %s"}' % d)
+ print('{"ok": false, "agent_missing": true, "error": "no agent in %s"}' % (d or "a folder of this user's own"))
  sys.exit(3)
 g = {"__name__": "dflash_agent_bundle", "CODE_CACHE": f and f[:-2] + sys.implementation.cache_tag + ".code"}
 exec(compile(s, f or "agent", "exec"), g)

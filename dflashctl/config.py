@@ -136,6 +136,13 @@ class ProxmoxConfig(Section):
     # cluster resource manager. pvesh's own 60 s is too short for some of those.
     start_timeout_s: float = 300.0
 
+    @field_validator("node")
+    @classmethod
+    def _node(cls, value: str) -> str:
+        if not value.strip():
+            raise invalid("is empty", "the Proxmox node's name, as `pvecm nodes` lists it")
+        return value
+
     @field_validator("start_timeout_s")
     @classmethod
     def _start_timeout(cls, value: float) -> float:
@@ -280,6 +287,8 @@ class TrainerConfig(Section):
     @field_validator("source")
     @classmethod
     def _source(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():  # would deploy the config's own folder
+            raise invalid("is empty", "name the trainer's folder, e.g. trainer.source: trainer")
         return resolve_path(value, info)
 
     @field_validator("entry")

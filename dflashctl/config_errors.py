@@ -9,6 +9,7 @@ sentence (and a hint) through pydantic unchanged.
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ class Problem:
 def config_error(path: Path, problems: list[Problem]) -> ConfigError:
     """Every mistake at once, in the order of the file (one per line of the message);
     a file with one mistake reads as it always has: `file, line, column: what`."""
-    unique = list(dict.fromkeys(problems))
+    unique = _once_per_place(list(dict.fromkeys(problems)))
     unique.sort(key=lambda p: (p.place is None, p.place.line if p.place else 0))
     sentences = [f"{path}, {p.place}: {p.text}" if p.place else f"{path}: {p.text}" for p in unique]
     if len(unique) == 1:
@@ -61,6 +62,24 @@ def config_error(path: Path, problems: list[Problem]) -> ConfigError:
         if problem.hint:
             lines.append(f"    hint: {problem.hint}")
     return ConfigError("\n".join(lines))
+
+
+_NODE_PREFIX = re.compile(r"nodes\[\d+\]\.")
+
+
+def _once_per_place(problems: list[Problem]) -> list[Problem]:
+    """A mistake in a section every node inherits comes back once per node, at the line
+    the top level wrote it (`nodes[0].host.addreso`, `nodes[1].host.addreso`,
+    `host.addreso`): said once, as the top level's (else the first node's)."""
+    kept: dict[tuple[Any, ...], Problem] = {}
+    for problem in problems:
+        if problem.place is None:  # (nothing says where: not known to be the same)
+            kept[(id(problem),)] = problem
+            continue
+        same = (problem.place, _NODE_PREFIX.sub("", problem.text))
+        if same not in kept or ("nodes[" in kept[same].text and "nodes[" not in problem.text):
+            kept[same] = problem
+    return list(kept.values())
 
 
 def duplicate_problems(source: YamlSource) -> list[Problem]:

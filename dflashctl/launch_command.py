@@ -214,6 +214,7 @@ def node_launch_params(
         "names": [n.name for n in nodes],
         "address": rendezvous.address,
         "port": rendezvous.commit_port,
+        "job_port": rendezvous.port,
         "run_id": run_id,
         "deadline_s": deadline_s,
         "program": barrier_program(),

@@ -166,40 +166,63 @@ def local_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+class _Arrival:
+    """A file's .partial as it fills: its sha256 so far and its size (the bytes
+    already there, for a file continued, are read once for the hash)."""
+
+    def __init__(self, partial: str, offset: int) -> None:
+        self.partial = partial
+        self.digest = hashlib.sha256()
+        self.size = offset
+        if offset:
+            with open(partial, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    self.digest.update(chunk)
+
+    def open(self):  # noqa: ANN201
+        return open(self.partial, "ab" if self.size else "wb")  # noqa: SIM115
+
+
 def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> dict[str, int]:
     """Fetch what is missing; returns counts: fetched, resumed, already, bytes."""
     counts = {"fetched": 0, "resumed": 0, "already": 0, "bytes": 0}
+    top = str(dest.resolve())
+    finals = {f.rel: _local(top, f.rel) for f in files}
     todo = []
     for f in files:
-        final = _local(dest, f.rel)
-        if final.is_file() and final.stat().st_size == f.size and local_sha256(final) == f.sha256:
+        final = finals[f.rel]
+        if _size(final) == f.size and local_sha256(Path(final)) == f.sha256:
             counts["already"] += 1
             os.chmod(final, f.mode)
         else:
             todo.append(f)
-    total = sum(f.size - _partial_size(dest, f) for f in todo)
-    resumed = {f.rel for f in todo if _partial_size(dest, f) > 0}
-    with report.transfer(total, f"pulling {len(todo)} files", "checking sha256") as progress:
+    offsets = {f.rel: _partial_size(finals[f.rel] + PARTIAL, f) for f in todo}
+    resumed = {rel for rel, offset in offsets.items() if offset}
+    made: set[str] = set()
+    with report.transfer(
+        sum(f.size - offsets[f.rel] for f in todo), f"pulling {len(todo)} files", "checking sha256"
+    ) as progress:
         for _attempt in (1, 2):
-            offsets = {}
+            arrivals = {}
             for f in todo:
-                final = _local(dest, f.rel)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                offsets[f.rel] = _partial_size(dest, f)
-                partial = _local(dest, f.rel + PARTIAL)
-                if offsets[f.rel] == 0 and partial.exists():
-                    partial.unlink()  # longer than the source: not a prefix of it
-                partial.touch()  # (an empty file gets no frame)
-            counts["bytes"] += _stream(todo, offsets, dest, progress)
+                folder = os.path.dirname(finals[f.rel])
+                if folder not in made:
+                    os.makedirs(folder, exist_ok=True)
+                    made.add(folder)
+                partial = finals[f.rel] + PARTIAL
+                arrivals[f.rel] = _Arrival(partial, _partial_size(partial, f))
+            counts["bytes"] += _stream(todo, arrivals, progress)
             failed = []
             for f in todo:
-                partial = _local(dest, f.rel + PARTIAL)
-                if partial.stat().st_size == f.size and local_sha256(partial) == f.sha256:
-                    os.chmod(partial, f.mode)
-                    os.replace(partial, _local(dest, f.rel))
+                arrival = arrivals[f.rel]
+                if arrival.size == 0:
+                    arrival.open().close()  # an empty file gets no frame
+                if arrival.size == f.size and arrival.digest.hexdigest() == f.sha256:
+                    os.chmod(arrival.partial, f.mode)
+                    os.replace(arrival.partial, finals[f.rel])
                     counts["resumed" if f.rel in resumed else "fetched"] += 1
                     continue
-                partial.unlink()  # a resumed prefix that was not the source's: from the start
+                os.unlink(arrival.partial)  # a continued prefix that was not the source's
                 failed.append(f)
             todo = failed
             if not todo:
@@ -213,16 +236,23 @@ def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> 
     return counts
 
 
-def _local(dest: Path, rel: str) -> Path:
-    path = (dest / rel).resolve()
-    if dest.resolve() not in path.parents:
+def _local(top: str, rel: str) -> str:
+    """Where `rel` goes under the pull folder `top`; never outside it."""
+    norm = os.path.normpath(rel)
+    if os.path.isabs(norm) or norm == "." or norm.split(os.sep)[0] == "..":
         raise HostError(f"the run lists a file outside the pull folder: {rel!r}")
-    return path
+    return os.path.join(top, norm)
 
 
-def _partial_size(dest: Path, f: PullFile) -> int:
-    partial = _local(dest, f.rel + PARTIAL)
-    size = partial.stat().st_size if partial.is_file() else 0
+def _size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
+def _partial_size(partial: str, f: PullFile) -> int:
+    size = _size(partial) or 0
     return size if size <= f.size else 0
 
 
@@ -257,7 +287,7 @@ def wanted_specs(items: list[tuple[int, int]]) -> list[str]:
     return specs + ([current] if current else [])
 
 
-def _stream(todo: list[PullFile], offsets: dict[str, int], dest: Path, progress) -> int:
+def _stream(todo: list[PullFile], arrivals: dict[str, _Arrival], progress) -> int:
     """Every file of `todo` from its offset into its .partial: one reader stream per
     node and list (more only for a wanted list too long for one command line)."""
     moved = 0
@@ -266,52 +296,55 @@ def _stream(todo: list[PullFile], offsets: dict[str, int], dest: Path, progress)
         groups.setdefault((f.node.name, f.listing), []).append(f)
     for group in groups.values():
         by_index = {f.index: f for f in group}
-        items = sorted((f.index, offsets[f.rel]) for f in group)
+        items = sorted((f.index, arrivals[f.rel].size) for f in group)
         for spec in wanted_specs(items):
-            moved += _read_stream(group[0], spec, by_index, dest, progress)
+            moved += _read_stream(group[0], spec, by_index, arrivals, progress)
     return moved
 
 
-def _read_stream(first: PullFile, spec: str, by_index, dest: Path, progress) -> int:
+def _read_stream(first: PullFile, spec: str, by_index, arrivals, progress) -> int:
     node = first.node
     argv = [node.config.container.python, "-S", "-c", _READER, first.listing, spec]
-    moved, buffer, current, out = 0, bytearray(), None, None
+    moved, buffer, current, out = 0, b"", None, None
+    need = 0  # bytes of the current frame's data still to come
     problems = []
     try:
         with node.target.stream(argv) as stream:
-            need = None  # bytes of the current frame's data still to come
             while True:
                 data = stream.read(5.0)
                 if data is None:
                     continue
                 if data == b"":
                     break
-                buffer += data
-                while True:
+                buffer = buffer + data if buffer else data
+                pos = 0
+                while pos < len(buffer):
                     if need:
-                        take = bytes(buffer[:need])
-                        del buffer[: len(take)]
+                        take = buffer[pos : pos + need]
+                        pos += len(take)
                         out.write(take)  # type: ignore[union-attr]
+                        current.digest.update(take)  # type: ignore[union-attr]
+                        current.size += len(take)  # type: ignore[union-attr]
                         need -= len(take)
                         moved += len(take)
                         progress(len(take))
-                        if need:
-                            break
                         continue
-                    end = buffer.find(b"\n")
+                    end = buffer.find(b"\n", pos)
                     if end < 0:
                         break
-                    kind, index, rest = bytes(buffer[:end]).decode("utf-8", "replace").split(" ", 2)
-                    del buffer[: end + 1]
+                    kind, index, rest = buffer[pos:end].decode("utf-8", "replace").split(" ", 2)
+                    pos = end + 1
                     f = by_index[int(index)]
                     if kind == "X":
                         problems.append(f"{f.path}: {rest}")
                         continue
-                    if current is not f:
+                    if current is not arrivals[f.rel]:
                         if out is not None:
                             out.close()
-                        current, out = f, _local(dest, f.rel + PARTIAL).open("ab")
+                        current = arrivals[f.rel]
+                        out = current.open()
                     need = int(rest)
+                buffer = buffer[pos:]
             status = stream.exit_status
     finally:
         if out is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 
+import pytest
+
 from dflashctl.agent import network
 from tests.waiting import returns
 
@@ -80,3 +82,57 @@ def test_a_listener_told_how_many_to_expect_answers_once_they_came():
         probe.join()
     # IPv4 peers of a dual-stack listener are named as IPv4 addresses.
     assert answer == {"listening": True, "peers": ["127.0.0.1", "127.0.0.1"]}
+
+
+def _listener(port: int, run_dir: str | None):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DFLASH_RUN_DIR"}
+    if run_dir:
+        env["DFLASH_RUN_DIR"] = run_dir
+    program = (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+        "print('listening', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program, str(port), "torchrun-standin"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "listening\n"
+    return proc
+
+
+def test_the_job_port_held_by_another_workdirs_run_is_refused_naming_it(tmp_path):
+    import socket
+
+    from dflashctl.agent.errors import AgentError
+    from dflashctl.agent.network import check_job_port, port_listeners
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workdir = str(tmp_path / "dflash")
+    check_job_port(workdir, port)  # free: nothing to say
+    other = _listener(port, "/srv/other-experiment/runs/20261204-100000-aaaa")
+    try:
+        assert port_listeners(port) == [other.pid]
+        with pytest.raises(AgentError) as caught:
+            check_job_port(workdir, port)
+        message = caught.value.message
+        assert f"torchrun.port {port} is taken by pid {other.pid}" in message
+        assert "run /srv/other-experiment/runs/20261204-100000-aaaa" in message
+        assert "torchrun-standin" in message and "nothing was stopped" in caught.value.hint
+    finally:
+        other.kill()
+        other.wait()
+    own = _listener(port, f"{workdir}/runs/20261204-110000-bbbb")
+    try:
+        check_job_port(workdir, port)  # this workdir's own run: stopped before the launch
+    finally:
+        own.kill()
+        own.wait()

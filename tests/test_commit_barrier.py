@@ -421,3 +421,49 @@ def test_the_launch_round_waits_for_every_node(barrier, tmp_path):
     assert node_a["thread"].is_alive()  # node b has not said yet
     node_b = in_thread(lambda: commit.report_launch(opened[1], True))
     assert joined(node_a, node_b) == [{"launch": "all"}] * 2
+
+
+def test_a_store_that_connects_slowly_is_tried_again_with_longer_waits(monkeypatch, tmp_path):
+    """Where the DNS server does not answer, torch's TCPStore takes about 10 s to look
+    up its peer's name after connecting: every try shorter than that fails, node 0's
+    own included. The barrier tries again, each time waiting longer."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from dflashctl.agent import commit_barrier
+
+    lookup_s = 5.0
+    tries = []
+
+    class SlowLookupStore:
+        def __init__(self, host, port, world, master, timeout, wait_for_workers):
+            tries.append(timeout.total_seconds())
+            if timeout < datetime.timedelta(seconds=lookup_s):
+                raise RuntimeError(
+                    "The client socket has timed out after 2000ms while trying to connect"
+                )
+
+        def set_timeout(self, timeout):
+            pass
+
+    monkeypatch.setattr(dist, "TCPStore", SlowLookupStore)
+    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: (prefix, store))
+    monkeypatch.setattr(commit_barrier, "POLL_S", 0.0)
+    for rank in (0, 1):
+        tries.clear()
+        p = dict(Barrier(tmp_path, 2).params(rank), secret=SECRET)
+        view, why = commit_barrier.connect(p, time.monotonic() + 60)
+        assert why is None and view[0] == f"dflash-commit/{RUN_ID}/{SECRET}/"
+        assert tries == [2.0, 4.0, 8.0]
+
+
+def test_node_0_gives_up_at_once_when_its_port_is_taken(barrier):
+    b = barrier(1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", b.port))
+        taken.listen()
+        b.start(0)
+        answer = b.answer(0)
+    assert answer["decision"] == "abort"
+    assert answer["reason"].startswith(f"node a could not host the commit store on port {b.port}")

@@ -109,7 +109,7 @@ def test_torchrun_settings_and_their_checks(tmp_path):
         # an inherited mistake: reported where the top level wrote it
         (
             "host:\n  port: 99999\nnodes:\n  - host: gpu-a\n",
-            "line 2, column 9: nodes[0].host.port: expected a port between 1 and 65535",
+            "line 2, column 9: host.port: expected a port between 1 and 65535",
         ),
         ("nodes:\n  - container: 201\n", "missing required value nodes[0].host.address"),
         ("nodes: 3\n", "nodes: expected a list, got int 3"),
@@ -133,4 +133,26 @@ def test_torchrun_settings_and_their_checks(tmp_path):
     ],
 )
 def test_node_mistakes_name_the_node_and_the_line(tmp_path, text, expected):
+    assert expected in error(tmp_path, text).message
+
+
+def test_a_mistake_every_node_inherits_is_said_once(tmp_path):
+    text = "host:\n  addreso: gpu-a\nnodes:\n  - host: gpu-a\n  - host: gpu-b\n"
+    message = error(tmp_path, text).message
+    assert message.count("addreso") == 1, message
+    assert "line 2, column 3: unknown key host.addreso" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("host: a\ntrainer:\n  source: ''\n", "line 3, column 11: trainer.source: is empty"),
+        (
+            "nodes:\n  - host: gpu-a\n  - host: gpu-b\n    proxmox: {node: ''}\n",
+            "line 4, column 21: nodes[1].proxmox.node: is empty",
+        ),
+        ("host: a\nproxmox:\n  node: ''\n", "line 3, column 9: proxmox.node: is empty"),
+    ],
+)
+def test_empty_values_that_cannot_work_are_refused_with_line_and_column(tmp_path, text, expected):
     assert expected in error(tmp_path, text).message

@@ -139,3 +139,39 @@ def test_shell_on_a_pty(deployed):
     else:  # the bubblewrap stand-in has no pty of its own: the SSH session's is the terminal
         assert "not a tty" in text
     assert f"run {run_id}" in text
+
+
+def test_trainer_env_is_on_no_command_line_while_exec_runs(deployed):
+    """Any user of the host reads /proc/*/cmdline: pct exec, lxc-attach and the agent
+    stay there while the command runs, so trainer.env must not ride on them."""
+    path, *_ = deployed
+    proc = subprocess.Popen(
+        [
+            *DFLASHCTL,
+            "exec",
+            "-c",
+            str(path),
+            "--",
+            "sh",
+            "-c",
+            'echo "ready $MY_SETTING"; sleep 5',
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "ready forty two\n"
+        seen = []
+        for pid in os.listdir("/proc"):
+            try:
+                cmdline = Path("/proc", pid, "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"forty two" in cmdline:
+                seen.append(cmdline.replace(b"\0", b" ")[:300])
+        assert seen == []
+    finally:
+        proc.kill()
+        proc.wait()

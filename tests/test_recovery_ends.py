@@ -136,3 +136,26 @@ def test_the_rules_that_end_a_loop():
         99999.0,
         record(5, step=400, resumed_from=ckpt, checkpointed=True),
     )[0]
+
+
+def test_killed_twice_while_writing_the_same_checkpoint_is_progress_by_steps_logged():
+    # Checkpoints every 4 steps: attempt 1 wrote step 8 and died writing step 12;
+    # attempt 2 resumed from 8, trained 9-12 and died writing step 12 again.
+    ckpt8 = "/w/runs/r/outputs/checkpoints/step-000008"
+    first = record(1, step=12, checkpointed=True)
+    for logged in (12, 11):
+        current = record(2, step=logged, resumed_from=ckpt8)
+        assert decide(POLICY, [first], KILLED, logged, 1000.0, current) == (
+            True,
+            "killed is retryable",
+        )
+    # Nothing logged past the checkpoint it resumed from: no progress.
+    stuck = record(2, step=8, resumed_from=ckpt8)
+    retry, reason = decide(POLICY, [first], KILLED, 8, 1000.0, stuck)
+    assert not retry and "made no progress past it" in reason
+    # And the loop still ends: attempt 3 from the same checkpoint, as far as attempt 2.
+    second = record(2, step=12, resumed_from=ckpt8)
+    retry, reason = decide(
+        POLICY, [first, second], KILLED, 12, 1000.0, record(3, step=12, resumed_from=ckpt8)
+    )
+    assert not retry and "again, as attempt 2 did" in reason

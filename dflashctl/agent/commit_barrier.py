@@ -74,10 +74,16 @@ def read_marker(path):
 
 def connect(p, deadline):
     """The run's prefixed view of node 0's store (node 0 hosts it), or (None, why) when
-    it cannot be had before the deadline or an abort marker appears meanwhile."""
+    it cannot be had before the deadline or an abort marker appears meanwhile.
+
+    Each try waits twice as long as the one before (CONNECT_TRY_S first): torch's
+    TCPStore looks up its peer's name once connected, which takes about 10 s where the
+    DNS server does not answer, so a fixed short try would never connect there. Node 0
+    gives up at once only when it cannot listen on the port (taken by another job)."""
     import torch.distributed as dist
 
     master = int(p["rank"]) == 0
+    try_s = CONNECT_TRY_S
     while True:
         remaining = deadline - time.monotonic()
         try:
@@ -86,19 +92,20 @@ def connect(p, deadline):
                 int(p["port"]),
                 None,
                 master,
-                datetime.timedelta(seconds=max(min(CONNECT_TRY_S, remaining), 0.5)),
+                datetime.timedelta(seconds=max(min(try_s, remaining), 0.5)),
                 wait_for_workers=False,
             )
             store.set_timeout(datetime.timedelta(seconds=OP_TIMEOUT_S))
             return dist.PrefixStore(f"dflash-commit/{p['run_id']}/{p['secret']}/", store), None
         except Exception as exc:  # noqa: BLE001 - any failure to connect is a reason to wait or abort
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if master:  # node 0 cannot host the store (its port taken, say)
+            if master and _cannot_listen(why):  # node 0 cannot host the store
                 first = p["names"][0]
                 return (
                     None,
                     f"node {first} could not host the commit store on port {p['port']}: {why}",
                 )
+        try_s *= 2
         reason = read_marker(p["marker"])
         if reason is not None:
             return None, reason
@@ -109,6 +116,15 @@ def connect(p, deadline):
                 f"node {first} was not reachable at {p['address']}:{p['port']} within {within:.0f} s",
             )
         time.sleep(POLL_S)
+
+
+def _cannot_listen(why):
+    """Whether a store's failure to start is its port (in use, not allowed), not a
+    connection that was slow."""
+    lowered = why.lower()
+    return any(
+        mark in lowered for mark in ("address already in use", "eaddrinuse", "permission denied")
+    )
 
 
 def text(value):

@@ -7,9 +7,13 @@ from the SIOCGIFADDR ioctl (no `ip` or `hostname -I` needed in the container).
 
 import errno
 import fcntl
+import os
 import socket
 import struct
 import time
+
+from .errors import AgentError
+from .processes import process_env
 
 SIOCGIFADDR = 0x8915
 
@@ -159,3 +163,60 @@ def op_probe(p):
         if time.monotonic() >= deadline:
             return {"reached": False, "error": last}
         time.sleep(0.1)
+
+
+def port_listeners(port):
+    """The pids of the processes listening on TCP `port` (IPv4 or IPv6), from
+    /proc/net/tcp* and each process's open sockets."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = [line.split() for line in f.read().splitlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            if len(row) > 9 and row[3] == "0A" and int(row[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{row[9]}]")
+    pids = []
+    if not inodes:
+        return pids
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}") in inodes:
+                    pids.append(int(name))
+                    break
+            except OSError:
+                continue
+    return sorted(pids)
+
+
+def check_job_port(workdir, port):
+    """Before anything is stopped, on the node that hosts the job's store: torchrun.port
+    must be free, or held by a run of this workdir (stopped before the launch). A run of
+    another workdir (another experiment in this container) holding it would make every
+    rank of the new run die at its rendezvous: refused, naming who holds it."""
+    own = os.path.join(workdir, "runs") + os.sep
+    for pid in port_listeners(int(port)):
+        run_dir = process_env(pid, "DFLASH_RUN_DIR") or ""
+        if run_dir.startswith(own):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            command = "?"
+        whose = f" (run {run_dir.rstrip('/')})" if run_dir else ""
+        raise AgentError(
+            f"torchrun.port {int(port)} is taken by pid {pid}{whose}, not a run of "
+            f"{workdir}: {command[:200]}",
+            "stop that job, or set torchrun.port (and torchrun.commit_port) to free ports; "
+            "nothing was stopped",
+        )

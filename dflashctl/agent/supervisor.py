@@ -62,7 +62,12 @@ def decide(policy, history, crash, step, now, current=None):
     Every crash loop ends: a retry that would start from the checkpoint this attempt
     started from, after this attempt got no further than the one before it, is the
     same crash again; and restarts are counted since the last new checkpoint as well
-    as within window_s, so a window shorter than an attempt still ends the loop."""
+    as within window_s, so a window shorter than an attempt still ends the loop.
+
+    Progress counts by the steps logged too: after an attempt that wrote a new
+    checkpoint, the next one resumes from it, and logging steps past it is progress
+    even when it dies at the same step as the one before (both killed while writing
+    the next checkpoint, as an OOM at checkpoint time does)."""
     limit = int(policy.get("max_restarts") or 0)
     if limit <= 0:
         return False, "automatic recovery is off (run.retry.max_restarts is 0)"
@@ -83,7 +88,17 @@ def decide(policy, history, crash, step, now, current=None):
             ),
         )
     previous = history[-1] if history else None
-    if step is not None and previous is not None and previous.get("step") == step:
+    # The attempt before wrote a checkpoint this one resumed from: measure this one's
+    # progress from there, not from where the attempt before got to.
+    moved_on = previous is not None and bool(previous.get("checkpointed"))
+    start = current.get("resumed_from") if current else None
+    start_step = (checkpoint_step(start) or 0) if start else 0
+    if (
+        step is not None
+        and previous is not None
+        and previous.get("step") == step
+        and not (moved_on and step > start_step)
+    ):
         return (
             False,
             "it crashed at step {} again, as attempt {} did: a restart does not get past it".format(
@@ -92,7 +107,7 @@ def decide(policy, history, crash, step, now, current=None):
         )
     checkpointed = bool(current and current.get("checkpointed"))
     if previous is not None and current is not None and not checkpointed:
-        before = previous.get("step")
+        before = start_step if moved_on else previous.get("step")
         if step is None or (before is not None and step <= before):
             start = current.get("resumed_from")
             where = f"checkpoint {start}" if start else "the start"

@@ -43,7 +43,7 @@ from .files import lock_workdir, tree_bytes
 from .lineage import latest_checkpoint
 from .manifest import real_manifest
 from .metrics import op_metrics
-from .network import op_address, op_listen, op_probe
+from .network import check_job_port, op_address, op_listen, op_probe
 from .processes import process_table
 from .pull import op_pull_plan
 from .releases import (
@@ -230,6 +230,9 @@ def launch(p, warm=None):
         )
     if expect is not None and real_manifest(release_dir) != expect["manifest"]:
         raise StaleBase(f"release {release} was changed in place")
+    commit_params = p.get("commit") or {}
+    if commit_params.get("job_port") and int(commit_params["rank"]) == 0:
+        check_job_port(workdir, commit_params["job_port"])  # before anything is stopped
     p = with_venv(p, release)  # before anything is stopped: a failed setup stops nothing
     check_trainer_config(release_dir, p)  # so is a config the trainer would refuse
     # The run this one replaces: its training continues here unless `fresh`.

@@ -21,6 +21,7 @@ def shell(config: ConfigOption = None, node: NodeOption = None) -> None:
     from dflashctl.errors import UsageError
     from dflashctl.nodes import node_sessions
 
+    cfg = load_config(config)  # its mistakes first
     if not os.isatty(0):
         # A shell fed from a file or /dev/null would sit at its prompt on the pty
         # forever: the pty there never sees this side's end of input.
@@ -28,7 +29,6 @@ def shell(config: ConfigOption = None, node: NodeOption = None) -> None:
             "shell needs a terminal on its stdin",
             hint="to run commands from a script: dflashctl exec -- sh -c '...' (or -- sh < file)",
         )
-    cfg = load_config(config)
     with node_sessions(cfg) as nodes:
         chosen = pick_node(nodes, node)
         with as_host_error(chosen.target):
