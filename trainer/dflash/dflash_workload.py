@@ -38,9 +38,15 @@ from dflash.data import (
 from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TargetSection, TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
-from dflash.serving_walk import walk_tau
+from dflash.serving_walk import blocks_per_token, walk_tau
 from dflash.spec_decode import EvalResult, evaluate
-from dflash.target import build_tiny_target, freeze, layers_run_for_context, load_target
+from dflash.target import (
+    ContextForward,
+    build_tiny_target,
+    freeze,
+    layers_run_for_context,
+    load_target,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -148,6 +154,7 @@ class DFlashWorkload(Workload):
         self.target_dtype = DTYPES[cfg.target.dtype]
         self.drafter_dtype = DTYPES[cfg.drafter.dtype]
         self._notes: list[str] = []
+        self._context_forwards: dict[int, ContextForward] = {}  # by id(target)
         # Everything that can be checked from configs is checked before a weight is read:
         # the target's shape comes from its config.json (or the preset), so a drafter that
         # does not fit it fails here, not after an 8B model has been loaded.
@@ -350,10 +357,44 @@ class DFlashWorkload(Workload):
         return build_random_target(t.preset, device, self.target_dtype, t.seed, t.init_std)
 
     def target_context(self, target: nn.Module, batch: Batch) -> torch.Tensor:
-        context = target_context(
-            target, batch.input_ids, batch.attention_mask, self.drafter_cfg.target_layer_ids
+        device = batch.input_ids.device
+        if not (self.target_compiled(device) or self.cfg.target.fp8):
+            context = target_context(
+                target, batch.input_ids, batch.attention_mask, self.drafter_cfg.target_layer_ids
+            )
+            return context.to(self.drafter_dtype)
+        forward = self._context_forwards.get(id(target))
+        if forward is None:
+            forward = ContextForward(
+                target,
+                self.drafter_cfg.target_layer_ids,
+                compile=self.target_compiled(device),
+                fp8=self.cfg.target.fp8,
+            )
+            self._context_forwards[id(target)] = forward
+        return forward(batch.input_ids, batch.attention_mask).to(self.drafter_dtype)
+
+    def target_compiled(self, device: torch.device) -> bool:
+        # CPU runs (the demo, tests) stay eager: compiling costs more than it saves there.
+        return self.cfg.target.compile and torch.device(device).type == "cuda"
+
+    def warm_target(self, target: nn.Module, device: torch.device) -> None:
+        """Compile the target forward with the production shapes (right-padded rows of
+        token ids: the shapes are all that matter), two calls: compile, then run."""
+        gen = torch.Generator().manual_seed(54321)
+        ids = torch.randint(0, self.drafter_cfg.mask_token_id, (self.batch_size, self.seq_len), generator=gen)
+        batch = Batch(
+            step=-1,
+            shard=-1,
+            input_ids=ids.to(device),
+            attention_mask=torch.ones_like(ids).to(device),
+            loss_mask=torch.ones_like(ids, dtype=torch.bool).to(device),
+            anchors=torch.zeros(self.batch_size, self.num_anchors, dtype=torch.long).to(device),
+            anchor_valid=torch.zeros(self.batch_size, self.num_anchors, dtype=torch.bool).to(device),
         )
-        return context.to(self.drafter_dtype)
+        with torch.no_grad():
+            for _ in range(2):
+                self.target_context(target, batch)
 
     # -- drafter
 
@@ -399,6 +440,16 @@ class DFlashWorkload(Workload):
             return float(metrics["accept_len"])
         return expected_acceptance_length(metrics.get("per_slot_acc", []))
 
+    def serving_estimate(self, metrics: dict) -> tuple[float, float] | None:
+        if "first_miss" not in metrics:
+            return None
+        blocks = blocks_per_token(
+            float(metrics["first_miss"]),
+            float(metrics["full_accept"]),
+            self.drafter_cfg.block_size,
+        )
+        return None if blocks is None else (1.0, blocks)
+
     def serving_tau(self, drafter: nn.Module, inputs: DrafterInputs) -> float | None:
         rows = self.cfg.train.tau_walk_rows
         if not rows:
@@ -411,7 +462,7 @@ class DFlashWorkload(Workload):
             inputs.input_ids,
             inputs.loss_mask,
             rows=rows,
-            chunk=self.cfg.train.loss_chunk or 64,
+            head_chunk=self.cfg.train.loss_chunk or 64,
         )
 
     def _target_layers_run(self) -> int:
