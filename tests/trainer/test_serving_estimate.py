@@ -79,7 +79,9 @@ def trained(tiny_target):
         tiny_target, num_samples=4, prompt_len=6, response_len=26, seed=5, max_token_id=500
     )
     batch = collate(samples, 32, 4, 0)
-    context = target_context(tiny_target, batch.input_ids, batch.attention_mask, cfg.target_layer_ids)
+    context = target_context(
+        tiny_target, batch.input_ids, batch.attention_mask, cfg.target_layer_ids
+    )
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=5e-3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(30):

@@ -18,14 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash import (
-    DFlashDrafter,
-    DrafterConfig,
-    drafter_loss,
-    sample_anchors,
-    target_context,
-    target_parts,
-)
+from dflash import DFlashDrafter, DrafterConfig, drafter_loss, sample_anchors, target_parts
 from dflash.checkpoint import load_drafter, save_drafter, save_drafter_weights
 from dflash.data import (
     Sample,
@@ -43,6 +36,7 @@ from dflash.spec_decode import EvalResult, evaluate
 from dflash.target import (
     ContextForward,
     build_tiny_target,
+    context_forward,
     freeze,
     layers_run_for_context,
     load_target,
@@ -154,7 +148,6 @@ class DFlashWorkload(Workload):
         self.target_dtype = DTYPES[cfg.target.dtype]
         self.drafter_dtype = DTYPES[cfg.drafter.dtype]
         self._notes: list[str] = []
-        self._context_forwards: dict[int, ContextForward] = {}  # by id(target)
         # Everything that can be checked from configs is checked before a weight is read:
         # the target's shape comes from its config.json (or the preset), so a drafter that
         # does not fit it fails here, not after an 8B model has been loaded.
@@ -357,44 +350,18 @@ class DFlashWorkload(Workload):
         return build_random_target(t.preset, device, self.target_dtype, t.seed, t.init_std)
 
     def target_context(self, target: nn.Module, batch: Batch) -> torch.Tensor:
-        device = batch.input_ids.device
-        if not (self.target_compiled(device) or self.cfg.target.fp8):
-            context = target_context(
-                target, batch.input_ids, batch.attention_mask, self.drafter_cfg.target_layer_ids
-            )
-            return context.to(self.drafter_dtype)
-        forward = self._context_forwards.get(id(target))
-        if forward is None:
-            forward = ContextForward(
-                target,
-                self.drafter_cfg.target_layer_ids,
-                compile=self.target_compiled(device),
-                fp8=self.cfg.target.fp8,
-            )
-            self._context_forwards[id(target)] = forward
+        forward = self._context_forward(target, batch.input_ids.device)
         return forward(batch.input_ids, batch.attention_mask).to(self.drafter_dtype)
 
+    def _context_forward(self, target: nn.Module, device: torch.device) -> ContextForward:
+        fp8, compiled = self.cfg.target.fp8, self.target_compiled(device)
+        return context_forward(target, self.drafter_cfg.target_layer_ids, compile=compiled, fp8=fp8)
+
     def target_compiled(self, device: torch.device) -> bool:
-        # CPU runs (the demo, tests) stay eager: compiling costs more than it saves there.
-        return self.cfg.target.compile and torch.device(device).type == "cuda"
+        return self.cfg.target.compile and torch.device(device).type == "cuda"  # CPU: eager
 
     def warm_target(self, target: nn.Module, device: torch.device) -> None:
-        """Compile the target forward with the production shapes (right-padded rows of
-        token ids: the shapes are all that matter), two calls: compile, then run."""
-        gen = torch.Generator().manual_seed(54321)
-        ids = torch.randint(0, self.drafter_cfg.mask_token_id, (self.batch_size, self.seq_len), generator=gen)
-        batch = Batch(
-            step=-1,
-            shard=-1,
-            input_ids=ids.to(device),
-            attention_mask=torch.ones_like(ids).to(device),
-            loss_mask=torch.ones_like(ids, dtype=torch.bool).to(device),
-            anchors=torch.zeros(self.batch_size, self.num_anchors, dtype=torch.long).to(device),
-            anchor_valid=torch.zeros(self.batch_size, self.num_anchors, dtype=torch.bool).to(device),
-        )
-        with torch.no_grad():
-            for _ in range(2):
-                self.target_context(target, batch)
+        self._context_forward(target, device).warm(self.batch_size, self.seq_len, device)
 
     # -- drafter
 
@@ -443,11 +410,8 @@ class DFlashWorkload(Workload):
     def serving_estimate(self, metrics: dict) -> tuple[float, float] | None:
         if "first_miss" not in metrics:
             return None
-        blocks = blocks_per_token(
-            float(metrics["first_miss"]),
-            float(metrics["full_accept"]),
-            self.drafter_cfg.block_size,
-        )
+        block = self.drafter_cfg.block_size
+        blocks = blocks_per_token(metrics["first_miss"], metrics["full_accept"], block)
         return None if blocks is None else (1.0, blocks)
 
     def serving_tau(self, drafter: nn.Module, inputs: DrafterInputs) -> float | None:

@@ -30,7 +30,7 @@ def dense_acceptance(
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
     *,
-    chunk: int = 256,
+    chunk: int = 64,
     head_chunk: int = 64,
 ) -> torch.Tensor:
     """1 + accepted drafted tokens at every anchor p of each row ([N, S - B + 1] long;

@@ -188,7 +188,8 @@ class ContextForward:
     it is."""
 
     def __init__(self, target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool):
-        self.layer_ids = list(layer_ids)
+        self.target, self.layer_ids = target, list(layer_ids)
+        self.plain = not (compile or fp8)
         self.body = context_body(target, self.layer_ids)
         if fp8:
             self.body = with_fp8_linears(self.body)
@@ -206,7 +207,31 @@ class ContextForward:
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+        if self.plain:  # exactly target_context, its hidden-state count checked
+            return target_context(self.target, input_ids, attention_mask, self.layer_ids)
         return self._run(input_ids, None if self.compiled else attention_mask)
+
+    def warm(self, batch_size: int, seq_len: int, device) -> None:
+        """Compile and run once with the production shapes (token ids: only the shapes
+        matter), made on the CPU: no GPU random numbers while another thread may capture."""
+        gen = torch.Generator().manual_seed(54321)
+        ids = torch.randint(0, 100, (batch_size, seq_len), generator=gen).to(device)
+        for _ in range(2):
+            self(ids, torch.ones_like(ids))
+
+
+_context_forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def context_forward(
+    target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool
+) -> ContextForward:
+    """The target's ContextForward for these settings, made once (a compile is kept)."""
+    key = (tuple(layer_ids), compile, fp8)
+    made = _context_forwards.setdefault(target, {})
+    if key not in made:
+        made[key] = ContextForward(target, layer_ids, compile=compile, fp8=fp8)
+    return made[key]
 
 
 class Fp8Linear(nn.Module):

@@ -32,7 +32,7 @@ from dflash.pipeline.optim import MasterWeightAdamW
 from dflash.pipeline.replicas import flatten
 from dflash.pipeline.supervisor import StopQueue, Supervisor
 from dflash.pipeline.train_config import FailurePoint, TrainConfig
-from dflash.pipeline.warmup import WarmupGate
+from dflash.pipeline.warmup import WarmupGate, warm_target
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
 
 
@@ -193,7 +193,8 @@ def run_target_loop(
     if ctx.workload.target_compiled(device):
         # A compile is no capture, but Dynamo is not thread-safe and its first runs may
         # synchronize: under the capture lock, counted at the gate like a drafter.
-        _warm_target(ctx, name, target, device)
+        say = lambda text: ctx.log.line(stage_line(name, _device_text(device), text))  # noqa: E731
+        warm_target(ctx.gate, say, lambda: ctx.workload.warm_target(target, device))
         ctx.gate.mark_warm()
     ctx.gate.wait_all_warm()
     # The crash detector takes a thread's stage from its last stage line.
@@ -215,20 +216,6 @@ def run_target_loop(
                 inputs.ready = torch.cuda.Event()
                 inputs.ready.record(stream)
         replica.inputs.put(inputs)
-
-
-def _warm_target(ctx: RunContext, name: str, target: torch.nn.Module, device) -> None:
-    ctx.gate.acquire_capture()
-    try:
-        ctx.log.line(stage_line(name, _device_text(device), "compiling the target forward"))
-        started = time.perf_counter()
-        ctx.workload.warm_target(target, device)
-        seconds = time.perf_counter() - started
-        ctx.log.line(
-            stage_line(name, _device_text(device), f"target ready (compile {seconds:.1f} s)")
-        )
-    finally:
-        ctx.gate.release_capture()
 
 
 class TargetTimer:

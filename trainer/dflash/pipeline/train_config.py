@@ -140,9 +140,10 @@ class TargetSection(Section):
     dtype: Dtype = "float32"
     seed: int = 0  # seed of the random target (and of its synthetic data)
     init_std: Number = 0.02  # weight init of the random target (larger: sharper logits)
-    # The training forward on GPUs: torch.compile (static shapes); fp8: FP8 matmuls in
-    # its decoder layers (evaluation and the drafter's embedding/LM head stay as loaded)
-    compile: bool = True
+    # The training forward on GPUs: torch.compile (static shapes; off: measured 5% slower
+    # on an H200, bench/results/h200/trainer-measurements.txt); fp8: FP8 matmuls in its
+    # decoder layers (evaluation and the drafter's embedding/LM head stay as loaded)
+    compile: bool = False
     fp8: bool = False
 
 
