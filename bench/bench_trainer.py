@@ -1,13 +1,20 @@
-"""Trainer throughput: compile modes and schedules, one config, one run, as ratios.
+"""Trainer throughput with every measurement on, and what each measurement costs.
 
-    python bench/bench_trainer.py      # GPU: qwen3-8b.yaml, all modes; CPU: tiny-cpu.yaml, a few
+    python bench/bench_trainer.py      # GPU: qwen3-8b.yaml, reduce-overhead; CPU: tiny-cpu.yaml, eager
     python bench/bench_trainer.py --config trainer/configs/qwen3-8b.yaml --steps 30 --out /tmp/bench
-    python bench/bench_trainer.py --config trainer/configs/tiny-cpu.yaml --variants eager,eager-sequential
+    python bench/bench_trainer.py --variants eager,eager-sequential   # compare compile modes instead
+    python bench/bench_trainer.py --extra target-compiled,fp8             # more variants beside the costs
 
+By default it runs the shipped defaults (the tau~ serving walk and its budget, the stack
+watcher, TensorBoard beside metrics.jsonl, the NCCL flight recorder's variables as
+dflashctl sets them, and a mid-run eval with --eval-every), the same with all of them
+off, and one variant per measurement with only that one off, and prints each one's
+tokens/s and its ratio to all-off (the cost of the measurement beside the headline).
 Each variant is a separate trainer process (a fresh compile and fresh CUDA graphs), so
-one variant cannot leak state into the next. Throughput is the median of the step
-lines between the first logging window (filling the queues) and the last (the queue
-draining with no target work left): give it at least 4 windows.
+one variant cannot leak state into the next. Throughput counts every second between the
+end of the first logging window (filling the queues) and the end of the last but one
+(the last drains the queue with no target work left), walks and evals included, from
+metrics.jsonl; give it at least 4 windows.
 Writes ``<out>/<variant>.log``, ``<out>/results.json`` and prints a table.
 """
 
@@ -15,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,21 +53,65 @@ VARIANTS = {
         "runtime.schedule=sequential",
     ],
 }
-GPU_DEFAULT = "eager,default,reduce-overhead,legacy-cudagraphs,sequential,reduce-overhead-dense"
-CPU_DEFAULT = "eager,eager-sequential,default"
+VARIANTS.update(
+    {
+        # the target forward compiled (measured slower: off by default), and with FP8 matmuls
+        "target-compiled": ["target.compile=true"],
+        "fp8": ["target.fp8=true"],
+    }
+)
+# Each measurement the trainer makes while it trains, and how to switch it off:
+# (overrides, environment).
+MEASUREMENTS = {
+    "walk": (["train.tau_walk_rows=0"], {}),
+    "eval": (["eval.every=0"], {}),
+    "trackers": (["logging.tensorboard=false"], {}),
+    "stacks": ([], {"DFLASH_STACK_WATCH": "0"}),
+    "flight-recorder": ([], {"TORCH_NCCL_TRACE_BUFFER_SIZE": None}),
+}
+# What dflashctl's launch sets (dflashctl/agent/runs.py: flight_recorder_env).
+FLIGHT_RECORDER_ENV = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_FR_BUFFER_SIZE": "2000",
+}
+MEASUREMENTS["flight-recorder"] = ([], {name: None for name in FLIGHT_RECORDER_ENV})
 STEP = re.compile(r"^step (\d+)/\d+ \| loss (\S+) .*\| (\d+) tok/s \| mfu (\S+) \|")
 READY = re.compile(r"ready \(warm-up ([\d.]+) s")
+TARGET_READY = re.compile(r"target ready \(compile ([\d.]+) s")
 PEAK = re.compile(r"^peak GPU memory (\S+): ([\d.]+) GiB")
+WALK = re.compile(
+    r"^tau walk \| step \d+ \| tau \S+ \(tau~ \S+\) \| ([\d.]+) s \| (\d+) walks, ([\d.]+)%"
+)
+EVAL = re.compile(r"^eval at step \d+ \|.*\| ([\d.]+) s of training time")
 
 
-def run_variant(name: str, sets: list[str], args, out: Path) -> dict:
+def measurements_on(args) -> tuple[list[str], dict[str, str]]:
+    """The shipped defaults' measurements, all on, as overrides and environment."""
+    sets = []
+    if args.eval_every:
+        sets += ["eval.enabled=true", f"eval.every={args.eval_every}"]
+    if _tensorboard_installed():
+        sets.append("logging.tensorboard=true")
+    return sets, dict(FLIGHT_RECORDER_ENV)
+
+
+def _tensorboard_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def run_variant(name: str, sets: list[str], args, out: Path, env: dict | None = None) -> dict:
+    output_dir = Path(f"/tmp/bench-outputs/{name}")
+    shutil.rmtree(output_dir, ignore_errors=True)  # metrics.jsonl is appended to
     overrides = [
         f"train.steps={args.steps}",
         f"train.log_every={args.log_every}",
         "eval.enabled=false",
         "train.checkpoint_every=0",
         "train.final_checkpoint=false",
-        f"output_dir=/tmp/bench-outputs/{name}",
+        f"output_dir={output_dir}",
         *args.set,
         *sets,
     ]
@@ -70,6 +123,12 @@ def run_variant(name: str, sets: list[str], args, out: Path) -> dict:
     ]
     for item in overrides:
         argv += ["--set", item]
+    environment = {k: v for k, v in os.environ.items() if k != "DFLASH_RUN_DIR"}
+    for key, value in (env or {}).items():
+        if value is None:
+            environment.pop(key, None)
+        else:
+            environment[key] = value
     started = time.monotonic()
     log_path = out / f"{name}.log"
     with open(log_path, "w") as log:
@@ -80,33 +139,77 @@ def run_variant(name: str, sets: list[str], args, out: Path) -> dict:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT / "trainer",
                 timeout=args.timeout,
+                env=environment,
             ).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
     wall = time.monotonic() - started
     lines = log_path.read_text().splitlines()
     windows = [m for m in map(STEP.match, lines) if m]
-    # The first window fills the queues; in the last one the target loops have already
-    # produced every batch and the drafter drains the queue alone (on a shared GPU that
-    # reads far faster than the steady state). Neither is throughput.
-    steady = windows[1:-1] if len(windows) >= 3 else (windows[1:] or windows)
-    tok_s = statistics.median(int(m.group(3)) for m in steady) if steady else None
-    mfus = [float(m.group(4).rstrip("%")) for m in steady if m.group(4) != "n/a"]
+    records = _step_records(output_dir / "metrics.jsonl")
+    tok_s, mfu = _throughput(records)
+    if tok_s is None:  # no metrics.jsonl: the step lines' median
+        steady = windows[1:-1] if len(windows) >= 3 else (windows[1:] or windows)
+        tok_s = statistics.median(int(m.group(3)) for m in steady) if steady else None
     warm = [float(m.group(1)) for m in map(READY.search, lines) if m]
+    target_warm = [float(m.group(1)) for m in map(TARGET_READY.search, lines) if m]
     peak = {m.group(1): float(m.group(2)) for m in map(PEAK.match, lines) if m}
+    walks = [m for m in map(WALK.match, lines) if m]
+    evals = [float(m.group(1)) for m in map(EVAL.match, lines) if m]
+    taus = [(r.get("tau"), r.get("tau_walk")) for r in records]
     return {
         "variant": name,
         "overrides": sets,
+        "env": env or {},
         "exit_code": code,
         "wall_s": round(wall, 1),
         "warmup_s": max(warm) if warm else None,
-        "tokens_per_s": tok_s,
-        "mfu_percent": statistics.median(mfus) if mfus else None,
+        "target_compile_s": max(target_warm) if target_warm else None,
+        "tokens_per_s": round(tok_s, 1) if tok_s else None,
+        "mfu_percent": mfu,
         "first_loss": float(windows[0].group(2)) if windows else None,
         "last_loss": float(windows[-1].group(2)) if windows else None,
         "peak_gib": peak,
+        "walks": len(walks),
+        "walk_s": [float(m.group(1)) for m in walks],
+        "walk_share_percent": float(walks[-1].group(3)) if walks else None,
+        "evals_s": evals,
+        "tau_and_walk": taus,
         "graph_lines": [line for line in lines if "CUDA graph" in line or "cudagraph" in line],
     }
+
+
+def _step_records(path: Path) -> list[dict]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("kind") == "step":
+            records.append(record)
+    return records
+
+
+def _throughput(records: list[dict]) -> tuple[float | None, float | None]:
+    """Tokens per second and MFU (%) from the end of the first window to the end of the
+    last but one, every second counted (walks, evals, a profiler trace)."""
+    if len(records) < 3:
+        return None, None
+    first, last = records[0], records[-2]
+    seconds = last["elapsed_s"] - first["elapsed_s"]
+    if seconds <= 0:
+        return None, None
+    steps = last["step"] - first["step"]
+    per_step = records[1]["tokens_per_s"] / max(1e-9, records[1]["steps_per_s"])
+    tok_s = steps * per_step / seconds
+    mfus = [r["mfu"] / r["steps_per_s"] for r in records[1:-1] if r.get("mfu")]
+    mfu = round(100 * statistics.median(mfus) * steps / seconds, 1) if mfus else None
+    return tok_s, mfu
 
 
 def main() -> int:
@@ -114,7 +217,23 @@ def main() -> int:
     parser.add_argument(
         "--config", type=Path, default=None, help="default: by the device, see above"
     )
-    parser.add_argument("--variants", default=None, help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help=f"compare these instead of the measurement costs: comma list of {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--mode", default=None, help="the variant the costs are measured on (default by device)"
+    )
+    parser.add_argument(
+        "--measurements",
+        default=",".join(MEASUREMENTS),
+        help="which measurements get a variant with only them off (comma list; empty: none)",
+    )
+    parser.add_argument("--extra", default="", help="more variants beside the costs (comma list)")
+    parser.add_argument(
+        "--eval-every", type=int, default=0, help="a mid-run eval every N steps (0: none)"
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600)
@@ -130,8 +249,8 @@ def main() -> int:
         args.config = (
             ROOT / "trainer" / "configs" / ("qwen3-8b.yaml" if on_gpu else "tiny-cpu.yaml")
         )
-    if args.variants is None:
-        args.variants = GPU_DEFAULT if on_gpu else CPU_DEFAULT
+    if args.mode is None:
+        args.mode = "reduce-overhead" if on_gpu else "eager"
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
     args.config = args.config.resolve()
@@ -139,9 +258,29 @@ def main() -> int:
     cfg = load_train_config(args.config, args.set)
     tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * len(cfg.runtime.drafter_devices)
 
+    on_sets, on_env = measurements_on(args)
+    plan: list[tuple[str, list[str], dict]] = []  # (name, overrides, environment)
+    if args.variants:
+        plan = [(n, VARIANTS[n] + on_sets, on_env) for n in args.variants.split(",")]
+    else:
+        base = VARIANTS[args.mode]
+        chosen = [m for m in args.measurements.split(",") if m]
+        if "eval" in chosen and not args.eval_every:
+            chosen.remove("eval")  # no mid-run eval to switch off
+        off_sets = [o for m in MEASUREMENTS for o in MEASUREMENTS[m][0]]
+        off_env = {k: v for m in MEASUREMENTS for k, v in MEASUREMENTS[m][1].items()}
+        plan.append(("defaults", base + on_sets, on_env))
+        plan.append(("all-off", base + on_sets + off_sets, {**on_env, **off_env}))
+        for m in chosen:
+            plan.append(
+                (f"no-{m}", base + on_sets + MEASUREMENTS[m][0], {**on_env, **MEASUREMENTS[m][1]})
+            )
+    for name in [e for e in args.extra.split(",") if e]:
+        plan.append((name, VARIANTS[args.mode] + on_sets + VARIANTS[name], on_env))
+
     results = []
-    for name in args.variants.split(","):
-        result = run_variant(name, VARIANTS[name], args, args.out)
+    for name, sets, env in plan:
+        result = run_variant(name, sets, args, args.out, env)
         tok = result["tokens_per_s"]
         result["steps_per_s"] = round(tok / tokens_per_step, 3) if tok else None
         results.append(result)
@@ -150,24 +289,45 @@ def main() -> int:
             json.dumps(results, indent=2) + "\n"
         )  # partial runs count
 
-    base = next((r for r in results if r["variant"] == "eager" and r["tokens_per_s"]), None)
+    reference = "eager" if args.variants else "all-off"
+    base = next((r for r in results if r["variant"] == reference and r["tokens_per_s"]), None)
     print(f"\nlogs and results.json under {args.out}")
     print(
-        f"config {args.config.name}: {tokens_per_step} tokens/step, {args.steps} steps per variant"
+        f"config {args.config.name}: {tokens_per_step} tokens/step, {args.steps} steps per "
+        f"variant, measurements on: {' '.join(on_sets) or '(config as is)'} + flight recorder env"
     )
     print(
-        f"{'variant':<22} {'exit':>4} {'warm-up s':>9} {'steps/s':>8} {'tok/s':>9} {'mfu':>7} "
-        f"{'peak GiB':>8} {'vs eager':>8}"
+        f"{'variant':<18} {'exit':>4} {'warm-up s':>9} {'steps/s':>8} {'tok/s':>9} {'mfu':>7} "
+        f"{'peak GiB':>8} {'vs ' + reference:>10} {'walks':>5}"
     )
     for r in results:
         ratio = (r["tokens_per_s"] / base["tokens_per_s"]) if base and r["tokens_per_s"] else None
-        r["ratio_vs_eager"] = round(ratio, 3) if ratio else None
+        r[f"ratio_vs_{reference}"] = round(ratio, 4) if ratio else None
         peak = max(r["peak_gib"].values()) if r["peak_gib"] else None
         print(
-            f"{r['variant']:<22} {r['exit_code']!s:>4} {_fmt(r['warmup_s'], 9, 1)} {_fmt(r['steps_per_s'], 8, 3)} "
-            f"{_fmt(r['tokens_per_s'], 9, 0)} {_fmt(r['mfu_percent'], 6, 1)}% {_fmt(peak, 8, 1)} "
-            f"{_fmt(ratio, 8, 2)}"
+            f"{r['variant']:<18} {r['exit_code']!s:>4} {_fmt(r['warmup_s'], 9, 1)} "
+            f"{_fmt(r['steps_per_s'], 8, 3)} {_fmt(r['tokens_per_s'], 9, 0)} "
+            f"{_fmt(r['mfu_percent'], 6, 1)}% {_fmt(peak, 8, 1)} {_fmt(ratio, 10, 3)} "
+            f"{r['walks']:>5}"
         )
+    defaults = next((r for r in results if r["variant"] == "defaults" and r["tokens_per_s"]), None)
+    if defaults and base:
+        print(
+            f"defaults on / all off: {defaults['tokens_per_s'] / base['tokens_per_s']:.3f} "
+            f"(mfu {_fmt(defaults['mfu_percent'], 0, 1)}% vs {_fmt(base['mfu_percent'], 0, 1)}%)"
+        )
+        for r in results:
+            if r["variant"].startswith("no-") and r["tokens_per_s"]:
+                cost = 1 - defaults["tokens_per_s"] / r["tokens_per_s"]
+                print(f"  cost of {r['variant'][3:]:<16} {100 * cost:+.1f}% (defaults vs it off)")
+        if defaults["walks"]:
+            print(
+                f"  tau walks in the defaults run: {defaults['walks']} "
+                f"({', '.join(f'{x:.2f}' for x in defaults['walk_s'])} s), "
+                f"{defaults['walk_share_percent']}% of its training time"
+            )
+        if defaults["evals_s"]:
+            print(f"  mid-run evals: {', '.join(f'{x:.1f}' for x in defaults['evals_s'])} s each")
     pairs = (
         ("reduce-overhead", "sequential"),
         ("flex", "flex-sequential"),

@@ -179,23 +179,51 @@ def test_tensorboard_without_the_package_is_a_config_error(tmp_path, monkeypatch
     assert load_train_config(None, ["logging.tensorboard=false"]).logging.tensorboard is False
 
 
-def test_tau_is_the_serving_walk_when_measured_beside_the_anchors_mean(tmp_path):
+def test_tau_is_the_serving_estimate_and_the_walk_is_recorded_beside_it(tmp_path):
     meter, log, writer = meter_for(tmp_path, every=5)
     assert [step for step in range(1, 11) if meter.due(step)] == [5, 10]
     for step in range(1, 6):
-        add(meter, step, acc=0.9)  # the anchors' mean acceptance: 1.9
-    meter.add(6, loss=2.0, tokens=1, metrics={}, tau=1.9, lr=1e-3, queue_depth=0, queue_size=8)
-    for step in range(7, 10):
-        add(meter, step, acc=0.9)
-    # measured on step 10's text only, as the pipeline asks on the steps that print
-    meter.add(
-        10, loss=2.0, tokens=1, metrics={}, tau=1.9, lr=1e-3, queue_depth=0,
-        queue_size=8, serving_tau=1.25,
-    )  # fmt: skip
+        add(meter, step, acc=0.9)  # the anchors' mean acceptance: 1.9, no serving estimate
+    for step in range(6, 11):
+        # (tokens, blocks) of each step's anchors as serving walks them: 0.4, 0.6 and
+        # 0.5 blocks a token, pooled over the window: tau~ 1 / 0.5
+        meter.add(
+            step, loss=2.0, tokens=1, metrics={}, tau=1.9, lr=1e-3, queue_depth=0,
+            queue_size=8, serving_estimate=(1.0, {6: 0.4, 7: 0.4, 8: 0.6, 9: 0.6}.get(step, 0.5)),
+            serving_tau=1.25 if step == 10 else None,
+        )  # fmt: skip
     writer.close()
     first, second = (
         json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
     )
-    assert (first["tau"], first["tau_anchors"]) == (pytest.approx(1.9), pytest.approx(1.9))
-    assert (second["tau"], second["tau_anchors"]) == (1.25, pytest.approx(1.9))
-    assert "| tau~ 1.25 |" in log.lines[-1]
+    assert (first["tau"], first["tau_anchors"], first["tau_walk"]) == (
+        pytest.approx(1.9),
+        pytest.approx(1.9),
+        None,
+    )
+    assert (second["tau"], second["tau_anchors"], second["tau_walk"]) == (
+        pytest.approx(2.0),
+        pytest.approx(1.9),
+        1.25,
+    )
+    step_line = next(line for line in log.lines if line.startswith("step 10/"))
+    assert "| tau~ 2.00 |" in step_line
+    assert any(line.startswith("tau walk | step 10 | tau 1.25 (tau~ 2.00)") for line in log.lines)
+
+
+def test_the_exact_walk_is_due_only_within_its_share_of_the_training_time():
+    from dflash.pipeline.meter import MeasurementBudget
+
+    clock = Clock()
+    budget = MeasurementBudget(0.01, clock)
+    assert not budget.due()  # training has not begun
+    budget.start()
+    assert budget.due()  # the first one at once: its cost is not known yet
+    budget.record(2.0)
+    clock.now += 399.0  # 1% of 399 s is less than what it took plus the same again
+    assert not budget.due()
+    clock.now += 1.0
+    assert budget.due()
+    budget.record(2.0)
+    assert budget.share() == pytest.approx(4.0 / 400.0)
+    assert not MeasurementBudget(0.0, clock).due()  # 0: never

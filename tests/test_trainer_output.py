@@ -41,9 +41,10 @@ def test_metrics_jsonl_matches_the_step_lines(tiny_runs):
         assert int(fields[5]) == round(record["tokens_per_s"])
         assert int(fields[6]) == record["queue_depth"] and record["queue_size"] == 4
         assert len(record["acc_per_slot"]) == 3  # block 4: slots 1..3 carry a loss
-        # tau~ is the serving walk over the step's text (a block commits 1 to 4 tokens),
-        # beside the sampled anchors' mean acceptance
+        # tau~ is the step anchors' serving estimate (a block commits 1 to 4 tokens),
+        # beside the sampled anchors' mean acceptance and the exact walk when it ran
         assert 1 <= record["tau"] <= 4 and 1 <= record["tau_anchors"] <= 4
+        assert record["tau_walk"] is None or 1 <= record["tau_walk"] <= 4
         assert record["lr"] > 0 and record["mfu"] is None and record["eta_s"] >= 0
     assert step_lines[-1].endswith("| eta 0s")
     assert [r["time"] for r in steps] == sorted(r["time"] for r in steps)

@@ -72,3 +72,52 @@ def test_training_through_the_cut_copy_leaves_the_full_target_unchanged():
     assert len(got) == len(expected) == 7
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_fp8_context_is_close_and_leaves_the_target_as_it_was(tiny_target):
+    """target.fp8: the decoder's linear layers run as FP8 matmuls on a copy of the body;
+    evaluation and the drafter's embedding and LM head keep using the target as loaded."""
+    from dflash.target import ContextForward, Fp8Linear
+
+    ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    before = target_context(tiny_target, ids, mask, [1, 3])
+    fp8 = ContextForward(tiny_target, [1, 3], compile=False, fp8=True)
+    assert isinstance(fp8.body.layers[0].self_attn.q_proj, Fp8Linear)
+    assert isinstance(fp8.body.layers[0].mlp.down_proj, Fp8Linear)
+    got = fp8(ids, mask)
+    error = float((got - before).norm() / before.norm())
+    assert 0 < error < 0.15  # e4m3: 3 mantissa bits, so close but not equal
+    assert type(tiny_target.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    torch.testing.assert_close(
+        target_context(tiny_target, ids, mask, [1, 3]), before, rtol=0, atol=0
+    )
+
+
+def test_fp8_linear_quantises_rows_and_tokens():
+    from dflash.target import Fp8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 16, bias=True)
+    x = torch.randn(3, 5, 32) * torch.logspace(-2, 2, 5)[None, :, None]  # tokens of any scale
+    fp8 = Fp8Linear(linear)
+    out, ref = fp8(x), linear(x)
+    assert out.shape == ref.shape
+    per_token = ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max()
+    assert float(per_token) < 0.1  # a scale per token: small tokens keep their precision
+
+
+def test_the_compiled_context_needs_no_mask_for_right_padded_rows(tiny_target):
+    """The compiled forward runs without the attention mask (a causal mask alone): with
+    right padding every real token's hidden states are the same."""
+    from dflash.target import ContextForward
+
+    ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0  # right padding, as data.collate pads
+    masked = target_context(tiny_target, ids, mask, [1, 3])
+    forward = ContextForward(tiny_target, [1, 3], compile=False, fp8=False)
+    forward.compiled = True  # what the compiled one is called with, run eagerly here
+    got = forward(ids, mask)
+    torch.testing.assert_close(got[0], masked[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1, :15], masked[1, :15], rtol=1e-5, atol=1e-5)

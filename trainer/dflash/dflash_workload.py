@@ -18,14 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash import (
-    DFlashDrafter,
-    DrafterConfig,
-    drafter_loss,
-    sample_anchors,
-    target_context,
-    target_parts,
-)
+from dflash import DFlashDrafter, DrafterConfig, drafter_loss, sample_anchors, target_parts
 from dflash.budget import fit_to_data
 from dflash.checkpoint import load_drafter, save_drafter, save_drafter_weights
 from dflash.data import (
@@ -39,9 +32,16 @@ from dflash.data import (
 from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TargetSection, TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
-from dflash.serving_walk import walk_tau
+from dflash.serving_walk import blocks_per_token, walk_tau
 from dflash.spec_decode import EvalResult, evaluate
-from dflash.target import build_tiny_target, freeze, layers_run_for_context, load_target
+from dflash.target import (
+    ContextForward,
+    build_tiny_target,
+    context_forward,
+    freeze,
+    layers_run_for_context,
+    load_target,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -354,10 +354,18 @@ class DFlashWorkload(Workload):
         return build_random_target(t.preset, device, self.target_dtype, t.seed, t.init_std)
 
     def target_context(self, target: nn.Module, batch: Batch) -> torch.Tensor:
-        context = target_context(
-            target, batch.input_ids, batch.attention_mask, self.drafter_cfg.target_layer_ids
-        )
-        return context.to(self.drafter_dtype)
+        forward = self._context_forward(target, batch.input_ids.device)
+        return forward(batch.input_ids, batch.attention_mask).to(self.drafter_dtype)
+
+    def _context_forward(self, target: nn.Module, device: torch.device) -> ContextForward:
+        fp8, compiled = self.cfg.target.fp8, self.target_compiled(device)
+        return context_forward(target, self.drafter_cfg.target_layer_ids, compile=compiled, fp8=fp8)
+
+    def target_compiled(self, device: torch.device) -> bool:
+        return self.cfg.target.compile and torch.device(device).type == "cuda"  # CPU: eager
+
+    def warm_target(self, target: nn.Module, device: torch.device) -> None:
+        self._context_forward(target, device).warm(self.batch_size, self.seq_len, device)
 
     # -- drafter
 
@@ -403,6 +411,13 @@ class DFlashWorkload(Workload):
             return float(metrics["accept_len"])
         return expected_acceptance_length(metrics.get("per_slot_acc", []))
 
+    def serving_estimate(self, metrics: dict) -> tuple[float, float] | None:
+        if "first_miss" not in metrics:
+            return None
+        block = self.drafter_cfg.block_size
+        blocks = blocks_per_token(metrics["first_miss"], metrics["full_accept"], block)
+        return None if blocks is None else (1.0, blocks)
+
     def serving_tau(self, drafter: nn.Module, inputs: DrafterInputs) -> float | None:
         rows = self.cfg.train.tau_walk_rows
         if not rows:
@@ -415,7 +430,7 @@ class DFlashWorkload(Workload):
             inputs.input_ids,
             inputs.loss_mask,
             rows=rows,
-            chunk=self.cfg.train.loss_chunk or 64,
+            head_chunk=self.cfg.train.loss_chunk or 64,
         )
 
     def _target_layers_run(self) -> int:

@@ -225,7 +225,9 @@ def drafter_loss(
 
     metrics: loss, acc (over counted labels), per_slot_acc [B-1] (slots 1..B-1),
     accept_len (mean over valid blocks of 1 + matching prefix length, the
-    teacher-forced acceptance length), num_blocks, num_labels.
+    teacher-forced acceptance length), num_blocks, num_labels, first_miss and
+    full_accept (shares of the blocks with a token to draft that accept none / all of
+    it: the serving estimate, serving_walk.anchor_tau).
     """
     cfg = drafter.cfg
     block = cfg.block_size
@@ -256,6 +258,10 @@ def drafter_loss(
     prefix = torch.cumprod(correct.long(), dim=2).sum(2).float()  # [N, A]
     validf = anchor_valid.float()
     num_blocks = validf.sum()
+    # Blocks with a token to draft (an anchor at an answer's last token has none): what
+    # the serving estimate counts (serving_walk.anchor_tau).
+    drafting = (anchor_valid & counts[:, :, 0]).float()
+    num_drafting = drafting.sum().clamp(min=1.0)
     metrics = {
         "loss": loss.detach(),
         "acc": correct.float().sum() / countsf.sum().clamp(min=1.0),
@@ -263,6 +269,9 @@ def drafter_loss(
         "accept_len": 1.0 + (prefix * validf).sum() / num_blocks.clamp(min=1.0),
         "num_blocks": num_blocks,
         "num_labels": countsf.sum(),
+        # shares of drafting blocks whose first drafted token is wrong / that accept all
+        "first_miss": ((prefix == 0).float() * drafting).sum() / num_drafting,
+        "full_accept": ((prefix == block - 1).float() * drafting).sum() / num_drafting,
     }
     return loss, metrics
 

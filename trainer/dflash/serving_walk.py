@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from .masks import dense_block_mask, sdpa_attend
 from .model import DFlashDrafter
-from .objective import block_labels, drafter_block_hidden
+from .objective import block_input_ids, block_labels, block_slots
 
 
 @torch.no_grad()
@@ -30,10 +31,17 @@ def dense_acceptance(
     loss_mask: torch.Tensor,
     *,
     chunk: int = 64,
+    head_chunk: int = 64,
 ) -> torch.Tensor:
     """1 + accepted drafted tokens at every anchor p of each row ([N, S - B + 1] long;
-    0 where p is no answer token followed by another). Anchors go through the drafter `chunk` at a time, so
-    the LM head's logits stay small with a large vocabulary."""
+    0 where p is no answer token followed by another).
+
+    The fused context and its per-layer keys and values are computed once for the rows
+    (they do not depend on the anchor); the block rows then go through the drafter body
+    `chunk` anchors at a time, each chunk against only the context prefix its anchors
+    can see (keys at or past the chunk's last anchor are masked for all of them), and
+    through the LM head `head_chunk` anchors at a time, so the [anchors x slots x vocab]
+    logits stay small with a large vocabulary."""
     block = drafter.cfg.block_size
     n, seq_len = input_ids.shape
     count = seq_len - block + 1
@@ -45,20 +53,37 @@ def dense_acceptance(
     mask = loss_mask.to(torch.bool)
     answer = mask[:, :count] & mask[:, 1 : count + 1]
     lengths = torch.zeros(n, count, dtype=torch.long, device=input_ids.device)
+    if not bool(answer.any()):
+        return lengths
+    fused = drafter.fuse(context)
+    ctx_pos = torch.arange(seq_len, device=input_ids.device).expand(n, -1)
+    ctx_kv = drafter.context_kv(fused, ctx_pos)
     for start in range(0, count, chunk):
         anchors = every[:, start : start + chunk].contiguous()
         valid = answer[:, start : start + chunk].contiguous()
         if not bool(valid.any()):
             continue
+        # Context keys the chunk's anchors can see: positions before its last anchor.
+        reach = start + anchors.shape[1] - 1
+        kv = [(k[:, :, :reach], v[:, :, :reach]) for k, v in ctx_kv]
         # Dense attention: the chunked and flex kernels assume training's anchor spacing
         # (>= block_size apart), which anchors at every position do not have.
-        hidden = drafter_block_hidden(
-            drafter, context, input_ids, anchors, valid, attention="sdpa_dense"
-        )
-        guess = drafter.logits(hidden[:, :, 1:]).argmax(-1)  # [N, A, B-1]
+        attend = sdpa_attend(dense_block_mask(anchors, valid, reach, block))
+        block_ids = block_input_ids(input_ids, anchors, block, drafter.cfg.mask_token_id)
+        hidden = drafter(
+            drafter.embed_blocks(block_ids.flatten(1)),
+            block_slots(anchors, block).flatten(1),
+            kv,
+            attend,
+        ).view(n, anchors.shape[1], block, -1)
         labels, counts = block_labels(input_ids, anchors, valid, block, loss_mask)
-        prefix = torch.cumprod(((guess == labels) & counts).long(), dim=2).sum(2)
-        lengths[:, start : start + chunk] = torch.where(valid, 1 + prefix, 0)
+        for head_start in range(0, anchors.shape[1], head_chunk):
+            part = slice(head_start, head_start + head_chunk)
+            guess = drafter.logits(hidden[:, part, 1:]).argmax(-1)  # [N, a, B-1]
+            hits = (guess == labels[:, part]) & counts[:, part]
+            prefix = torch.cumprod(hits.long(), dim=2).sum(2)
+            at = slice(start + head_start, start + head_start + guess.shape[1])
+            lengths[:, at] = torch.where(valid[:, part], 1 + prefix, 0)
     return lengths
 
 
@@ -84,3 +109,36 @@ def walk_tau(drafter: DFlashDrafter, context, input_ids, loss_mask, *, rows: int
     lengths = dense_acceptance(drafter, context[:rows], input_ids[:rows], loss_mask[:rows], **kw)
     blocks = [length for row in lengths.tolist() for length in walk(row)]
     return sum(blocks) / len(blocks) if blocks else None
+
+
+def blocks_per_token(first_miss: float, full_accept: float, block_size: int) -> float | None:
+    """Serving's blocks per token, estimated from anchors sampled uniformly over the text:
+    the share whose first drafted token is wrong plus the share that accept all, over B.
+
+    Why: a drafter's acceptance counts down towards the next token it gets wrong. If h is
+    that token's position, an anchor p before it accepts min(B, h - p) (anchors closer to
+    h reach it sooner), so the text splits into stretches that each end at a miss, and
+    exactly one anchor per stretch (the one right before the miss) accepts 1. A server's
+    walk crosses a stretch of g tokens in ceil(g / B) blocks: one block per stretch
+    (first_miss of the anchors), plus one more per B tokens beyond the first B of long
+    stretches, which the anchors that accept all B count about B times each. Exact when
+    acceptance follows that pattern and stretches are shorter than B; how close it is on
+    trained drafters is in trainer/README.md. None: no anchor drafted anything."""
+    blocks = first_miss + full_accept / block_size
+    if blocks <= 0:
+        return None
+    return max(blocks, 1.0 / block_size)  # serving never commits more than B a block
+
+
+def anchor_tau(lengths: list[int], block_size: int) -> float | None:
+    """tau~ from per-anchor acceptance lengths (1 + accepted; 0: no anchor): tokens per
+    block as `blocks_per_token` estimates it."""
+    drafted = [length for length in lengths if length > 0]
+    if not drafted:
+        return None
+    share = blocks_per_token(
+        sum(1 for x in drafted if x == 1) / len(drafted),
+        sum(1 for x in drafted if x == block_size) / len(drafted),
+        block_size,
+    )
+    return None if share is None else 1.0 / share

@@ -172,6 +172,123 @@ def target_context(
     return select_layers(out.hidden_states, layer_ids)
 
 
+class ContextForward:
+    """`target_context` for the training loop, optionally compiled and with FP8 matmuls.
+
+    compile: torch.compile with static shapes and no CUDA graphs, so it needs no CUDA Graph
+    Trees state in the thread that runs it and holds no graph-owned outputs that a later
+    call would overwrite while the drafter still reads them from the queue. It is called
+    without the attention mask: batches are right-padded (`data.collate`), and under a
+    causal mask a real token never sees the padding after it, so every real token gets
+    the same hidden states (the drafter reads only context before its anchors, which
+    are real tokens), and attention keeps its fused causal kernel.
+    fp8: the decoder layers' linear layers run as FP8 (e4m3) matmuls with one scale per
+    weight row and per token (`Fp8Linear`) on a copy of the body that shares everything
+    else; the target itself (evaluation, the drafter's embedding and LM head) stays as
+    it is."""
+
+    def __init__(self, target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool):
+        self.target, self.layer_ids = target, list(layer_ids)
+        self.plain = not (compile or fp8)
+        self.body = context_body(target, self.layer_ids)
+        if fp8:
+            self.body = with_fp8_linears(self.body)
+        self.compiled = compile
+        self._run = torch.compile(self._forward, dynamic=False) if compile else self._forward
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+        out = self.body(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            use_cache=False,
+        )
+        return select_layers(out.hidden_states, self.layer_ids)
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+        if self.plain:  # exactly target_context, its hidden-state count checked
+            return target_context(self.target, input_ids, attention_mask, self.layer_ids)
+        return self._run(input_ids, None if self.compiled else attention_mask)
+
+    def warm(self, batch_size: int, seq_len: int, device) -> None:
+        """Compile and run once with the production shapes (token ids: only the shapes
+        matter), made on the CPU: no GPU random numbers while another thread may capture."""
+        gen = torch.Generator().manual_seed(54321)
+        ids = torch.randint(0, 100, (batch_size, seq_len), generator=gen).to(device)
+        for _ in range(2):
+            self(ids, torch.ones_like(ids))
+
+
+_context_forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def context_forward(
+    target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool
+) -> ContextForward:
+    """The target's ContextForward for these settings, made once (a compile is kept)."""
+    key = (tuple(layer_ids), compile, fp8)
+    made = _context_forwards.setdefault(target, {})
+    if key not in made:
+        made[key] = ContextForward(target, layer_ids, compile=compile, fp8=fp8)
+    return made[key]
+
+
+class Fp8Linear(nn.Module):
+    """A frozen linear layer as an FP8 matmul: weights e4m3 with one scale per output row,
+    activations quantised per token on the fly (torch._scaled_mm on GPUs; dequantised
+    matmul elsewhere, for tests)."""
+
+    MAX = 448.0  # largest finite float8_e4m3fn
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach()
+        scale = weight.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / self.MAX
+        self.register_buffer("weight_fp8", (weight.float() / scale).to(torch.float8_e4m3fn))
+        self.register_buffer("weight_scale", scale.t().contiguous())  # [1, out]
+        self.bias = linear.bias
+        self.out_dtype = weight.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        scale = rows.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / self.MAX
+        quantised = (rows.float() / scale).to(torch.float8_e4m3fn)
+        if rows.is_cuda:
+            out = torch._scaled_mm(
+                quantised,
+                self.weight_fp8.t(),
+                scale_a=scale,
+                scale_b=self.weight_scale,
+                out_dtype=self.out_dtype,
+            )
+        else:
+            weight = self.weight_fp8.float() * self.weight_scale.t()
+            out = ((quantised.float() * scale) @ weight.t()).to(self.out_dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*shape[:-1], out.shape[-1])
+
+
+def with_fp8_linears(module: nn.Module) -> nn.Module:
+    """A copy of `module` whose nn.Linear layers are Fp8Linear; every other submodule and
+    parameter is shared with the original, which is left untouched."""
+    if isinstance(module, nn.Linear):
+        return Fp8Linear(module)
+    children = dict(module.named_children())
+    swapped = {name: with_fp8_linears(child) for name, child in children.items()}
+    if all(swapped[name] is child for name, child in children.items()):
+        return module
+    clone = copy.copy(module)
+    for name, value in vars(module).items():
+        if isinstance(value, dict):  # own tables (submodules, hooks, ...): edits stay here
+            setattr(clone, name, copy.copy(value))
+    for name, child in swapped.items():
+        clone._modules[name] = child
+    return clone
+
+
 def layers_run_for_context(target: nn.Module, layer_ids: list[int]) -> int:
     """How many decoder layers `target_context` runs (for FLOP counts)."""
     body = context_body(target, layer_ids)

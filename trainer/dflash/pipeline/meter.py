@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from dflash.pipeline.logging import RunLog, format_step_line
 from dflash.pipeline.metrics_file import MetricsWriter
 
+# The exact serving walk (and a mid-run eval) may take at most this share of the
+# training time so far, so every measurement together stays within a few percent.
+WALK_BUDGET = 0.01
+
 # The ETA uses the step rate of the last few windows: recent enough to follow a slowdown,
 # long enough not to jump with one slow window (a checkpoint, a profiler trace).
 RATE_WINDOWS = 5
@@ -28,6 +32,10 @@ class _Window:
     loss: float = 0.0
     acc: float = 0.0
     tau: float = 0.0
+    # tau~ from the anchors as serving walks them (Workload.serving_estimate): drafted
+    # tokens and blocks, summed over the steps that gave them
+    serving_tokens: float = 0.0
+    serving_blocks: float = 0.0
     tokens: int = 0
     acc_per_slot: list[float] = field(default_factory=list)
     grad_norm: float = 0.0  # sum over the steps that reported one
@@ -46,6 +54,39 @@ class _Window:
             self.acc_per_slot = [a + b for a, b in zip(self.acc_per_slot, per_slot, strict=True)]
 
 
+class MeasurementBudget:
+    """Time a measurement takes from the training thread (the exact serving walk), kept
+    within `fraction` of the time trained so far: one is due when what was spent, plus
+    the last one's cost again, fits that share. The first is due at once."""
+
+    def __init__(self, fraction: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.fraction = fraction
+        self.clock = clock
+        self.spent = 0.0
+        self.last = 0.0
+        self.count = 0
+        self._start: float | None = None
+
+    def start(self) -> None:
+        self._start = self.clock()
+
+    def due(self) -> bool:
+        if self.fraction <= 0 or self._start is None:
+            return False
+        return self.spent + self.last <= self.fraction * (self.clock() - self._start)
+
+    def record(self, seconds: float) -> None:
+        self.spent += seconds
+        self.last = seconds
+        self.count += 1
+
+    def share(self) -> float:
+        """What the measurements took, as a share of the time since training began."""
+        if self._start is None:
+            return 0.0
+        return self.spent / max(1e-9, self.clock() - self._start)
+
+
 class StepMeter:
     def __init__(
         self,
@@ -57,8 +98,10 @@ class StepMeter:
         peak_flops: float | None = None,
         writer: MetricsWriter | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        walk_budget: float = WALK_BUDGET,
     ) -> None:
         self.log = log
+        self.walks = MeasurementBudget(walk_budget, clock)
         self.clock = clock
         self.total_steps = total_steps
         self.log_every = log_every
@@ -76,6 +119,7 @@ class StepMeter:
     def start(self) -> None:
         """Training begins now: warm-up is no training time."""
         self._window_start = self._training_start = self.clock()
+        self.walks.start()
 
     def restart_window(self) -> None:
         """Drop the steps counted so far from the throughput (e.g. a profiler trace just
@@ -96,19 +140,25 @@ class StepMeter:
         queue_size: int,
         grad_norm: float | None = None,
         serving_tau: float | None = None,
+        serving_estimate: tuple[float, float] | None = None,
     ) -> int:
         """A finished step with a finite loss (``tokens``: over all replicas); prints the
         step line when one is due and returns how many steps that line covers (else 0).
 
-        ``tau``: the step's mean acceptance over its sampled anchors; ``serving_tau``
-        (on the steps that print, when measured): tau as serving meets the batch's text,
-        which the step line's tau~ then is."""
+        ``tau``: the step's mean acceptance over its sampled anchors;
+        ``serving_estimate``: (tokens, blocks) of its anchors as serving would walk them
+        (the step line's tau~ is tokens / blocks over the window; without it, the
+        anchors' mean); ``serving_tau`` (when measured): the exact serving walk over
+        rows of the batch, recorded as ``tau_walk``."""
         acc = metrics.get("acc", 0.0)
         per_slot = metrics.get("per_slot_acc") or []
         per_slot = [float(a) for a in per_slot] if isinstance(per_slot, list) else [per_slot]
         if isinstance(acc, list):
             acc = sum(acc) / max(1, len(acc))
         self._window.add(loss, float(acc), tau, tokens, per_slot)
+        if serving_estimate is not None:
+            self._window.serving_tokens += serving_estimate[0]
+            self._window.serving_blocks += serving_estimate[1]
         if grad_norm is not None:
             window = self._window
             window.grad_norm += grad_norm
@@ -150,10 +200,16 @@ class StepMeter:
             "loss": window.loss / n,
             "acc": window.acc / n,
             "acc_per_slot": [round(a / n, 4) for a in window.acc_per_slot],
-            # tau~: what serving would measure on the step's text when it was walked,
-            # else the anchors' mean; tau_anchors: the anchors' mean of the window.
-            "tau": window.tau / n if serving_tau is None else serving_tau,
+            # tau~: the window's anchors as serving walks them (trainer/README.md),
+            # else their mean; tau_anchors: the anchors' mean; tau_walk: the exact walk
+            # over rows of this step's batch, when it ran (within its time budget).
+            "tau": (
+                window.serving_tokens / window.serving_blocks
+                if window.serving_blocks > 0
+                else window.tau / n
+            ),
             "tau_anchors": window.tau / n,
+            "tau_walk": serving_tau,
             "lr": lr,
             # total norm of the gradients before clipping (mean of the window, and its max)
             "grad_norm": window.grad_norm / window.grad_norm_steps
@@ -185,6 +241,12 @@ class StepMeter:
                 eta_s=eta_s,
             )
         )
+        if serving_tau is not None:
+            self.log.line(
+                f"tau walk | step {step} | tau {serving_tau:.2f} (tau~ {record['tau']:.2f}) | "
+                f"{self.walks.last:.2f} s | {self.walks.count} walks, "
+                f"{100 * self.walks.share():.1f}% of the training time"
+            )
         if self.writer is not None:
             self.writer.write(record)
         self._window, self._window_steps_timed = _Window(), 0

@@ -266,7 +266,8 @@ def _train(
         workload=workload,
         log=log,
         supervisor=supervisor,
-        gate=WarmupGate(num_drafters, supervisor),
+        # Compiled target loops warm up at the gate too (sequential: in their drafter).
+        gate=WarmupGate(num_drafters + _compiled_target_loops(cfg, workload), supervisor),
         averager=averager,
         world=world,
         term_requested=term,
@@ -281,6 +282,7 @@ def _train(
             flops_per_step=workload.flops_per_batch() * num_drafters * world.size,
             peak_flops=(peak_flops(cfg) or 0.0) * world.size or None,
             writer=metrics,
+            walk_budget=cfg.train.tau_walk_budget,
         ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
         hang_point=parse_fail_in(cfg.debug.hang_in, "debug.hang_in") if cfg.debug.hang_in else None,
@@ -328,13 +330,20 @@ def _train(
         thread, between steps): where serving acceptance goes while tau~ rises."""
         was_training = drafter.training
         drafter.eval()
+        started = time.perf_counter()
         try:
             evaluation = workload.evaluate(drafter)
         finally:
             drafter.train(was_training)
+        seconds = time.perf_counter() - started
         if evaluation is None:
             return
-        log.line(f"eval at step {step} | " + evaluation.format_line().removeprefix("eval | "))
+        # What it cost: the step lines' throughput leaves the eval out (restart_window).
+        log.line(
+            f"eval at step {step} | "
+            + evaluation.format_line().removeprefix("eval | ")
+            + f" | {seconds:.1f} s of training time"
+        )
         ctx.meter.record_eval({**evaluation.metrics(), "during_training": True}, step=step)
         ctx.meter.restart_window()  # the eval's time is no training throughput
 
@@ -456,6 +465,12 @@ def _train(
         log.line(f"drafter checkpoint: {_written_where(result.checkpoint, world)}")
     log.line("training complete")
     return result
+
+
+def _compiled_target_loops(cfg: TrainConfig, workload: Workload) -> int:
+    if cfg.runtime.schedule != "pipelined":
+        return 0
+    return sum(1 for d in cfg.runtime.target_devices if workload.target_compiled(torch.device(d)))
 
 
 def _written_where(checkpoint: Path, world: World) -> str:

@@ -261,6 +261,8 @@ def install(run_dir: Path, rank: int, log: RunLog) -> StackWatch | None:
     global _installed
     if _installed is not None:
         return _installed
+    if os.environ.get("DFLASH_STACK_WATCH") == "0":  # bench/bench_trainer.py: its cost
+        return None
     watch = StackWatch(run_dir, rank, log)
     try:
         watch.start()

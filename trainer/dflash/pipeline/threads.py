@@ -32,7 +32,7 @@ from dflash.pipeline.optim import MasterWeightAdamW
 from dflash.pipeline.replicas import flatten
 from dflash.pipeline.supervisor import StopQueue, Supervisor
 from dflash.pipeline.train_config import FailurePoint, TrainConfig
-from dflash.pipeline.warmup import WarmupGate
+from dflash.pipeline.warmup import WarmupGate, warm_target
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
 
 
@@ -190,6 +190,12 @@ def run_target_loop(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     inject(ctx, name, "start")
+    if ctx.workload.target_compiled(device):
+        # A compile is no capture, but Dynamo is not thread-safe and its first runs may
+        # synchronize: under the capture lock, counted at the gate like a drafter.
+        say = lambda text: ctx.log.line(stage_line(name, _device_text(device), text))  # noqa: E731
+        warm_target(ctx.gate, say, lambda: ctx.workload.warm_target(target, device))
+        ctx.gate.mark_warm()
     ctx.gate.wait_all_warm()
     # The crash detector takes a thread's stage from its last stage line.
     ctx.log.line(stage_line(name, _device_text(device), "running target forwards"))
@@ -303,6 +309,8 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
         ctx.log.line(stage_line(name, device, warming))
         started = time.perf_counter()
         _warm_up(ctx, replica)
+        if replica.target is not None and ctx.workload.target_compiled(replica.target_device):
+            ctx.workload.warm_target(replica.target, replica.target_device)  # sequential
         seconds = time.perf_counter() - started
         detail = ""
         if ctx.cfg.runtime.compile == "reduce-overhead" and replica.device.type == "cuda":
@@ -466,9 +474,15 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
     cfg = ctx.cfg
     step_number = inputs.step + 1
     serving_tau = None
-    if replica.rank == 0 and ctx.is_lead and ctx.meter.due(step_number):
-        # Before this step trains on the batch: its text is measured as a server meets it.
+    walks = ctx.meter.walks
+    if replica.rank == 0 and ctx.is_lead and ctx.meter.due(step_number) and walks.due():
+        # Before this step trains on the batch: its text is measured as a server meets it,
+        # exactly, while that fits its share of the training time (tau~ itself comes
+        # from the step's anchors, on every line).
+        started = time.perf_counter()
         serving_tau = ctx.workload.serving_tau(replica.model, inputs)
+        if serving_tau is not None:
+            walks.record(time.perf_counter() - started)
     loss, metrics = replica.loss_fn(*inputs.tensors())
     if step_number in cfg.debug.nonfinite_at_steps:
         loss = loss * float("nan")
@@ -521,6 +535,7 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
                     metrics=values,
                     tau=ctx.workload.tau_estimate(values),
                     serving_tau=serving_tau,
+                    serving_estimate=ctx.workload.serving_estimate(values),
                     lr=lr,
                     queue_depth=replica.inputs.qsize(),
                     queue_size=replica.inputs.maxsize,

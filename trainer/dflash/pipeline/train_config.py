@@ -140,6 +140,11 @@ class TargetSection(Section):
     dtype: Dtype = "float32"
     seed: int = 0  # seed of the random target (and of its synthetic data)
     init_std: Number = 0.02  # weight init of the random target (larger: sharper logits)
+    # The training forward on GPUs: torch.compile (static shapes; off: measured 5% slower
+    # on an H200, bench/results/h200/trainer-measurements.txt); fp8: FP8 matmuls in its
+    # decoder layers (evaluation and the drafter's embedding/LM head stay as loaded)
+    compile: bool = False
+    fp8: bool = False
 
 
 class DrafterSection(Section):
@@ -204,10 +209,11 @@ class TrainSection(Section):
     # train.steps and train.epochs are then not used.
     budget_minutes: Annotated[Number, AfterValidator(_above_zero)] | None = None
     log_every: Count = 10
-    # tau~ on each step line: speculative decoding walked over this many rows of the
-    # step's batch (what serving would measure on that text); 0: the mean acceptance
-    # over the sampled anchors, which easy stretches pull above serving's.
+    # tau~ on each step line is estimated from the step's own anchors (free); the exact
+    # serving walk over this many rows of a batch (metrics.jsonl tau_walk) runs on logged
+    # steps while it takes at most tau_walk_budget of the training time; 0: never.
     tau_walk_rows: Amount = 4
+    tau_walk_budget: Number = 0.01  # share of the training time
     checkpoint_every: Amount = 0  # 0 -> only at the end (and on SIGTERM)
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: Amount = 3  # stop after more than this many non-finite losses

@@ -55,6 +55,21 @@ class WarmupGate:
         self._supervisor.check()
 
 
+def warm_target(gate: WarmupGate, say, warm) -> None:
+    """A target loop's compile: no capture, but Dynamo is not thread-safe and its first
+    runs may synchronize, so it runs under the capture lock like a drafter's warm-up."""
+    import time
+
+    gate.acquire_capture()
+    try:
+        say("compiling the target forward")
+        started = time.perf_counter()
+        warm()
+        say(f"target ready (compile {time.perf_counter() - started:.1f} s)")
+    finally:
+        gate.release_capture()
+
+
 def check_device_layout(drafter_devices: list[str], compile_mode: str) -> None:
     """Refuse two drafters on one GPU under CUDA Graph Trees where torch shares one graph
     between threads (<= 2.12): they would share one tree manager and corrupt each

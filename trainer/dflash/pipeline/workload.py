@@ -144,6 +144,14 @@ class Workload:
     def target_context(self, target: torch.nn.Module, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
 
+    def target_compiled(self, device: torch.device) -> bool:
+        """Does the target forward on `device` compile? Then `warm_target` runs it once
+        with the production shapes under the capture lock, before training starts."""
+        return False
+
+    def warm_target(self, target: torch.nn.Module, device: torch.device) -> None:
+        pass
+
     # -- drafter (drafter threads)
 
     def build_drafter(self, device: torch.device) -> torch.nn.Module:
@@ -161,9 +169,14 @@ class Workload:
     def tau_estimate(self, metrics: dict[str, float]) -> float:
         return 1.0
 
+    def serving_estimate(self, metrics: dict[str, float]) -> tuple[float, float] | None:
+        """(tokens, blocks) of the step's anchors as serving would walk them, from the
+        step's own metrics (free); the step line's tau~ is their ratio over the window."""
+        return None
+
     def serving_tau(self, drafter: torch.nn.Module, inputs: DrafterInputs) -> float | None:
         """tau as serving would measure it on this batch's text (None: not measured);
-        asked for on the steps that print a step line only, so it may cost a forward."""
+        asked for on some logged steps only (a time budget), so it may cost forwards."""
         return None
 
     def flops_per_batch(self) -> float:

@@ -1,0 +1,52 @@
+"""bench/bench_trainer.py's throughput counts every second between the windows, so a
+walk or an eval that stalls training shows in it (the step lines' median would hide it)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_trainer", ROOT / "bench" / "bench_trainer.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(step, elapsed, tok_s=1000.0, steps_per_s=10.0, mfu=0.5):
+    return {
+        "kind": "step",
+        "step": step,
+        "elapsed_s": elapsed,
+        "tokens_per_s": tok_s,
+        "steps_per_s": steps_per_s,
+        "mfu": mfu,
+    }
+
+
+def test_a_stall_between_windows_counts_in_the_throughput():
+    bench = _bench()
+    steady = [_record(5 * i, 0.5 * i) for i in range(1, 6)]  # 10 steps/s, 100 tokens a step
+    assert bench._throughput(steady) == (pytest.approx(1000.0), pytest.approx(50.0))
+    stalled = [dict(r) for r in steady]
+    for r in stalled[2:]:
+        r["elapsed_s"] += 1.5  # a 1.5 s walk in the second window
+    tok_s, mfu = bench._throughput(stalled)
+    assert tok_s == pytest.approx(100 * 15 / 3.0) and mfu == pytest.approx(25.0)
+    assert bench._throughput(steady[:2]) == (None, None)  # too few windows
+
+
+def test_every_measurement_can_be_switched_off_alone():
+    bench = _bench()
+    assert set(bench.MEASUREMENTS) == {"walk", "eval", "trackers", "stacks", "flight-recorder"}
+    on_sets, on_env = bench.measurements_on(type("Args", (), {"eval_every": 7})())
+    assert "eval.every=7" in on_sets and on_env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    overrides, env = bench.MEASUREMENTS["flight-recorder"]
+    assert overrides == [] and all(value is None for value in env.values())
