@@ -37,15 +37,21 @@ class HangWatch:
         self.clock = clock
         self.hanging: dict[str, Any] | None = None  # the judgement while it hangs
         self._next_check = 0.0
+        # A restarted attempt seen: until its first step line, nothing is a hang (the
+        # agent's view may still count from the last attempt's steps).
+        self._starting_again = False
 
     def line(self, text: str, live: bool) -> None:
         if text.startswith("dflashctl: attempt "):
             self.steps.restart()  # a restarted attempt warms up again
+            self.hanging = None
+            self._starting_again = live
             return
         m = STEP_LINE.match(text)
         if m is None or not live:
             return
         self.steps.step_line(self.clock(), int(m[1]), int(m[2]))
+        self._starting_again = False
         if self.hanging is not None:
             was, self.hanging = self.hanging, None
             if self.announce is not None:
@@ -58,7 +64,7 @@ class HangWatch:
             return self.hanging
         self._next_check = now + CHECK_EVERY_S
         judged = self.steps.judge(now)
-        if judged is None and self.progress_of is not None:
+        if judged is None and self.progress_of is not None and not self._starting_again:
             judged = self.progress_of()  # no live step line yet: the agent's view
         if judged and judged.get("hanging"):
             first = self.hanging is None
