@@ -161,16 +161,13 @@ def read_curves(
 
 
 def continued_parent(part: dict[str, Any]) -> bool | None:
-    """Did this run continue the run it names as `resumed_from`? False when it began at
-    step 0 (a new training after a finished run, by its own start record); None when
-    that is not known yet (a finished run handed on, and no start record so far)."""
-    meta = (part.get("record") or {}).get("meta") or {}
-    if not meta.get("resumed_from"):
-        return False
-    starts = [r for r in part.get("metrics") or [] if r.get("kind") == "start"]
-    if starts and isinstance(starts[0].get("step"), int):
-        return starts[0]["step"] > 0 or not meta.get("resumed_step")
-    return None if meta.get("resumed_finished") else True
+    """Did this run continue the run it names as `resumed_from`? RunInfo.continued, from
+    its first start record (an agent that does not send it: read from its metrics)."""
+    info = _run_from_agent(part["record"], None)
+    starts = _kind(part, "start")
+    if info.started_at_step is None and starts and isinstance(starts[0].get("step"), int):
+        info.started_at_step = starts[0]["step"]
+    return info.continued
 
 
 def _kind(part: dict[str, Any], kind: str) -> list[dict[str, Any]]:
