@@ -156,6 +156,8 @@ class RunRecord(_RunRecord, total=False):
     attempts: dict[str, Any] | None  # the supervisor's attempts.json (run.retry)
     # A running run's step progress (agent/progress.py): {"hanging", "last_step", ...}.
     progress: dict[str, Any] | None
+    # A continued run: the step its trainer's first start record names (None: none yet).
+    started_at_step: int | None
 
 
 class RunsAnswer(TypedDict):

@@ -311,7 +311,8 @@ class Execution:
             prefix = f"{node.name}: " if len(nodes) > 1 else ""
             command = answer["run"].get("command") or params[node.index]["command"]
             seconds = time.monotonic() - t0 - synced_s
-            say_launched(report, answer, run_id, command, seconds, prefix=prefix)
+            source = Path(node.config.trainer.source)
+            say_launched(report, answer, run_id, command, seconds, prefix=prefix, source=source)
             entries.append(node_entry(node, plan, answer, command, self.started))
         top = {
             "run_id": run_id,

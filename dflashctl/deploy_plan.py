@@ -15,7 +15,7 @@ from dflashctl.connect import open_proxmox
 from dflashctl.errors import UsageError
 from dflashctl.humanize import human_bytes
 from dflashctl.launch_command import node_command
-from dflashctl.launching import summary_of, trainer_command
+from dflashctl.launching import planned_train_steps, summary_of, trainer_command
 from dflashctl.nodes import Node, on_every_node, values_or_raise
 from dflashctl.reporting import SILENT, Reporter
 from dflashctl.source_cache import SourceCache
@@ -282,4 +282,6 @@ def planned(node: Node, plan: Plan) -> dict[str, Any]:
         "fresh": plan.fresh,
         "continues": None if plan.fresh else plan.continues,
         "replaces_run": plan.active_run,
+        # As the trainer will read it (None: not known here), for a finished run's plan.
+        "train_steps": planned_train_steps(plan.command, Path(config.trainer.source)),
     }

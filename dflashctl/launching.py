@@ -155,6 +155,48 @@ def describe_target_to_stop(item: ProcessToStop) -> str:
     return f"pid {item['pid']} ({who}, {scope}): {item.get('cmdline', '')}"
 
 
+def planned_train_steps(command: list[str], source: Path | None) -> int | None:
+    """train.steps as the trainer will read it from `command`: its last `--set
+    train.steps=N`, else the `--config` file's (read from `source`, the tree being
+    deployed). None when that cannot be known here: train.epochs decides, no such
+    setting, another trainer's arguments, or a file that is not the one that runs
+    (a restart relaunches the release in the container: `source` None)."""
+    config_file, steps, unknown = None, None, False
+    args = list(command)
+    for index, arg in enumerate(args):
+        value = args[index + 1] if index + 1 < len(args) else ""
+        if arg.startswith("--set="):
+            arg, value = "--set", arg.removeprefix("--set=")
+        elif arg.startswith("--config="):
+            arg, value = "--config", arg.removeprefix("--config=")
+        if arg == "--config":
+            config_file = value
+        elif arg == "--set":
+            key, _, text = value.partition("=")
+            if key.strip() == "train.steps":
+                text = text.strip()
+                steps, unknown = (int(text), False) if text.isdigit() else (None, True)
+            elif key.strip() == "train.epochs":
+                unknown = unknown or text.strip().lower() not in ("null", "none", "~", "")
+    if unknown:
+        return None
+    if source is None or not config_file:
+        return steps
+    try:
+        import yaml
+
+        loaded = yaml.safe_load((source / config_file).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return steps
+    train = loaded.get("train") if isinstance(loaded, dict) else None
+    if isinstance(train, dict) and train.get("epochs") is not None:
+        return None  # the trainer counts steps from the data then
+    if steps is not None or not isinstance(train, dict):
+        return steps
+    value = train.get("steps")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def say_launched(
     report: Reporter,
     launched: LaunchAnswer,
@@ -163,6 +205,7 @@ def say_launched(
     seconds: float,
     *,
     prefix: str = "",
+    source: Path | None = None,
 ) -> None:
     """The runs the agent stopped, then the one it launched; `seconds` is the time the
     stop and launch took together; `prefix` names the node when there are several."""
@@ -174,29 +217,50 @@ def say_launched(
         f"{launched['release']}: {shlex.join(command)}",
         max(seconds - stop_s, 0.0),
     )
-    report.info(f"  {describe_lineage(launched['run'])}")
+    steps = planned_train_steps(command, source)
+    report.info(f"  {describe_lineage(launched['run'], steps)}")
 
 
-def describe_lineage(run: StartedRun) -> str:
+def describe_lineage(run: StartedRun, train_steps: int | None = None) -> str:
     """Where the new run's training starts, as the agent decided it."""
     if "resume" not in run:  # an agent that does not say
         return "starts at step 0"
-    return describe_start(run.get("resume"), run.get("previous_run"), fresh=run.get("fresh"))
+    return describe_start(
+        run.get("resume"), run.get("previous_run"), fresh=run.get("fresh"), train_steps=train_steps
+    )
 
 
-def describe_start(resume: Resume | None, previous: str | None, *, fresh: bool | None) -> str:
+def describe_start(
+    resume: Resume | None,
+    previous: str | None,
+    *,
+    fresh: bool | None,
+    train_steps: int | None = None,
+) -> str:
     """Where a new run's training starts: said the same by the dry run (what would
-    happen) and the launch (what did). `fresh` None: not known (an older agent)."""
+    happen) and the launch (what did). `fresh` None: not known (an older agent).
+    `train_steps`: the trainer's train.steps (planned_train_steps), None if unknown."""
     if fresh:
         kept = f"; run {previous}'s checkpoints are kept" if previous else ""
         return f"starts at step 0 (--fresh){kept}"
     if resume and resume.get("finished"):
         step = resume.get("step")
         at = f" at step {step}" if step is not None else ""
+        if train_steps is not None and step is not None and train_steps > step:
+            return (
+                f"continues run {resume['run_id']}{at} from {resume['checkpoint']}: it "
+                f"finished there, and train.steps is now {train_steps}"
+            )
+        if train_steps is not None and step is not None:
+            return (
+                f"starts a new training at step 0, as run {resume['run_id']} finished{at} "
+                f"and train.steps is {train_steps}"
+            )
         more = f"above {step}" if step is not None else "raised"
         return (
             f"starts a new training at step 0, as run {resume['run_id']} finished{at} "
-            f"(it continues that checkpoint instead if train.steps is now {more})"
+            f"(dflashctl cannot read the trainer's train.steps: if it is now {more}, "
+            "the run continues that checkpoint instead)"
         )
     if resume:
         step = "" if resume.get("step") is None else f" at step {resume['step']}"

@@ -26,6 +26,13 @@ def write_png(curves: list[RunCurves], path: Path) -> None:
             "--png needs matplotlib, which is not installed here",
             hint="pip install matplotlib (or dflashctl's plots extra: pip install 'dflashctl[plots]')",
         ) from None
+    if not any(run.steps or run.eval_series()[0] for run in curves):
+        # No curve at all: say so, rather than three empty 0-1 axes.
+        figure = plt.figure(figsize=(7, 2), dpi=100)
+        names = " and ".join(f"run {run.run.id}" for run in curves)
+        figure.text(0.5, 0.5, f"{names}: no step logged yet", ha="center", va="center")
+        _save(plt, figure, path)
+        return
     figure, axes = plt.subplots(len(SERIES), 1, figsize=(7, 6.3), sharex=True, dpi=100)
     for ax, (key, label) in zip(axes, SERIES, strict=True):
         for index, run in enumerate(curves):
@@ -34,6 +41,12 @@ def write_png(curves: list[RunCurves], path: Path) -> None:
                 ax.plot(
                     xs, ys, color=COLOURS[index % len(COLOURS)], linewidth=1.4, label=run.run.id
                 )
+            inherited = run.inherited()
+            if inherited and xs:
+                # The ancestors' part of the curve, shaded and named.
+                ax.axvspan(inherited[0][1], inherited[-1][2], color="0.9", zorder=0)
+                if key == SERIES[0][0] and index == 0:
+                    ax.set_title(run.describe_inherited() or "", fontsize=8)
         if key == "tau":  # eval tau on held-out prompts beside the training estimate
             for index, run in enumerate(curves):
                 xs, ys = run.eval_series()
@@ -56,9 +69,15 @@ def write_png(curves: list[RunCurves], path: Path) -> None:
     axes[-1].set_xlabel("step")
     if len(curves) > 1:
         axes[0].legend(fontsize=8, loc="upper right")
-    title = " vs ".join(run.run.id for run in curves)
+    title = " vs ".join(
+        run.run.id + ("" if run.own_steps else " (no step logged yet)") for run in curves
+    )
     figure.suptitle(f"run {title}", fontsize=10)
     figure.tight_layout()
+    _save(plt, figure, path)
+
+
+def _save(plt, figure, path: Path) -> None:
     try:
         figure.savefig(path, format="png")
     except OSError as exc:

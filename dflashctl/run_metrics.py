@@ -36,8 +36,11 @@ class RunCurves:
 
     run: RunInfo
     lineage: list[str]  # run ids, oldest first, ending with run.id
-    steps: list[dict[str, Any]] = field(default_factory=list)  # step records, joined
-    evals: list[dict[str, Any]] = field(default_factory=list)
+    # Step records, joined across the lineage: the ancestors' first (each tagged with
+    # its "run"), then the run's own.
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # the run's own
+    inherited_evals: list[dict[str, Any]] = field(default_factory=list)  # its ancestors'
     config: dict[str, Any] | None = None  # the trainer's resolved config at its last start
     has_metrics: bool = False  # any run in the lineage wrote metrics.jsonl
     missing_ancestors: list[str] = field(default_factory=list)  # named but gone (pruned)
@@ -52,11 +55,39 @@ class RunCurves:
                 ys.append(float(value))
         return xs, ys
 
+    @property
+    def own_steps(self) -> list[dict[str, Any]]:
+        """The step records this run logged itself."""
+        return [r for r in self.steps if r.get("run", self.run.id) == self.run.id]
+
+    def inherited(self) -> list[tuple[str, int, int]]:
+        """(run id, first step, last step) of each ancestor's part of the curve."""
+        parts: list[tuple[str, int, int]] = []
+        for record in self.steps:
+            owner, step = record.get("run", self.run.id), int(record["step"])
+            if owner == self.run.id:
+                break
+            if parts and parts[-1][0] == owner:
+                parts[-1] = (owner, parts[-1][1], step)
+            else:
+                parts.append((owner, step, step))
+        return parts
+
+    def describe_inherited(self) -> str | None:
+        """`steps up to 600 are run b273's`: where the curve is another run's."""
+        parts = self.inherited()
+        if not parts:
+            return None
+        first, *rest = parts
+        words = [f"steps up to {first[2]} are run {first[0]}'s"]
+        words += [f"{lo}-{hi} run {owner}'s" for owner, lo, hi in rest]
+        return ", ".join(words)
+
     def eval_series(self) -> tuple[list[int], list[float]]:
         """(steps, tau) of the evaluations (every eval.every steps and at the end): the
         acceptance serving sees, drawn beside the training estimate tau~."""
         points = {}
-        for record in self.evals:
+        for record in self.inherited_evals + self.evals:
             tau, step = record.get("tau"), record.get("step")
             if (
                 isinstance(tau, (int, float))
@@ -69,16 +100,26 @@ class RunCurves:
 
     @property
     def last(self) -> dict[str, Any] | None:
-        return self.steps[-1] if self.steps else None
+        """The run's own last step record (None: it has logged no step yet)."""
+        own = self.own_steps
+        return own[-1] if own else None
 
     def to_json(self) -> dict[str, Any]:
+        inherited = [r for r in self.steps if r.get("run", self.run.id) != self.run.id]
         return {
             "run": self.run.to_json(),
             "lineage": self.lineage,
             "missing_ancestors": self.missing_ancestors,
             "has_metrics": self.has_metrics,
-            "steps": self.steps,
+            "steps": self.own_steps,
             "evals": self.evals,
+            "no_step_logged": not self.own_steps,
+            "inherited_steps": inherited,
+            "inherited_evals": self.inherited_evals,
+            "inherited": [
+                {"run": owner, "first_step": lo, "last_step": hi}
+                for owner, lo, hi in self.inherited()
+            ],
             "config": self.config,
         }
 
@@ -119,18 +160,53 @@ def read_curves(
     return [_curves(entry, answer.get("active_run")) for entry in answer["runs"]]
 
 
+def continued_parent(part: dict[str, Any]) -> bool | None:
+    """Did this run continue the run it names as `resumed_from`? RunInfo.continued, from
+    its first start record (an agent that does not send it: read from its metrics)."""
+    info = _run_from_agent(part["record"], None)
+    starts = _kind(part, "start")
+    if info.started_at_step is None and starts and isinstance(starts[0].get("step"), int):
+        info.started_at_step = starts[0]["step"]
+    return info.continued
+
+
+def _kind(part: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [r for r in part.get("metrics") or [] if r.get("kind") == kind]
+
+
 def _curves(entry: RunMetrics, active_id: str | None) -> RunCurves:
-    lineage = entry["lineage"]
+    lineage = list(entry["lineage"])
+    # Only what the run really continued: a run that began anew ends its lineage.
+    for index in range(len(lineage) - 1, 0, -1):
+        if not lineage[index].get("missing") and not continued_parent(lineage[index]):
+            lineage = lineage[index:]
+            break
     present = [part for part in lineage if not part.get("missing")]
-    segments = [[r for r in part["metrics"] or [] if r.get("kind") == "step"] for part in present]
-    evals = [r for part in present for r in part["metrics"] or [] if r.get("kind") == "eval"]
-    starts = [r for part in present for r in part["metrics"] or [] if r.get("kind") == "start"]
+    own = present[-1]
+    segments = [
+        [{**r, "run": part["id"]} if part is not own else r for r in _kind(part, "step")]
+        for part in present
+    ]
+    steps = join_records(segments)
+    first_own = next(
+        (r["step"] for r in _kind(own, "step") if isinstance(r.get("step"), int)), None
+    )
+    started = next((r["step"] for r in _kind(own, "start") if isinstance(r.get("step"), int)), None)
+    handed_on = started if started is not None else first_own
+    inherited_evals = [
+        {**r, "run": part["id"]}
+        for part in present[:-1]
+        for r in _kind(part, "eval")
+        if handed_on is None or (isinstance(r.get("step"), int) and r["step"] <= handed_on)
+    ]
+    starts = _kind(own, "start")
     config = starts[-1].get("config") if starts else None
     return RunCurves(
-        run=_run_from_agent(present[-1]["record"], active_id),
+        run=_run_from_agent(own["record"], active_id),
         lineage=[part["id"] for part in present],
-        steps=join_records(segments),
-        evals=evals,
+        steps=steps,
+        evals=_kind(own, "eval"),
+        inherited_evals=inherited_evals,
         config=config if isinstance(config, dict) else None,
         has_metrics=any(part["metrics"] is not None for part in present),
         missing_ancestors=[part["id"] for part in lineage if part.get("missing")],

@@ -121,6 +121,19 @@ class RunInfo:
     bytes: int | None = None  # the run's folder on disk (asked by `runs` only)
     # While it runs: its step progress, judged by the agent (dflashctl/agent/progress.py).
     progress: dict[str, Any] | None = None
+    # The step its trainer's first start record names (None: none written yet).
+    started_at_step: int | None = None
+
+    @property
+    def continued(self) -> bool | None:
+        """Did it continue the run it was handed (meta's `resumed_from`)? False for a
+        new training at step 0 (after a finished run); None while not known."""
+        meta = self.meta
+        if not meta.get("resumed_from"):
+            return False
+        if self.started_at_step is not None:
+            return self.started_at_step > 0 or not meta.get("resumed_step")
+        return None if meta.get("resumed_finished") else True
 
     @property
     def hanging(self) -> bool:
@@ -172,6 +185,16 @@ class RunInfo:
         hang = describe_hang(self.progress) if self.hanging else None
         return text + (f", {hang}" if hang else "")
 
+    def short_state(self) -> str:
+        """The `runs` table's cell: `crashed (exit 1)`, `running, attempt 2/4, ...,
+        hanging`; the crash's category, why it was not retried and how long a hang has
+        lasted are `runs show`'s (describe_state)."""
+        if self.clean_stop:
+            return self.clean_stop
+        note = describe_attempts(self.attempts, running=self.state.status == "running", brief=True)
+        text = self.state.describe() + (f", {note}" if note else "")
+        return text + (", hanging" if self.hanging else "")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -190,6 +213,7 @@ class RunInfo:
             **self.state.to_json(),
             "command": self.command,
             "meta": self.meta,
+            "continued": self.continued,
             "recovery": self.recovery,
             "bytes": self.bytes,
             "attempts": (self.attempts or {}).get("attempts") or [],
@@ -199,11 +223,13 @@ class RunInfo:
         }
 
 
-def describe_attempts(attempts: dict[str, Any] | None, *, running: bool) -> str | None:
+def describe_attempts(
+    attempts: dict[str, Any] | None, *, running: bool, brief: bool = False
+) -> str | None:
     """The run's attempts as one lineage, for `runs` and `status`:
     `attempt 2/4, resumed at step 18400 after nccl_timeout` while it runs,
     `attempt 2/4, after recovering from killed` once it ended, plus
-    `not retried: <why>` when a crash ended it. None for a run of one attempt that
+    `not retried: <why>` when a crash ended it (not when `brief`). None for a run of one attempt that
     ended by itself or was stopped (nothing to say)."""
     items = list((attempts or {}).get("attempts") or [])
     if not items:
@@ -225,7 +251,7 @@ def describe_attempts(attempts: dict[str, Any] | None, *, running: bool) -> str 
     if recovered:
         notes.append(f"attempt {numbered(last['attempt'])}")
         notes.append("after recovering from " + ", ".join(dict.fromkeys(map(str, recovered))))
-    if last.get("reason") not in (None, "finished", "stopped"):
+    if last.get("reason") not in (None, "finished", "stopped") and not brief:
         notes.append(f"not retried: {last['reason']}")
     return ", ".join(notes) or None
 
@@ -255,6 +281,7 @@ def _run_from_agent(record: RunRecord, active_id: str | None) -> RunInfo:
         attempts=record.get("attempts"),
         bytes=record.get("bytes"),
         progress=record.get("progress"),
+        started_at_step=record.get("started_at_step"),
     )
 
 

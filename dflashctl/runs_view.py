@@ -10,12 +10,16 @@ from dflashctl.nodes import Node, NodeOutcome, on_every_node
 from dflashctl.runs import PruneResult, RunInfo, list_runs, prune_runs
 
 
-def continues(meta: dict) -> str:
-    """`<run>@<step>` for a run that continued another's training, `-` for step 0."""
-    if not meta.get("resumed_from"):
+def continues(run: RunInfo) -> str:
+    """`<run>@<step>` for a run that continued another's training, `-` for step 0 (a
+    new training after a finished run included, by the trainer's own start record),
+    `<run>@<step>?` while that is not known yet."""
+    meta = run.meta
+    if not meta.get("resumed_from") or run.continued is False:
         return "-"
     step = meta.get("resumed_step")
-    return str(meta["resumed_from"]) + ("" if step is None else f"@{step}")
+    known = "" if run.continued else "?"
+    return str(meta["resumed_from"]) + ("" if step is None else f"@{step}") + known
 
 
 def list_every_node(nodes: Sequence[Node]) -> list[NodeOutcome[list[RunInfo]]]:

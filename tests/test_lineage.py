@@ -128,10 +128,12 @@ def test_two_redeploys_mid_training_continue_bit_for_bit(project, uninterrupted)
     assert state_of(project, third["run_id"]).status == "exited", log_of(project, third["run_id"])
     assert state_of(project, third["run_id"]).exit_code == 0
 
-    # Each run says where it starts in its first line, and takes over where the last stopped.
-    assert log_of(project, second["run_id"]).splitlines()[0] == (
-        f"resuming run {first['run_id']} at step 4 from {checkpoint_4}"
-    )
+    # Each run says where it starts in its first line after `start-up: importing torch`,
+    # and takes over where the last stopped.
+    assert log_of(project, second["run_id"]).splitlines()[:2] == [
+        "start-up: importing torch",
+        f"resuming run {first['run_id']} at step 4 from {checkpoint_4}",
+    ]
     chain = [steps_and_losses(log_of(project, s["run_id"])) for s in (first, second, third)]
     assert [[step for step, _ in run] for run in chain] == [
         [1, 2, 3, 4],

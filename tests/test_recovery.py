@@ -363,6 +363,19 @@ if mode == "orphan":  # leaves a worker behind in the run's process group
 if mode == "wait":  # dies of the SIGTERM `stop` sends (no handler)
     print("step 1/100 | loss 2.0", flush=True)
     time.sleep(60)
+if mode == "slow-start":  # a step long ago, killed; attempt 2 starts up until told to go
+    run_dir = os.environ["DFLASH_RUN_DIR"]
+    if attempt == 1:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+            f.write('{"kind": "start", "step": 0, "time": %f}\n' % (time.time() - 600))
+            f.write('{"kind": "step", "step": 3, "total_steps": 6, "time": %f}\n' % (time.time() - 600))
+        print("step 3/6 | loss 2.0", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    print("starting up", flush=True)
+    while not os.path.exists(os.path.join(run_dir, "go")):
+        time.sleep(0.05)
+    print("step 6/6 | loss 1.0", flush=True)
+    print("training complete", flush=True)
 if mode == "once":
     if attempt == 1:
         print("step 3/6 | loss 2.0", flush=True)
@@ -430,6 +443,23 @@ def test_a_crash_a_restart_fixes_is_followed_across_the_restart_and_ends_well(fl
     assert [a["exit_code"] for a in listed["attempts"]] == [137, 0]
 
 
+def test_the_hang_clock_starts_again_with_each_attempt(flaky):
+    """Attempt 1's last step is long past; attempt 2 is still starting up (no step
+    yet): not a hang, in `status` and `runs`."""
+    path = flaky("slow-start")
+    launched = cli("deploy", "-c", str(path), "--detach")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    run_dir = only_run(path)
+    wait_for(lambda: "starting up" in (run_dir / "train.log").read_text(), 60, "attempt 2")
+    status = flat(json.loads(cli("status", "-c", str(path), "--json").stdout))
+    run = status["active_run"]
+    assert run["status"] == "running" and run["hanging"] is False, status
+    listed = flat(json.loads(cli("runs", "-c", str(path), "--json").stdout))["runs"][0]
+    assert listed["hanging"] is False and listed["progress"] is None, listed
+    (run_dir / "go").write_text("")
+    wait_for(lambda: (run_dir / "exit_code").exists(), 60, "the run's end")
+
+
 def test_a_crash_that_is_not_retryable_ends_the_run_with_the_reason(flaky):
     path = flaky("traceback")
     done = cli("deploy", "-c", str(path))
@@ -446,6 +476,12 @@ def test_a_crash_that_is_not_retryable_ends_the_run_with_the_reason(flaky):
     assert (run_dir / "exit_code").read_text() == "1\n"
     status = cli("status", "-c", str(path))
     assert "crashed (exit 1, python_exception), not retried: " + reason in status.stdout
+    # `runs` keeps its state cell short; the category and the reason are in `runs show`.
+    listed = cli("runs", "-c", str(path))
+    assert "crashed (exit 1)" in listed.stdout and "not retried" not in listed.stdout
+    assert "python_exception" not in listed.stdout
+    shown = cli("runs", "show", "-c", str(path))
+    assert "crashed (exit 1, python_exception), not retried: " + reason in shown.stdout
 
 
 def test_a_crash_loop_stops_after_max_restarts(flaky):

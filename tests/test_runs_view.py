@@ -33,8 +33,16 @@ def test_a_run_of_several_nodes_is_one_group_and_one_nodes_runs_a_row_each():
 
 
 def test_continues_and_combined_prunes():
-    assert continues({}) == "-"
-    assert continues({"resumed_from": "r1", "resumed_step": 200}) == "r1@200"
+    def run(meta, started=None):
+        return RunInfo("x", RunState("exited", 0), meta=meta, started_at_step=started)
+
+    assert continues(run({})) == "-"
+    assert continues(run({"resumed_from": "r1", "resumed_step": 200})) == "r1@200"
+    # A finished run handed on: continued only if its trainer said it began past step 0.
+    handed = {"resumed_from": "r1", "resumed_step": 200, "resumed_finished": True}
+    assert continues(run(handed, started=0)) == "-"
+    assert continues(run(handed, started=200)) == "r1@200"
+    assert continues(run(handed)) == "r1@200?"
     a = PruneResult([{"id": "x", "bytes": 3}], ["s"], 4, True)  # type: ignore[list-item]
     b = PruneResult([{"id": "y", "bytes": 5}], [], 2, True)  # type: ignore[list-item]
     both = combined([a, b], True)

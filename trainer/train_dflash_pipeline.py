@@ -72,10 +72,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def default_workload(cfg: TrainConfig):
+def default_workload(cfg: TrainConfig, say: Callable[[str], None] | None = None):
     from dflash.dflash_workload import DFlashWorkload
 
-    return DFlashWorkload(cfg)
+    return DFlashWorkload(cfg, say=say)
 
 
 def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = None) -> int:
@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     # Every check of the config itself (device layout included) has run by now; what is
     # left needs the target's config.json or the data, and the workload checks those
     # before it builds the target.
+    if os.environ.get("RANK", "0") == "0":  # the silence before the first line, explained
+        print("start-up: importing torch", flush=True)
     from dflash.pipeline import process_exit, resume, stacks
     from dflash.pipeline.distributed import World
     from dflash.pipeline.metrics_file import metrics_dir
@@ -115,7 +117,10 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     try:
         world.join(log, cfg.runtime)
         resume_state, folder = resume.agree(world, log, cfg, choice)
-        workload = (workload_factory or default_workload)(cfg)
+        if workload_factory is not None:
+            workload = workload_factory(cfg)
+        else:
+            workload = default_workload(cfg, log.line if world.is_main else None)
         result = train(
             cfg,
             workload,

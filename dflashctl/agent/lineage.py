@@ -56,14 +56,14 @@ def latest_checkpoint(workdir, run_id):
     while run_id and run_id not in seen:
         seen.add(run_id)
         folder = own_checkpoint(workdir, run_id)
-        if folder is not None:
+        meta = run_meta(workdir, run_id)
+        if folder is not None and not _behind_its_start(folder, meta):
             return {
                 "run_id": run_id,
                 "checkpoint": folder,
                 "step": checkpoint_step(folder),
                 "finished": run_finished(workdir, run_id),
             }
-        meta = run_meta(workdir, run_id)
         inherited = meta.get("resumed_checkpoint")
         if inherited and os.path.isdir(inherited):
             return {
@@ -74,6 +74,16 @@ def latest_checkpoint(workdir, run_id):
             }
         run_id = meta.get("resumed_from")
     return None
+
+
+def _behind_its_start(folder, meta):
+    """A checkpoint below the step the run resumed at (an older trainer stopped during
+    warm-up wrote "step 0" holding the resumed weights): not where its training stands."""
+    step, started = checkpoint_step(folder), meta.get("resumed_step")
+    resumed = meta.get("resumed_checkpoint")
+    if step is None or not isinstance(started, int) or meta.get("resumed_finished"):
+        return False
+    return step < started and bool(resumed) and os.path.isdir(resumed)
 
 
 def fill_placeholders(command, resume):

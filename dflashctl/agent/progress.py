@@ -114,9 +114,11 @@ def duration(seconds):
     return f"{hours}h{minutes:02d}m"
 
 
-def metrics_progress(run_dir, factor, min_s, now):
+def metrics_progress(run_dir, factor, min_s, now, attempt_started=None):
     """The judgement from run_dir/metrics.jsonl's step records (their `time`, written by
-    the trainer with the clock of this machine); None without any."""
+    the trainer with the clock of this machine); None without any. `attempt_started`:
+    when the attempt now running began (the supervisor's restart): the clock starts
+    again there, so an earlier attempt's last step is no hang of this one's start-up."""
     path = os.path.join(run_dir, "metrics.jsonl")
     try:
         with open(path, "rb") as f:
@@ -140,6 +142,8 @@ def metrics_progress(run_dir, factor, min_s, now):
             clock.restart()
         elif kind == "step" and isinstance(at, (int, float)):
             clock.step_line(at, record.get("step"), record.get("total_steps"))
+    if attempt_started is not None and clock.times and clock.times[-1] < attempt_started:
+        clock.restart()
     return clock.judge(now)
 
 
@@ -186,3 +190,25 @@ def hang_at_stop(run_dir, factor, min_s, now):
         if found:
             said = found.group(1)
     return said
+
+
+def first_start_step(run_dir, max_lines=50):
+    """The step the trainer's first start record (metrics.jsonl, `{"kind": "start",
+    "step"}`) says the run began at: 0 for a new training, else the step it continued
+    from; None before the trainer wrote one (or for a trainer that writes none)."""
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as f:
+            for _ in range(max_lines):
+                raw = f.readline()
+                if not raw:
+                    return None
+                try:
+                    record = json.loads(raw.decode("utf-8"))
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("kind") == "start":
+                    step = record.get("step")
+                    return step if isinstance(step, int) else None
+    except OSError:
+        return None
+    return None

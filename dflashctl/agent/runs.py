@@ -18,7 +18,7 @@ from .files import (
     write_best_effort,
 )
 from .processes import alive, process_env, read_proc
-from .progress import hang_at_stop, hang_settings, metrics_progress
+from .progress import first_start_step, hang_at_stop, hang_settings, metrics_progress
 
 
 def runs_dir(workdir):
@@ -112,10 +112,21 @@ def run_record(workdir, run_id, table=None):
     record = {"id": run_id, "meta": meta, "pid": read_int(os.path.join(run_dir, "pid"))}
     record.update(run_state(workdir, run_id, table))
     record["attempts"] = read_attempts(run_dir)
+    if meta.get("resumed_from"):
+        # Whether it continued that run: only the trainer knows (a finished run's
+        # checkpoint may start a new training), and says it in its start record.
+        record["started_at_step"] = first_start_step(run_dir)
     if record["status"] == "running":
         # Alive is not the same as making progress: a deadlocked trainer stays running.
         factor, min_s = hang_settings(meta)
-        record["progress"] = metrics_progress(run_dir, factor, min_s, time.time())
+        ended = [
+            a.get("ended_unix")
+            for a in (record["attempts"] or {}).get("attempts") or []
+            if isinstance(a, dict) and isinstance(a.get("ended_unix"), (int, float))
+        ]
+        record["progress"] = metrics_progress(
+            run_dir, factor, min_s, time.time(), max(ended) if ended else None
+        )
     return record
 
 
@@ -132,6 +143,14 @@ def read_attempts(run_dir):
 
 # The run's wrapper, written once when the run is made (its age orders runs of one second).
 WRAPPER = "supervise.py"
+
+
+def never_launched(workdir, run_id):
+    """A folder a deploy made before stopping anything (supervise.py, an empty
+    train.log) whose run it never launched (interrupted, or it failed before): no pid
+    and no meta.json. Not a run: `runs` leaves it out, the next launch removes it."""
+    run_dir = os.path.join(runs_dir(workdir), run_id)
+    return not any(os.path.exists(os.path.join(run_dir, name)) for name in ("pid", "meta.json"))
 
 
 def run_ids(workdir):

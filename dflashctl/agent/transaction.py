@@ -18,6 +18,7 @@ a run is on every node or on none.
 import json
 import os
 import shutil
+import signal
 
 from . import commit
 from .commit import CommitAborted
@@ -163,11 +164,26 @@ def detached(work):
     """Run `work()` in a child of its own session with no tie to our stdin/stdout, and
     relay its answer (or error). If we are killed meanwhile, the child carries on."""
     read_end, write_end = os.pipe()
+    # A Ctrl-C or hangup that lands between the fork and the child's setsid must not end
+    # the child before its launch (it would leave a run folder and no run): blocked
+    # across the fork, ignored by the child once it has its own session.
+    quiet = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, quiet)
     pid = os.fork()
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, quiet)
     if pid == 0:  # the child: never returns
         try:
             os.close(read_end)
             os.setsid()  # out of our process group: a Ctrl-C or hangup there misses it
+            # One that came meanwhile was meant for the old group: dropped, and the
+            # usual handlers back (a run started from here inherits them).
+            kept = {number: signal.getsignal(number) for number in quiet}
+            for number in quiet:
+                signal.signal(number, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, quiet)
+            for number, handler in kept.items():
+                signal.signal(number, handler if handler is not None else signal.SIG_DFL)
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)

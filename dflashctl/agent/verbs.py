@@ -56,6 +56,7 @@ from .releases import (
 )
 from .runs import (
     active_run_id,
+    never_launched,
     run_ids,
     run_record,
     run_state,
@@ -238,6 +239,11 @@ def launch(p, warm=None):
     # The run this one replaces: its training continues here unless `fresh`.
     previous = active_run_id(workdir)
     previous_release = current_release(workdir)
+    # Under the workdir lock no other launch is in flight: a folder without a run is
+    # what an interrupted deploy left.
+    for other in run_ids(workdir):
+        if other != run_id and never_launched(workdir, other):
+            shutil.rmtree(os.path.join(runs_dir(workdir), other), ignore_errors=True)
     run_dir = prepare_run(workdir, run_id, p)  # before anything is stopped
     try:
         return detached(lambda: transaction(p, release, previous, previous_release, warm))
@@ -357,7 +363,7 @@ def op_runs(p):
     runs = [
         run_record(workdir, rid, table)
         for rid in wanted
-        if os.path.isdir(os.path.join(runs_dir(workdir), rid))
+        if os.path.isdir(os.path.join(runs_dir(workdir), rid)) and not never_launched(workdir, rid)
     ]
     if p.get("sizes"):  # `runs`: what each run's folder takes (checkpoints, logs)
         for record in runs:

@@ -108,7 +108,12 @@ def show_plan(summary: dict[str, Any]) -> None:
         if entry["setup"]:
             out.print(f"  setup (in a venv, once per content): {'; '.join(entry['setup'])}")
         out.print(f"  launch in {entry['workdir']}/current: {shlex.join(entry['command'])}")
-        start = describe_start(entry["continues"], entry["replaces_run"], fresh=entry["fresh"])
+        start = describe_start(
+            entry["continues"],
+            entry["replaces_run"],
+            fresh=entry["fresh"],
+            train_steps=entry.get("train_steps"),
+        )
         out.print(f"  the new run {start}")
 
 

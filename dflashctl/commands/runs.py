@@ -130,7 +130,7 @@ def _print_one_node(outcome: NodeOutcome[list[RunInfo]]) -> None:
         style = _STYLES["stopped"] if run.clean_stop else _state_style(run)
         size = terminal.human_bytes(run.bytes) if run.bytes is not None else "-"
         cells = [("* " if run.active else "  ") + run.id, run.release or "-", _started(run)]
-        rows.append(Row([*cells, continues(run.meta), size, run.describe_state()], style))
+        rows.append(Row([*cells, continues(run), size, run.short_state()], style))
     # On a narrow terminal the release id gives way; run ids and states never do.
     columns = [
         Column("  run", no_wrap=True, min_width=22),
@@ -167,8 +167,8 @@ def _print_every_node(outcomes: list[NodeOutcome[list[RunInfo]]]) -> None:
                 node,
                 run.release or "-",
                 _started(run),
-                continues(run.meta),
-                run.describe_state(),
+                continues(run),
+                run.short_state(),
             ],
             _state_style(run),
         )

@@ -153,6 +153,11 @@ def _facts(run, place: str) -> list[tuple[str, str]]:
     last = run.last
     if last is not None:
         facts.append(("progress", _progress(last, running=info.state.status == "running")))
+    elif run.has_metrics or info.state.status == "running":
+        facts.append(("progress", "no step logged yet"))
+    inherited = run.describe_inherited()
+    if inherited:
+        facts.append(("curves", inherited))
     if run.evals:
         facts.append(("eval", _eval_text(run.evals[-1])))
     return facts

@@ -44,10 +44,16 @@ class HangWatch:
         self.hanging: dict[str, Any] | None = None  # the judgement while it hangs
         self._from_watchdog = False  # `hanging` came from the trainer's watchdog line
         self._next_check = 0.0
+        # A restarted attempt seen: until its first step line, nothing is a hang (the
+        # agent's view may still count from the last attempt's steps).
+        self._starting_again = False
 
     def line(self, text: str, live: bool) -> None:
         if text.startswith("dflashctl: attempt "):
             self.steps.restart()  # a restarted attempt warms up again
+            self.hanging = None
+            self._from_watchdog = False
+            self._starting_again = live
             return
         watchdog = WATCHDOG_LINE.match(text) if live and "watchdog: " in text else None
         if watchdog is not None:
@@ -73,6 +79,7 @@ class HangWatch:
             return
         self.steps.step_line(self.clock(), int(m[1]), int(m[2]))
         self._from_watchdog = False
+        self._starting_again = False
         if self.hanging is not None:
             was, self.hanging = self.hanging, None
             if self.announce is not None:
@@ -87,7 +94,7 @@ class HangWatch:
         if self._from_watchdog and self.hanging is not None:
             return self.hanging  # the trainer's own word: until its steps come again
         judged = self.steps.judge(now)
-        if judged is None and self.progress_of is not None:
+        if judged is None and self.progress_of is not None and not self._starting_again:
             judged = self.progress_of()  # no live step line yet: the agent's view
         if judged and judged.get("hanging"):
             first = self.hanging is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -144,8 +145,11 @@ class DrafterLoss(nn.Module):
 
 
 class DFlashWorkload(Workload):
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, say: Callable[[str], None] | None = None) -> None:
         super().__init__(cfg)
+        # What the slow set-up is doing, for the run's log (rank 0 only): minutes of
+        # building a target and generating data are otherwise silence.
+        self._say = say or (lambda text: None)
         self.target_dtype = DTYPES[cfg.target.dtype]
         self.drafter_dtype = DTYPES[cfg.drafter.dtype]
         self._notes: list[str] = []
@@ -218,6 +222,10 @@ class DFlashWorkload(Workload):
         data = self.cfg.data
         started = time.perf_counter()
         if data.source == "synthetic":
+            self._say(
+                f"start-up: building the target ({self.cfg.target.path or self.cfg.target.preset}) "
+                f"and generating {data.num_samples} samples with it"
+            )
             response = data.seq_len - data.prompt_len  # >= 2 blocks: checked by the config
             high = (
                 self.drafter_cfg.mask_token_id
@@ -242,6 +250,7 @@ class DFlashWorkload(Workload):
             what = f"{len(samples)} random-token samples (throughput only)"
         else:
             path = Path(data.source)
+            self._say(f"start-up: reading and tokenizing {path}")
             samples, stats = self._load_file(
                 path,
                 f"data.source: {path} is not a file (or synthetic / random)",

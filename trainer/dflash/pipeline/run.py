@@ -245,6 +245,9 @@ def _train(
             optimizer=optimizer,
             inputs=StopQueue(runtime.queue_size, supervisor),
         )
+        # A run stopped before its first step (during warm-up, say) stands where it
+        # started: the resumed step, not 0 (else its stop would checkpoint "step 0").
+        replica.completed_steps = start_step
         if resume_state is not None:
             replica.nonfinite_count = resume_state.nonfinite_count
         if runtime.schedule == "sequential":
@@ -427,7 +430,7 @@ def _train(
         why = (
             (interrupts.signal_name or "SIGTERM") if term.is_set() else world.stop_cause_elsewhere()
         )
-        if lead.completed_steps == start_step:
+        if lead.completed_steps <= start_step:
             log.line(
                 f"stopped by {why} before the first step: nothing trained, no checkpoint written"
             )

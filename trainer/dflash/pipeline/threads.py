@@ -452,6 +452,11 @@ def _warm_up(ctx: RunContext, replica: DrafterReplica) -> None:
         replica.optimizer.set_master_grads(replica.optimizer.model_grads())
         replica.optimizer.step()
     replica.optimizer.restore(snapshot)
+    if ctx.cfg.debug.hold_in_warmup:
+        if replica.rank == 0:
+            ctx.log.line("debug: holding in warm-up until SIGTERM")
+        while not ctx.term_requested.wait(0.05) and not ctx.supervisor.stop.is_set():
+            pass
 
 
 def _next_inputs(ctx: RunContext, replica: DrafterReplica) -> DrafterInputs:

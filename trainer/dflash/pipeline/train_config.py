@@ -382,6 +382,9 @@ class DebugSection(Section):
     stop_at_step: Amount = 0  # act as if SIGTERM arrived after this step (tests, demos)
     # After this step, train no further until SIGTERM (tests: redeploy at a known step).
     hold_at_step: Amount = 0
+    # The drafters wait at the end of their warm-up until SIGTERM (tests: stop a run
+    # before its first step).
+    hold_in_warmup: bool = False
     # torchrun: fail_in, hold_at_step and tls_fix=false only on these ranks
     on_ranks: IntList = Field(default_factory=list)
     nonfinite_at_steps: IntList = Field(default_factory=list)  # poison the loss at these steps
