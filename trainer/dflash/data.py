@@ -446,3 +446,23 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+def prompts_in_training(prompts: list[list[int]], samples: list[Sample]) -> list[int]:
+    """Indices of eval prompts that begin some training sample (or are its chat prompt):
+    a prompt trained on.
+    One look-up per sample, keyed by as many first tokens as the shortest prompt has (chat
+    prompts share their template's opening, so a short key would match them all)."""
+    head = min(len(p) for p in prompts) if prompts else 1
+    by_head: dict[tuple[int, ...], list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_head.setdefault(tuple(prompt[:head]), []).append(index)
+    found: set[int] = set()
+    for sample in samples:
+        for index in by_head.get(tuple(sample.input_ids[:head]), ()):
+            prompt = prompts[index]
+            # A chat sample re-tokenized from its text may have merged the prompt's last
+            # "\n" into its answer: its own generation prompt is compared as well.
+            if sample.input_ids[: len(prompt)] == prompt or sample.prompt_ids == prompt:
+                found.add(index)
+    return sorted(found)

@@ -28,6 +28,7 @@ from dflash.data import (
     collate,
     load_samples,
     load_tokenizer,
+    prompts_in_training,
     synthetic_samples,
 )
 from dflash.objective import expected_acceptance_length
@@ -554,26 +555,6 @@ class DFlashWorkload(Workload):
         save_drafter_weights(
             weights, self.drafter_cfg, folder, dtype=DTYPES[self.cfg.train.export_dtype]
         )
-
-
-def prompts_in_training(prompts: list[list[int]], samples: list[Sample]) -> list[int]:
-    """Indices of eval prompts that begin some training sample (or are its chat prompt):
-    a prompt trained on.
-    One look-up per sample, keyed by as many first tokens as the shortest prompt has (chat
-    prompts share their template's opening, so a short key would match them all)."""
-    head = min(len(p) for p in prompts) if prompts else 1
-    by_head: dict[tuple[int, ...], list[int]] = {}
-    for index, prompt in enumerate(prompts):
-        by_head.setdefault(tuple(prompt[:head]), []).append(index)
-    found: set[int] = set()
-    for sample in samples:
-        for index in by_head.get(tuple(sample.input_ids[:head]), ()):
-            prompt = prompts[index]
-            # A chat sample re-tokenized from its text may have merged the prompt's last
-            # "\n" into its answer: its own generation prompt is compared as well.
-            if sample.input_ids[: len(prompt)] == prompt or sample.prompt_ids == prompt:
-                found.add(index)
-    return sorted(found)
 
 
 def _device_of(module: nn.Module) -> torch.device:

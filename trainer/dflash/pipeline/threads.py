@@ -272,11 +272,8 @@ def _target_forward(
 ) -> DrafterInputs:
     on_target = batch.to(target_device, non_blocking=True)
     context = ctx.workload.target_context(target, on_target)
-    moved = (
-        on_target.to(drafter_device, non_blocking=True)
-        if drafter_device != target_device
-        else on_target
-    )
+    same = drafter_device == target_device
+    moved = on_target if same else on_target.to(drafter_device, non_blocking=True)
     return DrafterInputs(
         step=batch.step,
         shard=batch.shard,
@@ -551,12 +548,9 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
                 if logged and (replica.device.type == "cuda" or ctx.world.size > 1):
                     ctx.log.line(_timing_line(ctx, logged))
 
-    if (
-        replica.rank == 0
-        and cfg.train.checkpoint_every
-        and step_number % cfg.train.checkpoint_every == 0
-    ):
-        if step_number < ctx.total_steps and ctx.on_checkpoint is not None:
+    every = cfg.train.checkpoint_every
+    if replica.rank == 0 and every and step_number % every == 0 and ctx.on_checkpoint:
+        if step_number < ctx.total_steps:
             ctx.on_checkpoint(step_number)
     if (
         replica.rank == 0
