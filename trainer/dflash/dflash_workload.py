@@ -565,7 +565,11 @@ EVAL_RESULTS = "eval.json"
 
 
 def evaluate_checkpoint(
-    workload: DFlashWorkload, folder: Path, device: torch.device, *, results_name: str = EVAL_RESULTS
+    workload: DFlashWorkload,
+    folder: Path,
+    device: torch.device,
+    *,
+    results_name: str = EVAL_RESULTS,
 ) -> EvalResult | None:
     """Evaluate the drafter saved in `folder` (a step folder holding drafter/, or a drafter
     folder) against the workload's target and held-out prompts; per-prompt results go to
