@@ -187,8 +187,12 @@ class RunInfo:
 
     def short_state(self) -> str:
         """The `runs` table's cell: `crashed (exit 1)`, `running, attempt 2/4, ...,
-        hanging`; the crash's category, why it was not retried and how long a hang has
-        lasted are `runs show`'s (describe_state)."""
+        hanging`, `hung (no step finished for 64 s ...), then stopped`; the crash's
+        category, why it was not retried and how long a hang has lasted are `runs
+        show`'s (describe_state)."""
+        if self.hung:
+            # A stop that ended a hang is no clean stop: the table says what it was.
+            return f"hung ({self.hung}), then {self.state.outcome}"
         if self.clean_stop:
             return self.clean_stop
         note = describe_attempts(self.attempts, running=self.state.status == "running", brief=True)

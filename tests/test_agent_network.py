@@ -84,7 +84,9 @@ def test_a_listener_told_how_many_to_expect_answers_once_they_came():
     assert answer == {"listening": True, "peers": ["127.0.0.1", "127.0.0.1"]}
 
 
-def _listener(port: int, run_dir: str | None):
+def _listener(run_dir: str | None):
+    """A process listening on a port the kernel picks (no window for another test to
+    take it between a probe and the bind), as a run's torchrun would; and that port."""
     import os
     import subprocess
     import sys
@@ -94,17 +96,16 @@ def _listener(port: int, run_dir: str | None):
         env["DFLASH_RUN_DIR"] = run_dir
     program = (
         "import socket, sys, time\n"
-        "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
-        "print('listening', flush=True); time.sleep(60)\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "print(s.getsockname()[1], flush=True); time.sleep(60)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", program, str(port), "torchrun-standin"],
+        [sys.executable, "-c", program, "torchrun-standin"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout.readline() == "listening\n"
-    return proc
+    return proc, int(proc.stdout.readline())
 
 
 def test_the_job_port_held_by_another_workdirs_run_is_refused_naming_it(tmp_path):
@@ -113,12 +114,12 @@ def test_the_job_port_held_by_another_workdirs_run_is_refused_naming_it(tmp_path
     from dflashctl.agent.errors import AgentError
     from dflashctl.agent.network import check_job_port, port_listeners
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     workdir = str(tmp_path / "dflash")
-    check_job_port(workdir, port)  # free: nothing to say
-    other = _listener(port, "/srv/other-experiment/runs/20261204-100000-aaaa")
+    with socket.socket() as held:
+        # Bound but not listening: the port is ours and nobody serves on it.
+        held.bind(("127.0.0.1", 0))
+        check_job_port(workdir, held.getsockname()[1])  # free: nothing to say
+    other, port = _listener("/srv/other-experiment/runs/20261204-100000-aaaa")
     try:
         assert port_listeners(port) == [other.pid]
         with pytest.raises(AgentError) as caught:
@@ -130,7 +131,7 @@ def test_the_job_port_held_by_another_workdirs_run_is_refused_naming_it(tmp_path
     finally:
         other.kill()
         other.wait()
-    own = _listener(port, f"{workdir}/runs/20261204-110000-bbbb")
+    own, port = _listener(f"{workdir}/runs/20261204-110000-bbbb")
     try:
         check_job_port(workdir, port)  # this workdir's own run: stopped before the launch
     finally:

@@ -150,7 +150,9 @@ def never_launched(workdir, run_id):
     train.log) whose run it never launched (interrupted, or it failed before): no pid
     and no meta.json. Not a run: `runs` leaves it out, the next launch removes it."""
     run_dir = os.path.join(runs_dir(workdir), run_id)
-    return not any(os.path.exists(os.path.join(run_dir, name)) for name in ("pid", "meta.json"))
+    return not any(
+        os.path.exists(os.path.join(run_dir, name)) for name in ("pid", "meta.json", "exit_code")
+    )
 
 
 def run_ids(workdir):
