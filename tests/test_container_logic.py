@@ -134,17 +134,17 @@ def test_run_gpus_sets_cuda_visible_devices_nproc_and_meta(tmp_path):
         config(gpus=[1, 1])
 
 
-def test_ranks_of_one_host_split_over_containers_are_named(tmp_path):
-    from dflashctl.config import parse_config
-    from dflashctl.container.repair import split_ranks
+def test_container_template_takes_a_volume_or_an_oci_reference():
+    from dflashctl.container import oci
 
-    (tmp_path / "trainer").mkdir()
-    text = (
-        "host: {address: gpu-a}\ncontainer: {vmid: 200}\n"
-        "nodes:\n  - {container: 200}\n  - {container: 201}\n  - {host: gpu-b, container: 300}\n"
-    )
-    assert split_ranks(parse_config(text, tmp_path / "dflash.yaml")) == (
-        "host gpu-a runs ranks in containers 200, 201"
-    )
-    one = "host: {address: gpu-a}\ncontainer: {vmid: 200}\n"
-    assert split_ranks(parse_config(one, tmp_path / "dflash.yaml")) is None
+    assert oci.is_volume("local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst")
+    assert oci.is_volume("nas:vztmpl/cuda_12.4.1-base-ubuntu22.04.tar")
+    ref = oci.reference_of("docker://docker.io/nvidia/cuda:12.4.1-base-ubuntu22.04")
+    assert ref == "docker.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+    # pve-storage's normalize_content_filename, then .tar
+    assert oci.pulled_volume(ref) == "local:vztmpl/cuda_12.4.1-base-ubuntu22.04.tar"
+    assert oci.pulled_volume("registry.lan:5000/team/img:v2") == "local:vztmpl/img_v2.tar"
+    for bad in ("docker.io/library/debian", "Debian:12", "local:iso/x.iso"):
+        with pytest.raises(ConfigError, match="neither a CT template volume nor an OCI image"):
+            oci.reference_of(bad)
+    assert oci.version_tuple("9.1.1") >= oci.OCI_RELEASE > oci.version_tuple("9.0.11")

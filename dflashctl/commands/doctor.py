@@ -121,10 +121,11 @@ def doctor(
             "--fix asks and reports on the terminal: run it without --json",
             hint="dflashctl doctor --fix --yes, then dflashctl doctor --json",
         )
+    fixing = EXIT_OK
     if fix:
         from dflashctl.commands.doctor_fix import fix_all
 
-        fix_all(config, yes)
+        fixing = fix_all(config, yes)  # a refused fix fails doctor even where checks pass
     result = run_checks(config, (lambda check: None) if as_json else GroupedPrinter())
     if as_json:
         terminal.print_json(_doctor_json(result, config), command="doctor")
@@ -134,7 +135,7 @@ def doctor(
             terminal.error(f"{failed} check{'s' if failed > 1 else ''} failed")
         else:
             terminal.success("all checks passed")
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(result.exit_code or fixing)
 
 
 def _doctor_json(result, config_path) -> dict[str, Any]:

@@ -20,17 +20,11 @@ def _ask(question: str, yes: bool) -> bool:
         return False
 
 
-def fix_node(config, target, yes: bool) -> tuple[int, int]:
-    """Find the breakages of one node's container and fix those the user agrees to:
-    (fixed, left) counts."""
+def _apply(found, target, vmid: int, yes: bool) -> tuple[int, int, bool]:
+    """Offer each finding's fix, a snapshot of container `vmid` before each change:
+    (fixed, left, whether a fix waits for a restart)."""
     from dflashctl.container import repair
 
-    vmid = config.container.vmid
-    seen = repair.survey(config, target)
-    found = repair.findings(config, target, seen)
-    if not found:
-        terminal.success(f"container {vmid}: nothing to fix")
-        return 0, 0
     fixed = left = 0
     restart_needed = False
     for number, finding in enumerate(found, 1):
@@ -64,34 +58,66 @@ def fix_node(config, target, yes: bool) -> tuple[int, int]:
         terminal.success(f"fixed: {escape(finding.name)}")
         fixed += 1
         restart_needed = restart_needed or finding.restarts
-    if restart_needed:
-        from dflashctl.container.create import is_running, run_pct
+    return fixed, left, restart_needed
 
-        if is_running(target, vmid):
-            terminal.info(f"restarting container {vmid} so that the fixes apply")
-            run_pct(target, ["pct", "stop", str(vmid)])
-        run_pct(target, ["pct", "start", str(vmid)])
+
+def _restart(target, vmid: int) -> None:
+    from dflashctl.container.create import is_running, run_pct
+
+    if is_running(target, vmid):
+        terminal.info(f"restarting container {vmid} so that the fixes apply")
+        run_pct(target, ["pct", "stop", str(vmid)])
+    run_pct(target, ["pct", "start", str(vmid)])
+
+
+def fix_node(config, target, yes: bool) -> tuple[int, int]:
+    """Find the breakages of one node's container and fix those the user agrees to:
+    (fixed, left) counts."""
+    from dflashctl.container import repair
+
+    vmid = config.container.vmid
+    seen = repair.survey(config, target)
+    found = repair.findings(config, target, seen)
+    if not found:
+        terminal.success(f"container {vmid}: nothing to fix")
+        return 0, 0
+    fixed, left, restart_needed = _apply(found, target, vmid, yes)
+    if restart_needed:
+        _restart(target, vmid)
     return fixed, left
 
 
+def fix_split(group, yes: bool) -> int:
+    """Ranks of one host in several containers: the first gets every GPU (after a
+    snapshot of it); the others are left as they are. The fixes left."""
+    from dflashctl.container import split
+
+    first = group[0]
+    vmid = first.config.container.vmid
+    _, left, restart_needed = _apply([split.finding(group)], first.target, vmid, yes)
+    if restart_needed:
+        _restart(first.target, vmid)
+        terminal.warning(
+            f"container {vmid} now has every GPU of the host; change the config as the fix "
+            "line says (one node there), or the ranks stay split"
+        )
+    return left
+
+
 def fix_all(config_path: str | None, yes: bool) -> int:
-    """doctor --fix before its checks: the exit code of the fixing (3 when a fix failed
-    or was refused)."""
+    """doctor --fix before its checks: the exit code of the fixing (3 when a fix was
+    refused or has no automatic form)."""
     from dflashctl.config import load_config
     from dflashctl.connect import as_host_error
-    from dflashctl.container import repair
+    from dflashctl.container import split
     from dflashctl.nodes import node_sessions
 
     cfg = load_config(config_path)
-    split = repair.split_ranks(cfg)
-    if split:
-        terminal.warning(
-            f"ranks of one host split over several containers: {escape(split)}; they lose "
-            "NVLink and CUDA IPC between them. Put a host's GPUs in one container "
-            "(container.gpus) and raise torchrun.nproc_per_node (not done automatically)"
-        )
     left = 0
     with node_sessions(cfg) as nodes:
+        for group in split.split_groups(nodes):
+            with as_host_error(group[0].target):
+                left += fix_split(group, yes)
         for node in nodes:
             if node.config.container.vmid is None:
                 continue

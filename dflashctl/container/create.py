@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflashctl.container import ctconfig, host, inside
+from dflashctl.container import ctconfig, host, inside, oci
 from dflashctl.container.ctconfig import CtConfig
 from dflashctl.container.host import HostGpus
 from dflashctl.errors import ConfigError, HostError
@@ -120,16 +120,9 @@ def shm_action(target: Target, vmid: int, size: int) -> Action:
     )
 
 
-def _create_argv(config: Any, vmid: int, devices: list[str], host_gpus: HostGpus) -> list[str]:
+def _create_argv(config: Any, vmid: int, ostemplate: str, devices: list[str]) -> list[str]:
     ct = config.container
-    if not ct.template:
-        raise ConfigError(
-            f"container {vmid} does not exist and container.template is not set",
-            hint="set container.template to a CT template on the node, e.g. "
-            "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst (pveam available; "
-            "pveam download local <name>)",
-        )
-    argv = pct_argv("create", vmid, ct.template)
+    argv = pct_argv("create", vmid, ostemplate)
     argv += ["--hostname", ct.hostname or f"dflash-{vmid}"]
     if ct.cores:
         argv += ["--cores", str(ct.cores)]
@@ -159,7 +152,23 @@ def node_plan(config: Any, target: Target, host_gpus: HostGpus) -> tuple[Plan, b
     shm = wanted_shm(config, host_gpus)
     current = read_config(target, vmid)
     if current is None:
-        argv = _create_argv(config, vmid, wanted, host_gpus)
+        if not ct.template:
+            raise ConfigError(
+                f"container {vmid} does not exist and container.template is not set",
+                hint="set container.template to a CT template on the node, e.g. "
+                "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst (pveam available; "
+                "pveam download local <name>), or an OCI image on PVE 9.1+",
+            )
+        volume, pull = oci.ostemplate(config, target)
+        if pull is not None:
+            plan.actions.append(
+                Action(
+                    f"pull the OCI image {ct.template} into {volume}",
+                    [shlex.join(pull)],
+                    lambda: oci.pull(target, pull),
+                )
+            )
+        argv = _create_argv(config, vmid, volume, wanted)
         plan.actions.append(
             Action(
                 f"create container {vmid} from {ct.template} with {len(wanted)} devices",
@@ -253,12 +262,37 @@ def _compare_options(plan: Plan, target: Target, config: Any, current: CtConfig)
             )
         )
     if ct.disk is not None:
-        size = current.options.get("rootfs", "").rpartition("size=")[2].rstrip("G")
-        if size.isdigit() and int(size) < ct.disk:
-            plan.notes.append(
-                f"its root disk is {size}G, container.disk asks {ct.disk}G: grow it with "
-                f"`pct resize {ct.vmid} rootfs {ct.disk}G` (not done here)"
+        _compare_disk(plan, target, ct, current)
+
+
+def _compare_disk(plan: Plan, target: Target, ct: Any, current: CtConfig) -> None:
+    """Grow the root disk to container.disk (pct resize; online, no restart). Never
+    shrink: PVE cannot (resize_vm: "unable to shrink disk size")."""
+    size_text = current.options.get("rootfs", "").rpartition("size=")[2].split(",")[0]
+    try:
+        have = ctconfig.size_bytes(size_text)
+    except ValueError:
+        plan.notes.append(f"the root disk's size is unknown (rootfs: {size_text!r}): not resized")
+        return
+    want = ct.disk * ctconfig.GIB
+    shown = ctconfig.human_size(have)
+    if have == want:
+        plan.matches.append(f"root disk {shown}")
+    elif have > want:
+        plan.notes.append(
+            f"container.disk asks {ct.disk}G but the root disk of container {ct.vmid} is "
+            f"{shown}: Proxmox cannot shrink a container's disk, so it stays {shown} "
+            f"(set container.disk to {-(-have // ctconfig.GIB)} or more to silence this)"
+        )
+    else:
+        argv = pct_argv("resize", ct.vmid, "rootfs", f"{ct.disk}G")
+        plan.actions.append(
+            Action(
+                f"grow the root disk {shown} -> {ct.disk}G",
+                [shlex.join(argv)],
+                lambda: run_pct(target, argv, timeout=INSTALL_TIMEOUT_S),
             )
+        )
 
 
 def installer_source(config: Any, version: str) -> tuple[str, bool]:

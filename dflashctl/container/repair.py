@@ -106,7 +106,7 @@ def findings(config: Any, target: Target, seen: Survey) -> list[Finding]:
                     "not passed through: " + ", ".join(v.split(",")[0] for _, v in missing),
                     "add them as devN entries: pct set "
                     + " ".join(f"--{k} {v}" for k, v in missing),
-                    lambda: create.run_pct(target, _set_argv(vmid, missing)),
+                    lambda: create.run_pct(target, set_argv(vmid, missing)),
                     restarts=True,
                 )
             )
@@ -140,7 +140,7 @@ def findings(config: Any, target: Target, seen: Survey) -> list[Finding]:
     return found
 
 
-def _set_argv(vmid: int, entries: list[tuple[str, str]]) -> list[str]:
+def set_argv(vmid: int, entries: list[tuple[str, str]]) -> list[str]:
     argv = create.pct_argv("set", vmid)
     for key, value in entries:
         argv += [f"--{key}", value]
@@ -159,21 +159,7 @@ def _rewrite_raw(config: Any, target: Target, seen: Survey, wanted: list[str]) -
     )
     missing = ctconfig.missing_devices(seen.config, wanted)
     if missing:
-        create.run_pct(target, _set_argv(vmid, missing))
-
-
-def split_ranks(config: Any) -> str | None:
-    """Ranks of one host split over several containers lose NVLink and CUDA IPC between
-    them (each container sees only its own GPUs): one container per host is the fix."""
-    by_host: dict[str, list[str]] = {}
-    for node in config.node_configs():
-        by_host.setdefault(node.host.address, []).append(str(node.container.vmid))
-    split = {h: ids for h, ids in by_host.items() if len(set(ids)) > 1}
-    if not split:
-        return None
-    return "; ".join(
-        f"host {h} runs ranks in containers {', '.join(ids)}" for h, ids in split.items()
-    )
+        create.run_pct(target, set_argv(vmid, missing))
 
 
 def snapshot(target: Target, vmid: int, number: int) -> str | None:

@@ -17,6 +17,8 @@ The device nodes are never opened: the stand-in binds them into the containers
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import stat
@@ -133,3 +135,19 @@ def write_installer(path: Path, version: str) -> Path:
     path.write_text(_INSTALLER.replace("@SMI@", smi).replace("@LIB@", version))
     path.chmod(0o755)
     return path
+
+
+@contextlib.contextmanager
+def pve_version(host, version: str, registry: dict[str, str] | None = None):
+    """The node runs PVE `version` (pvesh get /version, what pct create accepts) with an
+    OCI registry of {reference: archive path} (tests/host/oci.py), until the block ends."""
+    settings_file = Path(host.state_dir) / "host.json"
+    before = settings_file.read_text()
+    settings = json.loads(before)
+    settings["pve_version"] = version
+    settings["oci_registry"] = registry or {}
+    settings_file.write_text(json.dumps(settings))
+    try:
+        yield
+    finally:
+        settings_file.write_text(before)

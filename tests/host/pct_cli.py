@@ -40,6 +40,7 @@ USAGE: pct <COMMAND> [ARGS] [OPTIONS]
        pct listsnapshot <vmid>
        pct rollback <vmid> <snapname> [OPTIONS]
        pct destroy <vmid>
+       pct resize <vmid> <disk> <size> [OPTIONS]
 """
 
 

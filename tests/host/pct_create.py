@@ -1,4 +1,5 @@
-"""`pct create`, `set`, `snapshot`, `listsnapshot`, `rollback` and `destroy` of the stand-in.
+"""`pct create`, `set`, `snapshot`, `listsnapshot`, `rollback`, `destroy` and `resize` of the
+stand-in (creating from an OCI archive: oci.py).
 
 Their options, validation texts and exit statuses follow pve-container 94f5585 (read for
 this): src/PVE/CLI/pct.pm (the command table: create is `create_vm` with `vmid` and
@@ -21,8 +22,9 @@ import sys
 import time
 
 try:  # imported by the tests as tests.host.<module>
-    from . import pve_conf, state
+    from . import oci, pve_conf, state
 except ImportError:  # run as bin/pct, with this folder on sys.path
+    import oci
     import pve_conf
     import state
 PveError = state.PveError
@@ -34,7 +36,7 @@ _INTEGER = {"cores", "memory", "swap", "unprivileged", "start", "onboot"}
 _KNOWN = {
     "hostname", "cores", "memory", "swap", "rootfs", "storage", "unprivileged", "features",
     "ostype", "start", "onboot", "password", "description", "tags", "arch", "nameserver",
-    "searchdomain", "timezone", "ssh-public-keys",
+    "searchdomain", "timezone", "ssh-public-keys", "entrypoint", "cmode", "env",
 }  # fmt: skip
 _DEFAULT_SNAPSHOT_STORAGES = ["local-lvm", "local-zfs"]  # thin LVM, ZFS: snapshots; dir: none
 
@@ -125,6 +127,10 @@ def cmd_create(root, args):
     if not volume.startswith("vztmpl/") or not template.is_file():
         raise PveError(f"unable to create CT {vmid} - volume '{ostemplate}' does not exist")
     _check_devices(root, options)
+    from_oci = oci.is_oci_archive(template)
+    if from_oci and oci.version_tuple(pve_version(root)) < oci.OCI_RELEASE:
+        # Unpacked as a system template, which has no /etc/os-release: Setup's detection.
+        raise PveError(f"unable to create CT {vmid} - unable to detect OS distribution")
     rootfs = options.pop("rootfs", f"{options.pop('storage', 'local')}:4")
     options.pop("storage", None)
     disk_storage, _, size = rootfs.partition(":")
@@ -140,6 +146,10 @@ def cmd_create(root, args):
         swap=options.pop("swap", "512"),
     )
     conf.main.options.update(options)
+    said = []
+    if from_oci:
+        said = ["Detected OCI archive"]
+        said += oci.apply_image_config(oci.image_config(template), conf.main.options, conf.main.raw)
     state.create_container(
         root,
         vmid,
@@ -148,7 +158,8 @@ def cmd_create(root, args):
         cores=int(conf.main.options["cores"]),
     )
     pve_conf.save(root, vmid, conf)
-    print(f"extracting archive '{template}'")
+    for line in said or [f"extracting archive '{template}'"]:
+        print(line)
     print(f"Total bytes read: {template.stat().st_size}")
     state.record_task(root, "vzcreate", vmid)
     if start:
@@ -156,6 +167,11 @@ def cmd_create(root, args):
             state.start_container(ct)
         state.record_task(root, "vzstart", vmid)
     return 0
+
+
+def pve_version(root) -> str:
+    """The node's PVE version (host.json `pve_version`; pvesh get /version says it too)."""
+    return state.host_settings(root).get("pve_version", "8.2.4")
 
 
 def _conf_of(root, vmid_text: str) -> tuple[state.Container, pve_conf.PveConf]:
@@ -267,6 +283,54 @@ def cmd_destroy(root, args):
     return 0
 
 
+_SIZE = re.compile(r"\+?\d+(\.\d+)?[KMGT]?")  # resize_vm's size pattern
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _format_size(size: int) -> str:
+    """pve-common's format_size: the largest unit that divides it."""
+    for unit in ("T", "G", "M", "K"):
+        if size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return str(size)
+
+
+def cmd_resize(root, args):
+    """API2/LXC.pm resize_vm: `+N` adds to the volume's size, `N` is the new size (no unit:
+    bytes, JSONSchema parse_size); the early checks die before the worker (exit 255)."""
+    positional, options = _options(args)
+    if len(positional) != 3:
+        raise PveError("400 not enough arguments\npct resize <vmid> <disk> <size> [OPTIONS]")
+    vmid_text, disk, size_text = positional
+    problems = []
+    if disk != "rootfs" and not re.fullmatch(r"mp\d+", disk):
+        problems.append(
+            f"disk: value '{disk}' does not have a value in the enumeration 'rootfs, mp0, ...'"
+        )
+    if not _SIZE.fullmatch(size_text):
+        problems.append("size: value does not match the regex pattern")
+    if problems:
+        raise PveError("400 Parameter verification failed.\n" + "\n".join(problems), 255)
+    ct, conf = _conf_of(root, vmid_text)
+    volume = conf.main.options.get(disk)
+    if volume is None:
+        raise PveError(f"unable to parse volume '{disk}'")  # parse_volume of an unset key
+    current = pve_conf._size(volume.rpartition("size=")[2].split(",")[0])
+    number = size_text.lstrip("+")
+    request = int(float(number.rstrip("KMGT")) * _UNITS[number[-1] if number[-1] in "KMGT" else ""])
+    new = current + request if size_text.startswith("+") else request
+    if new < current:
+        raise PveError("unable to shrink disk size")
+    if new == current:
+        raise PveError("disk is already at specified size")
+    with state.config_lock(ct):
+        head = re.sub(r",?size=[^,]*", "", volume)
+        conf.main.options[disk] = f"{head},size={_format_size(new)}"
+        pve_conf.save(root, ct.vmid, conf)
+    state.record_task(root, "resize", ct.vmid)
+    return 0
+
+
 COMMANDS = {
     "create": cmd_create,
     "set": cmd_set,
@@ -274,6 +338,7 @@ COMMANDS = {
     "listsnapshot": cmd_listsnapshot,
     "rollback": cmd_rollback,
     "destroy": cmd_destroy,
+    "resize": cmd_resize,
 }
 
 if __name__ == "__main__":

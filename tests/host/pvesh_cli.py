@@ -8,6 +8,8 @@
     pvesh get /nodes/<node>/lxc/<vmid>/interfaces
     pvesh create /nodes/<node>/lxc/<vmid>/status/start|stop     -> a UPID
     pvesh get /nodes/<node>/tasks/<upid>/status
+    pvesh get /nodes/<node>/storage/<storage>/content          (its CT templates)
+    pvesh create /nodes/<node>/storage/<storage>/oci-registry-pull -reference R [-filename F]
 
 proxmoxer's command backends (proxmoxer/backends/command_base.py) call
 `pvesh <get|create|set|delete> <path> [-key value ...] --output-format json` and guess the
@@ -19,13 +21,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 try:  # imported by the tests as tests.host.<module>
-    from . import state
+    from . import oci, pve_conf, state
 except ImportError:  # run as bin/pct or bin/pvesh, with this folder on sys.path
+    import oci
+    import pve_conf
     import state
 PveError = state.PveError
 
@@ -72,11 +77,47 @@ def _parse(argv: list[str]) -> tuple[str, str, dict[str, str], str]:
     return method, path, params, output
 
 
+def _storage(root, method: str, path: str, storage: str, what: str, params: dict[str, str]):
+    """Storage `local` (a directory storage holding CT templates) only."""
+    cache = pve_conf.host_root(root) / "var/lib/vz/template/cache"
+    if what == "content" and method == "get":
+        if storage != "local":
+            return []
+        files = sorted(cache.glob("*")) if cache.is_dir() else []
+        return [
+            {"volid": f"local:vztmpl/{f.name}", "content": "vztmpl", "format": "tzst"
+             if f.name.endswith(".zst") else "tar", "size": f.stat().st_size}
+            for f in files if f.is_file()
+        ]  # fmt: skip
+    if what == "oci-registry-pull" and method == "create":
+        settings = state.host_settings(root)
+        if oci.version_tuple(settings.get("pve_version", VERSION["version"])) < oci.OCI_RELEASE:
+            # pvesh.pm: a path the API of this release does not have (from memory of it)
+            raise PveError(f"no 'create' handler for '{path}'", 255)
+        if storage != "local":
+            raise PveError(f"storage '{storage}' is not configured for content-type 'vztmpl'", 255)
+        reference = params.get("reference", "")
+        name = oci.pulled_name(reference, params.get("filename"))
+        if (cache / name).exists():
+            raise PveError(f"refusing to override existing file '{name}'", 255)
+        source = settings.get("oci_registry", {}).get(reference)
+        if source is None:  # skopeo copy in the task worker, failing: the task fails
+            raise PveError(
+                f"command 'skopeo copy docker://{reference} oci-archive:{cache}/{name}.tmp' "
+                "failed: exit code 1", 255
+            )  # fmt: skip
+        cache.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, cache / name)
+        return state.record_task(root, "ociregistrypull", 0)
+    raise PveError(f"no '{method}' handler for '{path}'", 255)
+
+
 def _dispatch(root, method: str, path: str, params: dict[str, str]):
     parts = [p for p in path.strip("/").split("/") if p]
     node = state.node_name(root)
     if parts == ["version"] and method == "get":
-        return VERSION
+        version = state.host_settings(root).get("pve_version", VERSION["version"])
+        return {**VERSION, "version": version, "release": ".".join(version.split(".")[:2])}
     if parts == ["nodes"] and method == "get":
         return [
             {
@@ -97,6 +138,8 @@ def _dispatch(root, method: str, path: str, params: dict[str, str]):
             255,
         )
     tail = parts[2:]
+    if len(tail) == 3 and tail[0] == "storage":
+        return _storage(root, method, path, tail[1], tail[2], params)
     if tail == ["lxc"] and method == "get":
         return [_summary(ct) for ct in state.list_containers(root)]
     if len(tail) == 3 and tail[0] == "lxc" and tail[2] == "config" and method == "get":
