@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +96,7 @@ def test_ranks_that_die_at_the_rendezvous_fail_the_detached_deploy_naming_it(nod
     assert done.returncode == 1, said
     assert "started" not in said.replace("starts at step 0", "")
     assert "port_in_use" in said  # the crash detector's category, in its panel
-    assert f"crashed; root cause (the first failure in time): node a" in said
+    assert "crashed; root cause (the first failure in time): node a" in said
     assert "Address already in use" in said or "EADDRINUSE" in said
 
 
@@ -178,3 +177,16 @@ def test_the_bundled_trainer_is_waited_for_until_its_rendezvous_line(one_node, t
     assert summary["start"]["status"] == "started"
     log = (one_node / "workdir" / "runs" / summary["run_id"] / "train.log").read_text()
     assert "rendezvous: none needed (one process)" in log
+
+
+def test_a_start_line_that_is_no_regex_is_a_config_error_before_anything_runs(one_node):
+    config = write_local_config(one_node)
+    set_run(config, start_line="rendezvous: (")
+    done = detached(config)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "run.start_line: not a regular expression" in done.stderr
+    assert not (one_node / "workdir").exists()
+    set_run(config, start_line="^ok", start_timeout_s=-1)
+    done = detached(config)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "run.start_timeout_s: must be 0 (no wait) or more seconds, got -1" in done.stderr
