@@ -11,7 +11,13 @@ Three cases per node count, each the whole CLI process (Python start-up included
 Printed: the medians, and the 2-node / 1-node ratio of each case (measured in the
 same run, so the ratio, not the seconds, is what compares across machines).
 
-    .venv/bin/python bench/bench_deploy_nodes.py [--runs N]
+With --start-gate: what the start gate of a detached deploy costs (dflashctl/README.md,
+"Detached: the start gate"): each case with the wait off (run.start_timeout_s: 0, the
+deploy says "launched" at once) and on (run.start_line: the fake trainer's first line,
+which under torchrun comes once every node's agent is past the rendezvous), measured
+in the same run, and the seconds the wait adds.
+
+    .venv/bin/python bench/bench_deploy_nodes.py [--runs N] [--start-gate]
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(root: Path, count: int) -> Path:
+def write_config(root: Path, count: int, gate: bool = False) -> Path:
     config = {
         "host": {"address": "local"},
         "container": {
@@ -53,8 +59,10 @@ def write_config(root: Path, count: int) -> Path:
             "workdir": str(root / "node-0"),
         },
         "trainer": {"source": "src", "entry": "train.py", "args": ARGS},
-        "run": {"stop_grace_s": 5},
+        "run": {"stop_grace_s": 5, "start_timeout_s": 0},
     }
+    if gate:
+        config["run"].update(start_line="^hello from the trainer", start_timeout_s=120)
     if count > 1:
         config["torchrun"] = {"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()}
         config["nodes"] = [
@@ -92,12 +100,12 @@ def wipe(root: Path, count: int, cache: Path) -> None:
     shutil.rmtree(cache, ignore_errors=True)
 
 
-def measure(count: int, runs: int) -> dict[str, float]:
+def measure(count: int, runs: int, gate: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix=f"bench-deploy-{count}n-") as tmp:
         root = Path(tmp)
         source = write_trainer(root / "src", extra_files=28)
         shutil.rmtree(source / "__pycache__")
-        config, cache = write_config(root, count), root / "cache"
+        config, cache = write_config(root, count, gate), root / "cache"
         first, one_file, no_change = [], [], []
         try:
             for i in range(runs):
@@ -120,7 +128,10 @@ def measure(count: int, runs: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="deploys timed per case")
+    parser.add_argument("--start-gate", action="store_true", help="the wait off and on")
     args = parser.parse_args()
+    if args.start_gate:
+        return start_gate(args.runs)
     one, two = measure(1, args.runs), measure(2, args.runs)
     print(f"{args.runs} runs per case (medians)      1 node    2 nodes   2/1")
     for case in ("first", "one_file", "no_change"):
@@ -134,6 +145,21 @@ def main() -> int:
             }
         )
     )
+    return 0
+
+
+def start_gate(runs: int) -> int:
+    found: dict[str, dict[str, float]] = {}
+    print(f"{runs} runs per case (medians)      wait off  wait on   extra")
+    for count in (1, 2):
+        off, on = measure(count, runs, gate=False), measure(count, runs, gate=True)
+        for case in ("first", "one_file", "no_change"):
+            extra = on[case] - off[case]
+            found[f"{count}n_{case}"] = {"off": off[case], "on": on[case], "extra": extra}
+            label = f"{count} node{'s' if count > 1 else ''}, {case}"
+            print(f"  {label:<28} {off[case]:7.2f} s {on[case]:7.2f} s {extra:+6.2f} s")
+    rounded = {k: {n: round(v, 3) for n, v in d.items()} for k, d in found.items()}
+    print(json.dumps({"bench": "deploy_start_gate", "cases": rounded}))
     return 0
 
 

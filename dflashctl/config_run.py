@@ -91,6 +91,35 @@ class RunConfig(Section):
     # The GPUs this run may use (indices as the container sees them): CUDA_VISIBLE_DEVICES
     # and torchrun's nproc_per_node (when `gpu`/`auto`) follow; None: every GPU.
     gpus: list[int] | None = None
+    # deploy/restart --detach say "started" only once every node's log has a line this
+    # regex finds (the rank prefix left out); None: the bundled trainer's `rendezvous:`
+    # line where the entry script names DFLASH_START_GATE, else no wait at all.
+    start_line: str | None = None
+    # ... for at most this long (then a warning, exit 0: the run goes on); 0: no wait.
+    start_timeout_s: float = 300.0
+
+    @field_validator("start_line")
+    @classmethod
+    def _start_line(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            re.compile(value)
+        except (re.error, RecursionError, OverflowError, ValueError, MemoryError) as exc:
+            raise invalid(
+                f"not a regular expression: {exc}",
+                "e.g. '^rendezvous: ' (a line your trainer prints once every rank started)",
+            ) from None
+        if not value:
+            raise invalid("empty: it would find any line", "leave it out, or name a line")
+        return value
+
+    @field_validator("start_timeout_s")
+    @classmethod
+    def _start_timeout(cls, value: float) -> float:
+        if value < 0:
+            raise invalid(f"must be 0 (no wait) or more seconds, got {value}")
+        return value
 
     @field_validator("gpus", mode="before")
     @classmethod

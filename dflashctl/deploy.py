@@ -70,6 +70,7 @@ from dflashctl.launching import (
     lineage_summary,
     say_launched,
     say_what_interrupt_left,
+    start_line,
     stop_and_launch,
     summary_of,
 )
@@ -175,8 +176,11 @@ def deploy(
     # crash_patterns of its own neither loads nor compiles them (a tenth of a one-file
     # redeploy's CPU). A mistake in crash_patterns is a config error: said before
     # anything is contacted.
-    rules = _rules(config) if config.crash_patterns or not options.detach else []
-    if not options.detach:
+    # A detached deploy that waits for the run's start line (launching.start_line)
+    # follows its start, and weighs a crash before it, as following does.
+    follows = not options.detach or start_line(config) is not None
+    rules = _rules(config) if config.crash_patterns or follows else []
+    if follows:
         import_follower()
     manifest, skipped = check_source(config, report)
     meta = config_meta(config)

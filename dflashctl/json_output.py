@@ -35,6 +35,7 @@ RUN_LEVEL: dict[str, tuple[str, ...]] = {
         "replaced_run",
         "dry_run",
         "result",
+        "start",
     ),
     "logs": ("run", "status", "exit_code", "interrupted", "root_cause", "consequences"),
 }

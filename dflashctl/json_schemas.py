@@ -136,12 +136,26 @@ class FollowResult(Open):
     status: str
 
 
+class StartGate(Open):
+    status: Literal["started", "died", "ended", "timeout", "interrupted"]
+    seconds: float = Field(description="from the launch to the last node's start line")
+    line: str = Field(description="the start line waited for (a regex)")
+    timeout_s: float
+    waiting_for: list[str] = Field(description="the nodes whose log had not shown it")
+
+
 class DeployAnswer(Envelope):
     command: Literal["deploy", "restart"]
     nodes: list[DeployNode]
     run_id: str | None = None
     dry_run: bool | None = None
-    result: FollowResult | None = Field(default=None, description="without --detach")
+    result: FollowResult | None = Field(
+        default=None, description="without --detach; with it, when the run died before starting"
+    )
+    start: StartGate | None = Field(
+        default=None,
+        description="with --detach, for a trainer that prints a start line (run.start_line)",
+    )
 
 
 class LogsAnswer(Envelope):

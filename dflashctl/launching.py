@@ -303,6 +303,29 @@ def import_follower() -> None:
     import dflashctl.follow  # noqa: F401
 
 
+# The bundled trainer's line once every rank is past the rendezvous (World.started in
+# trainer/dflash/pipeline/distributed.py), and the word its entry script names to say
+# it prints one: a trainer that does not is not waited for (it would never say it).
+BUNDLED_START_LINE = r"^rendezvous: "
+START_GATE_WORD = "DFLASH_START_GATE"
+
+
+def start_line(config: Config) -> str | None:
+    """The line (a regex) a detached deploy or restart waits for on every node before
+    it says the run started: run.start_line, else the bundled trainer's where the entry
+    script names DFLASH_START_GATE; None: it says "launched" at once."""
+    if config.run.start_timeout_s <= 0:
+        return None
+    if config.run.start_line:
+        return config.run.start_line
+    entry = Path(config.trainer.source) / config.trainer.entry
+    try:
+        text = entry.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return BUNDLED_START_LINE if START_GATE_WORD in text else None
+
+
 def follow_unless_detached(
     nodes: list[Node],
     rules: list[Rule],
@@ -313,11 +336,23 @@ def follow_unless_detached(
 ) -> tuple[int, dict[str, Any]]:
     """Follow the new run on every node as `logs --follow` does
     (dflashctl/follow/fleet.py); (exit code, summary with the run's result: one node's,
-    or each node's and the root cause)."""
+    or each node's and the root cause). Detached: wait for its start line on every node
+    (start_line; dflashctl/follow/start_gate.py), the crash reported if it died first."""
     run_id = summary["run_id"]
-    if detach:
+    line = start_line(nodes[0].config) if detach else None
+    if detach and line is None:
         report.info(f"follow it with {hints.command(f'logs -f {run_id}')}")
         return 0, summary
+    if detach:
+        from dflashctl.follow.start_gate import WAITING_FOR, wait_for_start
+
+        timeout = nodes[0].config.run.start_timeout_s
+        with report.busy(f"waiting for run {run_id} to start ({WAITING_FOR})"):
+            outcome = wait_for_start(nodes, run_id, rules=rules, line=line, timeout_s=timeout)
+        summary["start"] = outcome.to_json()
+        if outcome.status in ("died", "ended"):
+            summary["result"] = outcome.result.to_json()
+        return outcome.report(), summary
     from dflashctl.follow import follow_fleet, report_fleet  # (import_follower)
 
     result = follow_fleet(nodes, run_id, rules=rules, from_offset=0)

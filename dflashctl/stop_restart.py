@@ -18,6 +18,7 @@ from dflashctl.launching import (
     say_launched,
     say_what_interrupt_left,
     source_meta,
+    start_line,
     stop_and_launch,
     summary_of,
 )
@@ -38,7 +39,7 @@ def restart(
     trip per node, no sync. On several nodes the commit barrier also checks that every
     node's current release is the same one."""
     rules = rules_for(config)  # config mistakes first, before anything is contacted
-    if not detach:
+    if not detach or start_line(config) is not None:
         import_follower()
     with node_sessions(config) as nodes:
         run_id = runs.new_id()

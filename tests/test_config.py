@@ -237,7 +237,8 @@ def test_unknown_key_hint_lists_the_allowed_keys(tmp_path):
         load_config(path)
     assert "unknown key run.keep (did you mean run.keep_releases?)" in str(info.value)
     assert info.value.hint == (
-        "allowed keys in run: stop_grace_s, keep_releases, on_exit, retry, hang, gpus"
+        "allowed keys in run: stop_grace_s, keep_releases, on_exit, retry, hang, gpus, "
+        "start_line, start_timeout_s"
     )
 
 

@@ -144,6 +144,9 @@ def test_two_ranks_train_the_weights_of_one_process_that_saw_both_batches(tmp_pa
     run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "distributed: rank 1/2" in run.stdout and "gloo" in run.stdout
+    # Past the barrier after the rendezvous, local rank 0 says so once (deploy --detach's
+    # start line): rank 1 on the same node does not.
+    assert run.stdout.count("rendezvous: every rank joined (2 ranks)") == 1, run.stdout
     two_ranks = trained_weights(out)
 
     steps = {"steps": STEPS, "log_every": 2}

@@ -47,6 +47,9 @@ except ModuleNotFoundError as exc:  # the container's python lacks a trainer dep
 
 EXIT_CONFIG = 2  # process_exit.EXIT_CONFIG, before torch is imported (a config error is quick)
 CHECK_CONFIG = "DFLASH_CHECK_CONFIG"  # set to 1: read the config, then exit (see above)
+# Naming DFLASH_START_GATE tells dflashctl that this trainer prints a `rendezvous:` line
+# on every node once every rank is past the rendezvous (World.started), so that
+# `deploy --detach` waits for it before it says the run started.
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -117,6 +120,7 @@ def main(argv: Sequence[str] | None = None, workload_factory: Callable | None = 
     try:
         world.join(log, cfg.runtime)
         resume_state, folder = resume.agree(world, log, cfg, choice)
+        world.started(log)  # the line deploy --detach waits for: DFLASH_START_GATE
         if workload_factory is not None:
             workload = workload_factory(cfg)
         else:

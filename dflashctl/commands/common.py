@@ -44,5 +44,11 @@ WaitOption = Annotated[
     ),
 ]
 DetachOption = Annotated[
-    bool, typer.Option("--detach", "-d", help="Launch and return; do not follow the log.")
+    bool,
+    typer.Option(
+        "--detach",
+        "-d",
+        help="Return once the run started (its start line on every node: every rank past the "
+        "rendezvous), or died (exit 1); do not follow the log.",
+    ),
 ]

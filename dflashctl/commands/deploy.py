@@ -46,7 +46,15 @@ def deploy(
     ] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Send the changed trainer files, stop stale runs, launch and follow the new run."""
+    """Send the changed trainer files, stop stale runs, launch and follow the new run.
+
+    With --detach it returns once the run started: every node's log shows the trainer's
+    start line (every rank past the rendezvous; run.start_line). Exit 0 then; exit 1 with
+    the crash named when the run died first; exit 0 with a warning when the line has not
+    come after run.start_timeout_s (300 s; the run goes on). A trainer that prints no
+    start line (no run.start_line, no DFLASH_START_GATE in its entry script) is not
+    waited for.
+    """
     from dflashctl.deploy import DeployOptions
     from dflashctl.deploy import deploy as run_deploy
 

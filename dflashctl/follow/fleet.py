@@ -152,6 +152,9 @@ def follow_fleet(
     waiting_notice: bool = True,
     console: Callable[[], Console] | None = None,
     notices: Callable[[], Console] | None = None,
+    on_line: Callable[[int, str], None] | None = None,
+    on_end: Callable[[int], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> FleetResult:
     """Follow run `run_id` on every node until every node's run has ended (or, with
     follow=False, read what each log holds now).
@@ -167,6 +170,10 @@ def follow_fleet(
     fight over the terminal, so they have none).
     console: where the lines and panels go (default terminal.out, asked at each write);
     notices: where several nodes' failure reports go (default terminal.err).
+    on_line(node index, line): each line of each node (from that node's thread);
+    on_end(node index): that node's following ended (its run ended, or it could not be
+    reached); cancel: set from any thread to stop following every node, as Ctrl-C
+    would (the results say interrupted): the start gate's (dflashctl/start_gate.py).
     """
     kwargs = dict(
         rules=rules,
@@ -180,13 +187,26 @@ def follow_fleet(
     if len(nodes) == 1:
         # No thread, no prefix, no cross-node report: the first line is shown as soon
         # as the one follower reads it.
-        return _follow_lone(nodes[0], run_id, console, waiting_notice=waiting_notice, **kwargs)
+        lone = nodes[0]
+        return _follow_lone(
+            lone,
+            run_id,
+            console,
+            waiting_notice=waiting_notice,
+            on_line=None if on_line is None else (lambda text, _live: on_line(lone.index, text)),
+            cancel=cancel,
+            **kwargs,
+        )
     follower = _NodesFollower(
         nodes=nodes,
         run_id=run_id,
         console=console or (lambda: terminal.out),
         notices=notices or (lambda: terminal.err),
+        on_line=on_line,
+        on_end=on_end,
     )
+    if cancel is not None:
+        follower.cancel = cancel
     return follower.run(dict(kwargs, waiting_notice=False))
 
 
@@ -220,6 +240,8 @@ class _NodesFollower:
     run_id: str
     console: Callable[[], Console]
     notices: Callable[[], Console]
+    on_line: Callable[[int, str], None] | None = None
+    on_end: Callable[[int], None] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _watches: list[_NodeWatch] = field(default_factory=list)
@@ -257,6 +279,13 @@ class _NodesFollower:
     # -- one node (its own thread) -------------------------------------------------------
 
     def _follow_one(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
+        try:
+            self._follow_node(watch, kwargs)
+        finally:
+            if self.on_end is not None:
+                self.on_end(watch.node.index)
+
+    def _follow_node(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
         from dflashctl.connect import as_host_error, open_target
 
         node = watch.node
@@ -301,6 +330,8 @@ class _NodesFollower:
 
     def _on_line(self, watch: _NodeWatch, text: str, live: bool) -> None:
         watch.last_line, watch.last_line_at, watch.live = text, time.monotonic(), live
+        if self.on_line is not None:
+            self.on_line(watch.node.index, text)
         knew = watch.torchrun.rank_failed
         watch.torchrun.feed(text)
         if watch.torchrun.rank_failed and not knew:

@@ -41,6 +41,9 @@ from dflash.pipeline.supervisor import POLL_S, Supervisor
 
 HEARTBEAT_S = 1.0
 LEAVE_WAIT_S = 10.0  # rank 0 (the store's host without torchrun) waits this long for the others
+# The start of the line World.started prints: dflashctl's start gate (its default
+# run.start_line) waits for it on every node.
+STARTED_LINE = "rendezvous:"
 
 
 class PeerFailure(RuntimeError):
@@ -443,6 +446,17 @@ class World:
         for callback in self._peer_callbacks:
             self.coordinator.on_peer_failure(callback)
         self.coordinator.start_monitor(runtime.peer_timeout_s)
+
+    def started(self, log: RunLog) -> None:
+        """Every rank is past the rendezvous: after a barrier, local rank 0 of each node
+        says so in its node's log (alone: that none was needed). `dflashctl deploy
+        --detach` waits for this line on every node before it says the run started."""
+        if self.coordinator is None:
+            log.line(f"{STARTED_LINE} none needed (one process)")
+            return
+        self.barrier("started")
+        if self.info.local_rank == 0:
+            log.line(f"{STARTED_LINE} every rank joined ({self.size} ranks)")
 
     def finish(self) -> None:
         """Clean end: every rank leaves together (PeerFailure when one is gone)."""
