@@ -6,10 +6,19 @@ process in the container. On the loopback test host (real sshd on 127.0.0.1, a t
 container), with the real trainer, this times:
 
   check alone      the trainer reading its config with DFLASH_CHECK_CONFIG=1 in the
-                   container (what the launch waits for)
-  with check       `dflashctl deploy --detach` of a one-file change, the bundled trainer
+                   container (what the launch waited for before the check started ahead)
+  with check       `dflashctl deploy --detach` of a one-file change, the bundled trainer:
+                   the check's interpreter started with the upload's agent, while the
+                   client plans (agent/trainer_check.py's prestart)
+  cold check       the same with the workdir's .trainer-check.json removed before each
+                   deploy: the agent has nothing to start ahead, and the check starts
+                   after the release is built, on the deploy's path (as before 2026-12-05)
   without check    the same with an entry script that does not name the variable (the
-                   agent then does not run it), alternating with the above
+                   agent then does not run it); the three alternate
+
+For the two cases with a check, it also prints how long the launch waited for the check
+(the deploy's `check_seconds`): what the check still adds to the deploy's path, without
+the noise of the whole deploy's time on a loaded machine.
 
 Between deploys the launched run is killed, so no deploy stops a run or competes with
 one for the CPU.
@@ -52,7 +61,9 @@ def copy_trainer(dest: Path, *, checkable: bool) -> None:
         entry.write_text(entry.read_text().replace("DFLASH_CHECK_CONFIG", "DFLASH_NO_CHECK"))
 
 
-def deploy(config: Path, cache: Path) -> float:
+def deploy(config: Path, cache: Path) -> tuple[float, float | None]:
+    """The deploy's wall time, and how long its launch waited for the config check
+    (the summary's check_seconds: what the check still costs the deploy's path)."""
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     start = time.perf_counter()
     done = subprocess.run(
@@ -65,8 +76,8 @@ def deploy(config: Path, cache: Path) -> float:
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"deploy failed ({done.returncode}):\n{done.stderr}")
-    json.loads(done.stdout.strip().splitlines()[-1])
-    return elapsed
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return elapsed, summary["nodes"][0].get("check_seconds")
 
 
 def kill_runs(container: Container) -> None:
@@ -84,7 +95,8 @@ def main() -> int:
     with loopback_host("bench-trainer-check-", VMID) as host:
         base, server, container = host.base, host.server, host.container
         configs = {}
-        for name, checkable in (("with check", True), ("without check", False)):
+        cases = (("with check", True), ("cold check", True), ("without check", False))
+        for name, checkable in cases:
             source = base / name.replace(" ", "-")
             copy_trainer(source, checkable=checkable)
             config = fixtures.build_config(server, vmid=VMID, trainer_source=source)
@@ -108,10 +120,17 @@ def main() -> int:
             alone.append(time.perf_counter() - start)
             assert done.returncode == 0, done.stderr
         times: dict[str, list[float]] = {name: [] for name in configs}
+        waits: dict[str, list[float]] = {name: [] for name in configs}
         for i in range(args.runs):
             for name, (path, source, cache) in configs.items():
                 (source / "edited.py").write_text(f"EDIT = {i}\n")
-                times[name].append(deploy(path, cache))
+                if name == "cold check":
+                    spec = container.host_path(f"{WORKDIR}-{source.name}/.trainer-check.json")
+                    spec.unlink(missing_ok=True)
+                elapsed, waited = deploy(path, cache)
+                times[name].append(elapsed)
+                if waited is not None:
+                    waits[name].append(waited)
                 kill_runs(container)
         load = os.getloadavg()
         print(
@@ -124,8 +143,15 @@ def main() -> int:
                 f"  {name:32s} {statistics.median(values):6.2f} s "
                 f"({min(values):.2f}-{max(values):.2f})"
             )
-        delta = statistics.median(times["with check"]) - statistics.median(times["without check"])
-        print(f"  difference of the medians        {delta:+6.2f} s")
+        for name in ("with check", "cold check"):
+            print(
+                f"  {name}: the launch waited for it {statistics.median(waits[name]):.3f} s "
+                f"({min(waits[name]):.3f}-{max(waits[name]):.3f})"
+            )
+        without = statistics.median(times["without check"])
+        for name in ("with check", "cold check"):
+            delta = statistics.median(times[name]) - without
+            print(f"  {name} - without (medians)  {delta:+6.2f} s")
     return 0
 
 

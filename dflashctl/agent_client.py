@@ -272,6 +272,8 @@ def _preload(h):
             return
         g = {"__name__": "dflash_agent_bundle", "CODE_CACHE": "%s.%s.code" % (f[:-3], sys.implementation.cache_tag)}
         exec(compile(s, f, "exec"), g)
+        if len(sys.argv) > 2:  # a deploy's workdir: its trainer config check starts first
+            __import__(g["PACKAGE"] + ".trainer_check", fromlist=["prestart"]).prestart(sys.argv[2])
         __import__(g["PACKAGE"] + ".verbs")
         g["_save_codes"]()
     except Exception:
@@ -279,15 +281,19 @@ def _preload(h):
 """
 
 
-def agent_argv(python: str, op: str, *, preload: bool = False) -> list[str]:
+def agent_argv(
+    python: str, op: str, *, preload: bool = False, check_in: str | None = None
+) -> list[str]:
     """The agent's command: it reads its program off stdin (agent_input). `preload`:
-    it imports the kept bundle first, for a command started ahead of its call."""
+    it imports the kept bundle first, for a command started ahead of its call; with
+    `check_in` (a workdir) it also starts the trainer config check's interpreter there
+    (agent/trainer_check.py's prestart)."""
     # -S: the agent needs only the standard library; skipping site-packages saves
     # a noticeable part of each call's start-up. `op` only shows in `ps`.
     program = (
         f"{_CACHE_FOLDER}{_PRELOAD}_preload({bundle_hash()!r})\n{LOADER}" if preload else LOADER
     )
-    return [python, "-S", "-c", program, op]
+    return [python, "-S", "-c", program, op, *([check_in] if preload and check_in else [])]
 
 
 def log_reader_argv(

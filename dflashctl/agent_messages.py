@@ -135,6 +135,7 @@ class LaunchAnswer(_LaunchAnswer, total=False):
 
     build: BuildAnswer
     gate: dict[str, Any]
+    check_seconds: float  # how long the launch waited for the trainer's config check
 
 
 class StopAnswer(TypedDict):

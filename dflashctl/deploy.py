@@ -92,7 +92,10 @@ def upload_argv(config: Config, target: Target, verb: str) -> list[str]:
     """The command of upload_and_deploy's one call: the agent, which reads its program
     and then the archive off stdin (the same command every time, so that it can be
     started before either is ready: transport.prepare_bulk)."""
-    agent = agent_client.agent_argv(config.container.python, verb, preload=True)
+    # The deploy verb checks the trainer's config before its stop: its interpreter starts
+    # with the agent (the build verb's launch is another call).
+    check_in = config.container.workdir if verb == "deploy" else None
+    agent = agent_client.agent_argv(config.container.python, verb, preload=True, check_in=check_in)
     return agent if target.vmid is None else pct.exec_argv(target.vmid, agent)
 
 
@@ -488,6 +491,8 @@ def node_entry(node: Node, plan: Plan, answer: LaunchAnswer, command, started) -
         # The agent's unpacking and checking of the release, and its CPU time by then.
         "build_seconds": built.get("seconds"),
         "build_cpu_seconds": built.get("cpu_seconds"),
+        # What the launch then waited for the trainer's config check, before its stop.
+        "check_seconds": answer.get("check_seconds"),
         "files_total": len(plan.manifest),
         "files_removed": len(plan.diff.removed) if new else 0,
         "runs_stopped": answer["stopped"],

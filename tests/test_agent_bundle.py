@@ -9,10 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from dflashctl import agent_client
+from dflashctl.agent import trainer_check
 
 OLDEST = (3, 6)
 
@@ -24,6 +26,8 @@ def _programs() -> dict[str, str]:
     programs["the loader, preloading"] = agent_client.agent_argv("python3", "deploy", preload=True)[
         3
     ]
+    # Run in the trainer's interpreter, which may be as old.
+    programs["the config check's runner"] = trainer_check.RUNNER
     return programs
 
 
@@ -173,3 +177,29 @@ def test_a_damaged_code_cache_is_compiled_afresh(tmp_path):
     status, answer = _call("runs", params, with_bundle=False, env=env)
     assert (status, answer["ok"]) == (0, True)
     assert code.read_bytes() != b"not marshal data"  # written again
+
+
+def test_a_deploys_agent_started_ahead_starts_the_trainer_config_check_too(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    _call("runs", {"workdir": str(workdir)}, with_bundle=True, env=env)  # keeps the bundle
+    # The last check of this workdir: its interpreter, its environment, what it imported.
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    marker = tmp_path / "imported"
+    (modules / "marks_import.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    spec = {"python": sys.executable, "env": {"PYTHONPATH": str(modules)}}
+    (workdir / trainer_check.SPEC_FILE).write_text(json.dumps(spec))
+    (workdir / trainer_check.MODULES_FILE).write_text(json.dumps(["marks_import"]))
+    argv = agent_client.agent_argv(sys.executable, "deploy", preload=True, check_in=str(workdir))
+    # No program comes (the deploy stopped before its upload): the agent does nothing,
+    # and the check's interpreter it started, with that environment, imported ahead
+    # and then ends untold.
+    done = subprocess.run(argv, input=b"", capture_output=True, env=env, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the check's interpreter did not start"
+        time.sleep(0.1)

@@ -235,7 +235,9 @@ def launch(p, warm=None):
     if commit_params.get("job_port") and int(commit_params["rank"]) == 0:
         check_job_port(workdir, commit_params["job_port"])  # before anything is stopped
     p = with_venv(p, release)  # before anything is stopped: a failed setup stops nothing
+    checked_at = time.monotonic()
     check_trainer_config(release_dir, p)  # so is a config the trainer would refuse
+    check_s = time.monotonic() - checked_at  # the wait for it (started ahead: its rest)
     # The run this one replaces: its training continues here unless `fresh`.
     previous = active_run_id(workdir)
     previous_release = current_release(workdir)
@@ -246,7 +248,9 @@ def launch(p, warm=None):
             shutil.rmtree(os.path.join(runs_dir(workdir), other), ignore_errors=True)
     run_dir = prepare_run(workdir, run_id, p)  # before anything is stopped
     try:
-        return detached(lambda: transaction(p, release, previous, previous_release, warm))
+        launched = detached(lambda: transaction(p, release, previous, previous_release, warm))
+        launched["check_seconds"] = round(check_s, 3)
+        return launched
     except AgentError:
         if os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, "pid")):
             shutil.rmtree(run_dir, ignore_errors=True)  # never a half-made run folder
