@@ -9,7 +9,10 @@ container), both in the same run:
             same files, nothing checked
 
 The ratio pull / tar is the figure of merit (the goal: within 2x). The cases alternate
-within each run, so that a change in the machine's load reaches both.
+within each run, so that a change in the machine's load reaches both. Each lands in a
+new folder; the last one is moved aside, not deleted just before: on journal-less ext4
+a folder's new files scan past every inode freed there in the last minute (see
+bench/results/HISTORY.md), which made either case slow by turns.
 
     python bench/bench_pull.py [--files 2000 100000] [--size 512] [--runs N]
 """
@@ -58,8 +61,16 @@ def make_run(host, files: int, size: int) -> str:
     return f"{WORKDIR}/runs/{RUN_ID}/outputs/checkpoints/{STEP}"
 
 
+def set_aside(dest: Path) -> None:
+    """The last run's folder out of the way, deleted with the host at the end."""
+    if dest.exists():
+        aside = dest.parent / "aside"
+        aside.mkdir(exist_ok=True)
+        dest.rename(aside / f"{dest.name}-{time.monotonic_ns()}")
+
+
 def time_pull(config: Path, dest: Path) -> float:
-    shutil.rmtree(dest, ignore_errors=True)
+    set_aside(dest)
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "dflashctl", "pull", RUN_ID, "--to", str(dest), "-c", str(config)],
@@ -74,7 +85,7 @@ def time_pull(config: Path, dest: Path) -> float:
 
 
 def time_tar(host, folder: str, dest: Path) -> float:
-    shutil.rmtree(dest, ignore_errors=True)
+    set_aside(dest)
     dest.mkdir(parents=True)
     start = time.perf_counter()
     sender = subprocess.Popen(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflashctl.agent.manifest import is_link
 from dflashctl.errors import UsageError
 from dflashctl.source_cache import SourceCache
 from dflashctl.sync import METADATA_MEMBER, Manifest, unreadable
@@ -104,6 +105,8 @@ class Archive:
             for name, data in extra.items()
         ]
         for rel in paths:
+            if is_link(manifest[rel]):
+                continue  # a link travels in the manifest (the first member), as its text
             size, sha, mode = manifest[rel]
             members.append(_Member(rel, _header(rel, size, int(mode, 8)), size, None, sha))
         self._members = members

@@ -85,7 +85,7 @@ class Plan:
 
     @property
     def bytes_to_send(self) -> int:
-        return sum(self.manifest[p][0] for p in self.diff.changed)
+        return sum(sync.sent_size(self.manifest[p]) for p in self.diff.changed)
 
     @property
     def release(self) -> str | None:
@@ -132,8 +132,8 @@ def confirm_size(config: Config, plan: Plan, *, yes: bool, report: Reporter = SI
     size = plan.bytes_to_send if plan.new_release else 0
     if yes or limit is None or size <= limit * 1e6:
         return
-    largest = sorted(plan.diff.changed, key=lambda p: -plan.manifest[p][0])[:3]
-    what = ", ".join(f"{p} ({human_bytes(plan.manifest[p][0])})" for p in largest)
+    largest = sorted(plan.diff.changed, key=lambda p: -sync.sent_size(plan.manifest[p]))[:3]
+    what = ", ".join(f"{p} ({human_bytes(sync.sent_size(plan.manifest[p]))})" for p in largest)
     question = (
         f"this deploy sends {human_bytes(size)}, more than "
         f"trainer.confirm_above_mb ({limit:g} MB); largest: {what}"
@@ -265,7 +265,9 @@ def planned(node: Node, plan: Plan) -> dict[str, Any]:
         "release": plan.new_release,
         "previous_release": plan.base_release,
         "files_total": len(plan.manifest),
-        "files_to_send": [{"path": p, "size": plan.manifest[p][0]} for p in diff.changed]
+        "files_to_send": [
+            {"path": p, "size": sync.sent_size(plan.manifest[p])} for p in diff.changed
+        ]
         if new
         else [],
         "files_removed": diff.removed if new else [],

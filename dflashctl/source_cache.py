@@ -70,7 +70,7 @@ class SourceCache:
 
     def save(self, manifest: dict[str, list]) -> None:
         """Keep what this scan saw (files gone from the tree are forgotten)."""
-        shas = {entry[1] for entry in manifest.values()}
+        shas = {entry[1] for entry in manifest.values() if len(entry) == 3}  # (not links)
         data = {
             "files": self._seen,
             "compiles": sorted(self._compiles & shas),

@@ -2,7 +2,8 @@
 
 The manifest maps each file's path (relative, with "/") to [size, sha256, mode]
 (the file's permissions in octal, "644", "755", "600": a `chmod` alone is a change
-that deploys) after `trainer.exclude`, which has .gitignore semantics (the
+that deploys), and each link's to ["link", target] (agent/manifest.py), after
+`trainer.exclude`, which has .gitignore semantics (the
 pathspec library's GitIgnoreSpec): `*` and `?` stay inside one path segment, `**`
 spans segments, a trailing `/` matches folders only, a pattern with a `/` before its
 end is anchored at the tree's top, `!` re-includes what an earlier pattern excluded
@@ -21,7 +22,7 @@ import pathspec
 
 # One definition of file modes, shared with the agent that checks releases where the
 # trainer runs.
-from dflashctl.agent.manifest import file_mode
+from dflashctl.agent.manifest import file_mode, is_link, link_entry, link_stays_inside
 from dflashctl.errors import UsageError
 from dflashctl.source_cache import SourceCache
 
@@ -29,7 +30,12 @@ from dflashctl.source_cache import SourceCache
 # the first member as such whatever its name, so a trainer file of any name (this one,
 # or a MANIFEST.json of its own) is just a file.
 METADATA_MEMBER = ".dflashctl/manifest.json"
-Manifest = dict[str, list]  # path -> [size, sha256, mode]
+Manifest = dict[str, list]  # path -> [size, sha256, mode], or ["link", target]
+
+
+def sent_size(entry: list) -> int:
+    """The bytes a manifest entry sends when it changed: a link's are in the manifest."""
+    return 0 if is_link(entry) else int(entry[0])
 
 
 # --------------------------------------------------------------------------- excludes
@@ -91,22 +97,26 @@ class Skipped:
 # --------------------------------------------------------------------------- manifest
 
 
-def iter_files(source: Path, excludes: Excludes, skipped: Skipped | None = None) -> Iterator[str]:
-    """Relative paths of the files to deploy; excluded folders are not entered (and
-    noted in `skipped`, with the excluded files).
+def iter_files(
+    source: Path, excludes: Excludes, skipped: Skipped | None = None
+) -> Iterator[tuple[str, str | None]]:
+    """(relative path, None) of each file to deploy and (relative path, its text) of
+    each link; excluded folders are not entered (and noted in `skipped`, with the
+    excluded files).
 
-    A symlink that stays inside the source is deployed as what it points at (a file,
-    or a folder's files); a link back to a folder above it is not followed twice. A
-    link that leads out of the source (not excluded) is refused, naming every one:
-    deploying what it points at would send files nobody chose to send (a key, a
-    secret) where others may read them.
+    A symlink whose target stays inside the source is deployed as a link (as `rsync
+    -l`, git and docker keep one), to a file or a folder alike, and is not descended
+    into: what it points at is deployed once, at its own place. Its text travels as
+    it is when it is relative and, read as written, stays inside; else (an absolute
+    path, or one that leaves and comes back) as the relative path from its folder to
+    where it really leads. A link that leads out of the source (not excluded) is
+    refused, naming every one: deploying what it points at would send files nobody
+    chose to send (a key, a secret), and the link alone would lead somewhere else in
+    the container. A dangling link that leads out sends nothing, as before.
     """
     top = os.path.realpath(source)
     leaving: list[str] = []
-    found = _walk(
-        Path(source), "", excludes, frozenset([top]), skipped or Skipped(), (top, leaving)
-    )
-    files = list(found)
+    found = list(_walk(Path(source), "", excludes, skipped or Skipped(), (top, leaving)))
     if leaving:
         shown = "; ".join(leaving[:8]) + (
             f"; and {len(leaving) - 8} more" if len(leaving) > 8 else ""
@@ -115,18 +125,18 @@ def iter_files(source: Path, excludes: Excludes, skipped: Skipped | None = None)
             f"trainer.source {source} has links that lead out of it: {shown}",
             hint="copy what they point at into the source, or leave them out with trainer.exclude",
         )
-    yield from files
+    yield from found
 
 
 def _walk(
     folder: Path,
     prefix: str,
     excludes: Excludes,
-    seen: frozenset,
     skipped: Skipped,
     outside: tuple[str, list[str]],
-) -> Iterator[str]:
-    """`outside`: the source's real path, and the list its leaving links are added to."""
+) -> Iterator[tuple[str, str | None]]:
+    """`outside`: the source's real path, and the list its leaving links are added to.
+    Only real folders are entered, so no folder is walked twice and no loop is met."""
     try:
         entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
     except OSError as exc:
@@ -134,25 +144,42 @@ def _walk(
     top, leaving = outside
     for entry in entries:
         rel = prefix + entry.name
-        if entry.is_symlink() and os.path.exists(entry.path):  # (a dangling one sends nothing)
-            real = os.path.realpath(entry.path)
-            inside = real == top or real.startswith(top.rstrip(os.sep) + os.sep)
-            if not inside and not excludes.excluded(rel, entry.is_dir()):
-                leaving.append(f"{rel} -> {os.readlink(entry.path)}")
+        if entry.is_symlink():
+            if excludes.excluded(rel, entry.is_dir()):
+                skipped.add(rel, entry.is_dir(), 0)
                 continue
-        if entry.is_dir():
-            real = os.path.realpath(entry.path)
+            text = _link_text(entry.path, rel, top)
+            if text is not None:
+                yield rel, text
+            elif os.path.exists(entry.path):  # (a dangling one that leads out sends nothing)
+                leaving.append(f"{rel} -> {os.readlink(entry.path)}")
+        elif entry.is_dir():
             if excludes.excluded(rel, True):
                 skipped.add(rel, True, 0)
-            elif real not in seen:
-                yield from _walk(
-                    Path(entry.path), rel + "/", excludes, seen | {real}, skipped, outside
-                )
-        elif entry.is_file():  # (dangling links, sockets and fifos are neither)
+            else:
+                yield from _walk(Path(entry.path), rel + "/", excludes, skipped, outside)
+        elif entry.is_file():  # (sockets and fifos are neither)
             if excludes.excluded(rel, False):
                 skipped.add(rel, False, _size(entry))
             else:
-                yield rel
+                yield rel, None
+
+
+def _link_text(path: str, rel: str, top: str) -> str | None:
+    """The text the link at `path` (`rel` in the source whose real path is `top`) is
+    deployed with, or None when it leads out of the source."""
+    try:
+        text = os.readlink(path)
+    except OSError as exc:
+        raise unreadable(Path(path), exc) from None
+    real = os.path.realpath(path)
+    if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+        return None
+    if link_stays_inside(rel, text):
+        return text
+    # Absolute, or out and back in by name: the same place, said from the link's folder
+    # (a real folder of the source: links are never walked through).
+    return os.path.relpath(real, os.path.realpath(os.path.dirname(path)))
 
 
 def _size(entry: os.DirEntry) -> int:
@@ -225,7 +252,10 @@ def scan(
     skipped = Skipped()
     manifest: Manifest = {}
     top = str(source)
-    for rel in iter_files(source, excludes, skipped):
+    for rel, link in iter_files(source, excludes, skipped):
+        if link is not None:
+            manifest[rel] = link_entry(link)
+            continue
         path = os.path.join(top, rel)  # (strings: pathlib costs more than the read here)
         try:
             stat = os.stat(path)
@@ -285,8 +315,8 @@ def check_syntax(
     problems: list[str] = []
     top = str(Path(source))
     for rel in sorted(manifest):
-        if not rel.endswith(".py"):
-            continue
+        if not rel.endswith(".py") or is_link(manifest[rel]):
+            continue  # (a link's target is checked at its own place)
         sha = manifest[rel][1]
         if cache and cache.compiles(sha):
             checked += 1

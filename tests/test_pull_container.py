@@ -90,6 +90,25 @@ def test_pull_copies_the_latest_checkpoint_export_and_metrics(finished, tmp_path
     assert flat(json.loads(again.stdout))["bytes"] == 0
 
 
+def test_a_file_here_of_the_right_size_but_other_bytes_is_fetched_again(finished, tmp_path):
+    """A file already here at its listed size is only hashed there; one whose bytes
+    differ is fetched again, and the JSON names each file's sha256 as it is there."""
+    path, run_id, container = finished
+    dest = tmp_path / "pulled"
+    assert cli(path, "pull", run_id, "--to", str(dest)).returncode == 0
+    state = dest / "checkpoints" / "step-000002" / "state.pt"
+    state.write_bytes(b"\0" * state.stat().st_size)
+    again = cli(path, "pull", run_id, "--to", str(dest), "--json")
+    assert again.returncode == 0, again.stderr
+    summary = flat(json.loads(again.stdout))
+    there = remote(container, run_id, "outputs/checkpoints/step-000002/state.pt")
+    assert (summary["fetched"], summary["bytes"]) == (1, there.stat().st_size)
+    assert summary["already"] == len(summary["files"]) - 1
+    assert sha(state) == sha(there)
+    for f in summary["files"]:
+        assert f["sha256"] == sha(dest / f["path"])
+
+
 def test_pull_a_step_and_the_default_folder(finished, tmp_path):
     path, run_id, container = finished
     done = subprocess.run(

@@ -171,13 +171,50 @@ def test_syntax_check_counts_python_files(tmp_path):
     assert check_syntax(src, build_manifest(src, [])) == 2
 
 
-def test_symlinks_inside_are_deployed_as_what_they_point_at_and_loops_are_cut(tmp_path):
+def test_links_inside_are_kept_as_links_never_walked_through(tmp_path):
     src = tree(tmp_path / "src", {"train.py": "x = 1\n", "lib/a.py": "a = 1\n"})
-    (src / "shared").symlink_to(src / "lib")
-    (src / "lib" / "loop").symlink_to(src)  # a link back up the tree
-    (src / "dangling.py").symlink_to(tmp_path / "nowhere.py")  # nothing to send
+    (src / "shared").symlink_to("lib")  # a folder: its files are deployed once, at lib/
+    (src / "entry.py").symlink_to("train.py")
+    (src / "lib" / "up.py").symlink_to("../train.py")
+    (src / "lib" / "loop").symlink_to(src)  # absolute, back up the tree
+    (src / "lib" / "roundabout").symlink_to("../../src/lib/a.py")  # out and back in by name
+    (src / "later.log").symlink_to("logs/run.log")  # dangling, but inside: kept
+    (src / "dangling.py").symlink_to(tmp_path / "nowhere.py")  # leads out, to nothing
     manifest = build_manifest(src, [])
-    assert sorted(manifest) == ["lib/a.py", "shared/a.py", "train.py"]
+    assert {rel: entry for rel, entry in manifest.items() if entry[0] == "link"} == {
+        "shared": ["link", "lib"],
+        "entry.py": ["link", "train.py"],
+        "lib/up.py": ["link", "../train.py"],
+        "lib/loop": ["link", ".."],
+        "lib/roundabout": ["link", "a.py"],
+        "later.log": ["link", "logs/run.log"],
+    }
+    assert sorted(rel for rel, entry in manifest.items() if entry[0] != "link") == [
+        "lib/a.py",
+        "train.py",
+    ]
+    # A link is its own kind of entry: a file in its place (or a new text) is a change,
+    # and nothing of it travels but the manifest.
+    (src / "entry.py").unlink()
+    (src / "entry.py").write_text("x = 1\n")
+    (src / "shared").unlink()
+    (src / "shared").symlink_to("lib/a.py")
+    after = build_manifest(src, [])
+    assert after["entry.py"] == manifest["train.py"]
+    assert diff_manifests(after, manifest).changed == ["entry.py", "shared"]
+    assert diff_manifests(manifest, after).changed == ["entry.py", "shared"]
+    data = make_archive(src, after, ["entry.py", "shared"])
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        assert tar.getnames() == [METADATA_MEMBER, "entry.py"]
+    assert check_syntax(src, after) == 3  # entry.py, lib/a.py, train.py (not lib/up.py)
+
+
+def test_an_excluded_link_is_neither_kept_nor_refused(tmp_path):
+    src = tree(tmp_path / "src", {"train.py": "x = 1\n"})
+    (src / "home").symlink_to(Path.home())
+    (src / "alias").symlink_to("train.py")
+    manifest, skipped = scan(src, ["home", "alias"])
+    assert sorted(manifest) == ["train.py"] and skipped.names() == ["home/", "alias"]
 
 
 def test_archive_size_is_known_before_reading_and_pieces_stay_small(tmp_path):

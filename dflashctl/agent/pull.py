@@ -1,5 +1,7 @@
 """The `pull_plan` verb: which files `dflashctl pull` copies from a run, with their
-sizes and sha256 (taken here, so the client checks what arrived against the source).
+sizes and modes. Their sha256 is not taken here: the client's reader stream hashes
+each file as it reads it (one read of each file, not two) and sends the digest after
+its last byte, which the client checks what arrived against.
 
 A run's checkpoints are `runs/<id>/outputs/checkpoints/<step folder>/` (lineage.py);
 the serving export is the checkpoint's `drafter/` folder (Hugging Face format); the
@@ -24,7 +26,6 @@ import tempfile
 import time
 
 from .checkpoint_folders import CHECKPOINTS, checkpoint_step
-from .files import sha256_file
 from .lineage import latest_checkpoint, own_checkpoint
 from .runs import run_ids, runs_dir
 
@@ -52,23 +53,31 @@ def run_steps(run_dir):
     return sorted(steps)
 
 
-def tree_files(folder, prefix, links=None):
-    """(local relative path, absolute path) of every plain file under folder, sorted;
-    links (to files or folders) are not followed but added to `links`."""
+def tree_files(folder, prefix, links=None, skip=()):
+    """(local relative path, absolute path) of every plain file under folder; links
+    (to files or folders) are not followed but added to `links`; folders whose path
+    relative to `folder` is in `skip`, and hidden ones, are not entered. One scandir
+    a folder: the kinds come with the names, no stat a file (100,000 files)."""
     found = []
-    for root, dirs, files in os.walk(folder):
-        for name in [d for d in dirs if os.path.islink(os.path.join(root, d))] + files:
-            path = os.path.join(root, name)
-            if os.path.islink(path) and links is not None:
-                rel = os.path.join(prefix, os.path.relpath(path, folder))
-                links.append({"rel": rel, "target": os.readlink(path)})
-        dirs[:] = sorted(
-            d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(root, d))
-        )
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            if not os.path.islink(path) and os.path.isfile(path):
-                found.append((os.path.join(prefix, os.path.relpath(path, folder)), path))
+
+    def walk(path, rel):
+        try:
+            entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        except OSError:
+            return
+        for entry in entries:
+            name = os.path.join(rel, entry.name) if rel else entry.name
+            if entry.is_symlink():
+                if links is not None:
+                    target = os.readlink(entry.path)
+                    links.append({"rel": os.path.join(prefix, name), "target": target})
+            elif entry.is_dir(follow_symlinks=False):
+                if not entry.name.startswith(".") and name not in skip:
+                    walk(entry.path, name)
+            elif entry.is_file(follow_symlinks=False):
+                found.append((os.path.join(prefix, name), entry.path))
+
+    walk(folder, "")
     return found
 
 
@@ -81,7 +90,6 @@ def describe(entries):
                 "rel": rel,
                 "path": path,
                 "size": info.st_size,
-                "sha256": sha256_file(path),
                 "mode": stat.S_IMODE(info.st_mode) & 0o777,
             }
         )
@@ -161,10 +169,9 @@ def op_pull_plan(p):
         # TensorBoard's event files where the trainer put them (tensorboard/ in the
         # bundled one), under tensorboard/ when they were elsewhere.
         elsewhere = []
-        for rel, path in tree_files(run_dir, "", elsewhere):
-            if TENSORBOARD_MARK in os.path.basename(rel) and not rel.startswith(
-                ("outputs/checkpoints",) + TRACKER_FOLDERS
-            ):
+        skip = (CHECKPOINTS,) + TRACKER_FOLDERS  # (pulled above, or not at all)
+        for rel, path in tree_files(run_dir, "", elsewhere, skip):
+            if TENSORBOARD_MARK in os.path.basename(rel):
                 top = rel.split(os.sep, 1)[0] == "tensorboard"
                 entries.append((rel if top else os.path.join("tensorboard", rel), path))
         links += [

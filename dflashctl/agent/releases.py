@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tarfile
 import time
 
@@ -15,6 +16,8 @@ from .incoming import IncomingArchive, members
 from .manifest import (
     METADATA_SUFFIX,
     file_mode,
+    is_link,
+    link_stays_inside,
     metadata_path,
     read_metadata,
     stat_identity,
@@ -182,7 +185,9 @@ def write_member(src, size, dest, mode, umask):
     a chmod only when the umask took bits off `mode`. Reads ask for no more than is
     left (a read of a megabyte allocates a megabyte, whatever it returns)."""
     digest = hashlib.sha256()
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    # O_NOFOLLOW: never write through a link (none is made before the files are in).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(dest, flags, mode)
     try:
         left = size
         while left > 0:
@@ -223,10 +228,38 @@ def archive_members(source):
             yield _TarMember(tar, info)
 
 
+def checked_manifest(raw, manifest_sha256=None):
+    """The release's manifest (the archive's first member), refused when damaged or
+    when it would make the release lead out of itself: a path outside it, a link
+    whose text leaves it, or an entry under a link (writing it would go wherever the
+    link leads)."""
+    if manifest_sha256 and hashlib.sha256(raw).hexdigest() != manifest_sha256:
+        raise AgentError(
+            "the archive's manifest arrived damaged (its sha256 differs)",
+            "deploy again; if it repeats, check the connection",
+        )
+    manifest = {safe_member_path(rel): entry for rel, entry in json.loads(raw.decode()).items()}
+    links = {rel for rel, entry in manifest.items() if is_link(entry)}
+    for rel in links:
+        if not link_stays_inside(rel, manifest[rel][1]):
+            raise AgentError(f"the link {rel} -> {manifest[rel][1]} leads out of the release")
+    if links:
+        for rel in manifest:
+            parent = os.path.dirname(rel)
+            while parent:
+                if parent in links:
+                    raise AgentError(f"{rel} lies under the link {parent} in the manifest")
+                parent = os.path.dirname(parent)
+    return manifest
+
+
 def fill_release(partial, source, base_dir, manifest_sha256=None):
     """Unpack the archive (a path, or an IncomingArchive) into `partial`, link the
     rest from `base_dir`, check every file (and the manifest against
-    `manifest_sha256`, when given); returns (counts, manifest, stats)."""
+    `manifest_sha256`, when given), make the links last; returns (counts, manifest,
+    stats). No write ever passes through a link: `partial` is new, every member
+    written is a file of the manifest, no entry lies under a link, and the links are
+    made only once every file is in place."""
     unpacked = {}
     stats = {}
     manifest = None
@@ -234,15 +267,11 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
     umask = current_umask()
     for member in archive_members(source):
         if manifest is None:  # the first member is dflashctl's, whatever its name
-            raw = member.read(member.size)
-            if manifest_sha256 and hashlib.sha256(raw).hexdigest() != manifest_sha256:
-                raise AgentError(
-                    "the archive's manifest arrived damaged (its sha256 differs)",
-                    "deploy again; if it repeats, check the connection",
-                )
-            manifest = json.loads(raw.decode("utf-8"))
+            manifest = checked_manifest(member.read(member.size), manifest_sha256)
             continue
         name = safe_member_path(member.name)
+        if name not in manifest or is_link(manifest[name]):
+            raise AgentError(f"archive member {member.name!r} is not a file of the manifest")
         dest = os.path.join(partial, name)
         folder = os.path.dirname(dest)
         if folder not in folders:
@@ -254,10 +283,14 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
     if manifest is None:
         raise AgentError("the uploaded archive is empty")
     base_manifest, base_stats = read_metadata(base_dir) if base_dir else ({}, {})
+    base_folders = {}  # folder -> whether it is the base's own (no link on the way)
     linked = copied = 0
+    links = []
     for rel, entry in sorted(manifest.items()):
+        if is_link(entry):
+            links.append((rel, entry[1]))
+            continue
         size, sha, mode = entry
-        rel = safe_member_path(rel)
         dest = os.path.join(partial, rel)
         if rel in unpacked:
             if unpacked[rel] != [size, sha]:
@@ -272,12 +305,17 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
                 "deploy again",
             )
         src = os.path.join(base_dir, rel)
+        if not _own_folder(base_dir, os.path.dirname(rel), base_folders):
+            raise StaleBase(
+                f"{rel}: a folder on its way in the previous release is now a link",
+                "deploy again; the release was changed meanwhile",
+            )
         folder = os.path.dirname(dest)
         if folder not in folders:
             os.makedirs(folder, exist_ok=True)
             folders.add(folder)
         try:
-            os.link(src, dest)
+            os.link(src, dest, follow_symlinks=False)
             linked += 1
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -285,15 +323,19 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
                     f"{rel} is missing from the previous release",
                     "deploy again; the release was changed meanwhile",
                 ) from None
-            shutil.copy2(src, dest)
+            shutil.copy2(src, dest, follow_symlinks=False)
             copied += 1
         # Validate what we reuse: the previous release may have been edited in place.
         # A link whose stat is as recorded for the previous release is that content.
-        st = os.stat(dest)
+        st = os.lstat(dest)
         recorded = base_stats.get(rel) == stat_identity(st) and (
             list(base_manifest.get(rel) or [])[:2] == [size, sha]
         )
-        if st.st_size != size or not (recorded or sha256_file(dest) == sha):
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_size != size
+            or not (recorded or sha256_file(dest) == sha)
+        ):
             raise StaleBase(
                 f"{rel} in the previous release changed since it was inspected", "deploy again"
             )
@@ -305,5 +347,40 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
             os.chmod(dest, int(mode, 8))
             st = os.stat(dest)
         stats[rel] = stat_identity(st)
-    counts = {"files": len(manifest), "unpacked": len(unpacked), "linked": linked, "copied": copied}
+    make_links(partial, links, folders)
+    counts = {
+        "files": len(manifest),
+        "unpacked": len(unpacked),
+        "linked": linked,
+        "copied": copied,
+        "links": len(links),
+    }
     return counts, manifest, stats
+
+
+def _own_folder(base_dir, folder, known):
+    """Is `folder` (relative) of the previous release a folder of its own, reached
+    through no link? (A folder swapped for a link since the inspection would make
+    the reuse take a file from wherever it leads.) One check per folder."""
+    if folder not in known:
+        real_base = os.path.realpath(base_dir)
+        path = os.path.join(base_dir, folder) if folder else base_dir
+        known[folder] = os.path.realpath(path) == os.path.normpath(os.path.join(real_base, folder))
+    return known[folder]
+
+
+def make_links(partial, links, folders):
+    """The manifest's links, with their texts; each must lead inside the release as
+    the kernel resolves it (a ".." after another link goes where that link leads)."""
+    for rel, target in links:
+        dest = os.path.join(partial, rel)
+        folder = os.path.dirname(dest)
+        if folder not in folders:
+            os.makedirs(folder, exist_ok=True)
+            folders.add(folder)
+        os.symlink(target, dest)
+    top = os.path.realpath(partial)
+    for rel, target in links:
+        real = os.path.realpath(os.path.join(partial, rel))
+        if real != top and not real.startswith(top + os.sep):
+            raise AgentError(f"the link {rel} -> {target} leads out of the release")
