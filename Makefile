@@ -104,6 +104,6 @@ lint: install
 clean:
 	rm -rf $(VENV) $(MIN_VENV) demo .pytest_cache .ruff_cache *.egg-info
 
-# The JSON Schemas of the --json answers, made from dflashctl/json_schemas.py's models.
+# The JSON Schemas of the --json answers, made from dflashctl/ui/json_schemas.py's models.
 schemas: install
-	$(BIN)/python -m dflashctl.json_schemas
+	$(BIN)/python -m dflashctl.ui.json_schemas

@@ -6,7 +6,7 @@ and the log reader's command line. No host needed.
 
 from __future__ import annotations
 
-from dflashctl import agent_client
+from dflashctl.remote import agent_client
 
 
 def main() -> None:

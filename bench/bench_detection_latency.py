@@ -36,10 +36,10 @@ import yaml  # noqa: E402
 
 from bench.loopback_host import loopback_host  # noqa: E402
 from bench.loopback_host import problem as loopback_problem  # noqa: E402
-from dflashctl.config import load_config  # noqa: E402
-from dflashctl.connect import open_target  # noqa: E402
+from dflashctl.config.schema import load_config  # noqa: E402
 from dflashctl.crash import CrashDetector, load_rules  # noqa: E402
 from dflashctl.follow import follow_run  # noqa: E402
+from dflashctl.remote.connect import open_target  # noqa: E402
 from tests.host import fixtures  # noqa: E402
 from tests.host.containers import Container  # noqa: E402
 from tests.host.sshd import SshServer  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dflashctl.sync import diff_manifests  # noqa: E402
+from dflashctl.ops.sync import diff_manifests  # noqa: E402
 
 
 def timed(count: int, repeats: int) -> float:

@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from dflashctl.config import load_config  # noqa: E402
-from dflashctl.connect import open_target  # noqa: E402
+from dflashctl.config.schema import load_config  # noqa: E402
 from dflashctl.crash import load_rules  # noqa: E402
 from dflashctl.follow import follow_fleet, follow_run  # noqa: E402
-from dflashctl.nodes import node_sessions  # noqa: E402
+from dflashctl.remote.connect import open_target  # noqa: E402
+from dflashctl.remote.nodes import node_sessions  # noqa: E402
 from tests.test_follow_support import launch_argv, trainer_argv, wait_for  # noqa: E402
 
 RUN = "bench-first-line"

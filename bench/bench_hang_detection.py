@@ -34,13 +34,13 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from dflashctl import terminal  # noqa: E402
 from dflashctl.agent.progress import DEFAULT_FACTOR, DEFAULT_MIN_S  # noqa: E402
-from dflashctl.config import load_config  # noqa: E402
-from dflashctl.connect import open_target  # noqa: E402
+from dflashctl.config.schema import load_config  # noqa: E402
 from dflashctl.crash import load_rules  # noqa: E402
 from dflashctl.follow import follow_run  # noqa: E402
-from dflashctl.runs import get_run  # noqa: E402
+from dflashctl.remote.connect import open_target  # noqa: E402
+from dflashctl.runs.records import get_run  # noqa: E402
+from dflashctl.ui import terminal  # noqa: E402
 from tests.test_follow_support import kill_run, launch_argv  # noqa: E402
 
 GOAL_S = 120.0

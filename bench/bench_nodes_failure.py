@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from dflashctl.config import load_config  # noqa: E402
+from dflashctl.config.schema import load_config  # noqa: E402
 from dflashctl.crash import load_rules  # noqa: E402
 from dflashctl.follow.fleet import follow_fleet  # noqa: E402
-from dflashctl.nodes import node_sessions  # noqa: E402
+from dflashctl.remote.nodes import node_sessions  # noqa: E402
 from tests.test_follow_support import kill_run, launch_argv  # noqa: E402
 
 GOAL_S = 2.0

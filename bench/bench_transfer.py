@@ -72,7 +72,7 @@ def write_big(path: Path, megabytes: int) -> None:
             # Every MiB differs, so no layer can deduplicate it.
             f.write(i.to_bytes(8, "little") + block[8:])
     # A reference checkpoint has sat in the tree for a while, unlike a file saved a
-    # second ago (which dflashctl hashes on every deploy, see source_cache.py).
+    # second ago (which dflashctl hashes on every deploy, see ops/source_cache.py).
     old = time.time_ns() - 60 * 10**9
     os.utime(path, ns=(old, old))
 
@@ -224,7 +224,7 @@ def config_for(host, source: Path, name: str) -> tuple[Path, str]:
 def stop_masters() -> None:
     """End the OpenSSH control masters dflashctl keeps (ControlPersist): the next
     deploy connects afresh, as the first of the day does."""
-    from dflashctl.transport.openssh import control_folder
+    from dflashctl.remote.transport.openssh import control_folder
 
     folder = control_folder()
     for sock in folder.iterdir() if folder else []:

@@ -17,10 +17,11 @@ from typing import Any
 
 import typer
 
-from dflashctl import __version__, help, terminal
+from dflashctl import __version__
 from dflashctl.errors import EXIT_INTERRUPTED, DflashError
-from dflashctl.help import RootHelpGroup
-from dflashctl.json_output import command_in
+from dflashctl.ui import help, terminal
+from dflashctl.ui.help import RootHelpGroup
+from dflashctl.ui.json_output import command_in
 
 # Order is the order of `dflashctl --help`.
 COMMAND_MODULES = (
@@ -45,7 +46,7 @@ app = typer.Typer(
     # --install-completion / --show-completion (bash, zsh, fish, PowerShell).
     add_completion=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # dflashctl.help formats the help itself
+    rich_markup_mode=None,  # dflashctl.ui.help formats the help itself
     cls=RootHelpGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -80,7 +81,7 @@ def _root(
     terminal.set_verbosity(quiet=quiet, verbose=verbose)
     _say_notices()
     if verbose:
-        from dflashctl.transport import base
+        from dflashctl.remote.transport import base
 
         base.command_trace = terminal.command_ran
 
@@ -125,7 +126,7 @@ def _saying_interrupts(callback):
 
 
 def _wrap_commands(typer_app: typer.Typer, prefix: str = "") -> None:
-    """Each command says Ctrl-C in one line, and has dflashctl.help's help."""
+    """Each command says Ctrl-C in one line, and has dflashctl.ui.help's help."""
     for command in typer_app.registered_commands:
         name = prefix + (command.name or command.callback.__name__)
         command.callback = _saying_interrupts(command.callback)

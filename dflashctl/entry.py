@@ -64,7 +64,7 @@ def _interrupted_while_ending(signum: int, frame: object) -> None:
 
 def main() -> None:
     _say_early_interrupts()
-    from dflashctl import early_upload
+    from dflashctl.ops import early_upload
 
     early_upload.start(sys.argv[1:])  # a redeploy's upload starts while the CLI imports
     from dflashctl.cli import main as run

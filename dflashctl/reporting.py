@@ -3,7 +3,7 @@
 deploy, restart and the other long commands are logic: they return data (the JSON
 summary) and hand what a user watching would want to see, as it happens, to the
 `Reporter` their caller gives them. This class is the silent one (a script or a test
-calling the logic directly); the commands pass the terminal's (terminal.py's
+calling the logic directly); the commands pass the terminal's (ui/terminal.py's
 TerminalReporter), which draws spinners, progress bars and step lines. So the logic
 never imports the terminal, and one deploy has one place that decides how it looks.
 

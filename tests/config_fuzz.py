@@ -21,10 +21,10 @@ import yaml
 from hypothesis import strategies as st
 
 from dflashctl.commands.doctor import run_checks
-from dflashctl.config import load_config
+from dflashctl.config.schema import load_config
 from dflashctl.crash import rules_for
-from dflashctl.deploy import preflight
 from dflashctl.errors import ConfigError, DflashError
+from dflashctl.ops.deploy import preflight
 
 SEED_SINGLE = """\
 host:

@@ -1,4 +1,4 @@
-"""Reading a `--json` answer (dflashctl/json_output.py's shape) in tests: `flat` gives
+"""Reading a `--json` answer (dflashctl/ui/json_output.py's shape) in tests: `flat` gives
 one node's answer as one dict, its node's keys beside the run-level ones."""
 
 from __future__ import annotations

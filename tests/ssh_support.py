@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dflashctl.config import HostConfig
+from dflashctl.config.schema import HostConfig
 
 
 def host_config(pve_host, **overrides) -> HostConfig:

@@ -15,8 +15,8 @@ import pytest
 from dflashctl.agent.errors import AgentError
 from dflashctl.agent.manifest import read_metadata, real_manifest, stat_identity
 from dflashctl.agent.releases import build_release, current_release, swap_current
-from dflashctl.archive import Archive
-from dflashctl.sync import METADATA_MEMBER, build_manifest
+from dflashctl.ops.archive import Archive
+from dflashctl.ops.sync import METADATA_MEMBER, build_manifest
 
 
 def write_tree(root: Path, count: int) -> Path:

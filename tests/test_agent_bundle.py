@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from dflashctl import agent_client
 from dflashctl.agent import trainer_check
+from dflashctl.remote import agent_client
 
 OLDEST = (3, 6)
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dflashctl import agent_client
+from dflashctl.remote import agent_client
 
 OTHER_UID = 65534  # nobody
 

@@ -14,8 +14,8 @@ import pytest
 from dflashctl.agent.errors import AgentError
 from dflashctl.agent.incoming import IncomingArchive
 from dflashctl.agent.releases import fill_release
-from dflashctl.archive import Archive
-from dflashctl.sync import build_manifest
+from dflashctl.ops.archive import Archive
+from dflashctl.ops.sync import build_manifest
 
 
 def tree(root: Path) -> Path:

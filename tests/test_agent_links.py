@@ -12,8 +12,8 @@ import pytest
 from dflashctl.agent.errors import AgentError, StaleBase
 from dflashctl.agent.manifest import read_metadata, real_manifest
 from dflashctl.agent.releases import build_release, current_release, swap_current
-from dflashctl.archive import Archive
-from dflashctl.sync import build_manifest, diff_manifests
+from dflashctl.ops.archive import Archive
+from dflashctl.ops.sync import build_manifest, diff_manifests
 from tests.test_agent_build import crafted, entry, upload
 
 

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from dflashctl import sync
 from dflashctl.agent import files, verbs
 from dflashctl.agent.errors import AgentError, StaleBase
-from dflashctl.archive import Archive
+from dflashctl.ops import sync
+from dflashctl.ops.archive import Archive
 
 
 def _locked_out(workdir) -> bool:

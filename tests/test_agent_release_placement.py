@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.agent.files import FS_IOC_GETFLAGS, FS_TOPDIR_FL, spread_subfolders
-from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.test_deploy_support import project  # noqa: F401
 
 

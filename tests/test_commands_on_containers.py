@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.config import load_config
-from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.config.schema import load_config
+from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.host.fixtures import CONTAINER_KIND
 from tests.json_answers import flat
 from tests.test_deploy_container import ct_pid_alive

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflashctl.config import load_config
-from dflashctl.deploy import DeployOptions, deploy
-from dflashctl.launching import launch_params, stop_and_launch, trainer_command
-from dflashctl.nodes import node_sessions
-from dflashctl.runs import new_id
+from dflashctl.config.schema import load_config
+from dflashctl.ops.deploy import DeployOptions, deploy
+from dflashctl.ops.launching import launch_params, stop_and_launch, trainer_command
+from dflashctl.remote.nodes import node_sessions
+from dflashctl.runs.records import new_id
 from tests.json_answers import flat
 from tests.test_deploy_support import kill_runs, pid_alive, wait_for, write_trainer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.config import DEFAULT_EXCLUDE, load_config, parse_config
+from dflashctl.config.schema import DEFAULT_EXCLUDE, load_config, parse_config
 from dflashctl.errors import ConfigError
 from dflashctl.resources import template_path
 

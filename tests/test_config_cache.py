@@ -1,4 +1,4 @@
-"""The validated config remembered between commands (dflashctl/config_cache.py)."""
+"""The validated config remembered between commands (dflashctl/config/cache.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import config as config_module
-from dflashctl import config_cache
-from dflashctl.config import Config, load_config
+from dflashctl.config import cache as config_cache
+from dflashctl.config import schema as config_module
+from dflashctl.config.schema import Config, load_config
 from dflashctl.errors import ConfigError
 
 CONFIG = "host:\n  address: pve.lan\ntrainer:\n  source: ../src\n"
@@ -44,7 +44,7 @@ def test_a_second_load_comes_from_the_cache_and_equals_a_validation(tmp_path, mo
     def refuse(*args, **kwargs):
         raise AssertionError("validated again")
 
-    monkeypatch.setattr("dflashctl.config.parse_config", refuse)
+    monkeypatch.setattr("dflashctl.config.schema.parse_config", refuse)
     again = load_config(path)
     assert type(again) is Config
     assert again.to_dict() == first.to_dict()

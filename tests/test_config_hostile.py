@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.config import parse_config
+from dflashctl.config.schema import parse_config
 from dflashctl.errors import ConfigError
 from tests.config_fuzz import alias_bomb
 from tests.json_answers import flat

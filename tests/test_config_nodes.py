@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.config import parse_config
+from dflashctl.config.schema import parse_config
 from dflashctl.errors import ConfigError
 
 TWO_NODES = """\

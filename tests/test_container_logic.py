@@ -112,9 +112,9 @@ def test_the_container_library_version_comes_from_its_nvidia_smi():
 
 
 def test_run_gpus_sets_cuda_visible_devices_nproc_and_meta(tmp_path):
-    from dflashctl.config import parse_config
-    from dflashctl.launch_command import nproc_per_node
-    from dflashctl.launching import launch_params
+    from dflashctl.config.schema import parse_config
+    from dflashctl.ops.launch_command import nproc_per_node
+    from dflashctl.ops.launching import launch_params
 
     def config(**run):
         text = "host: {address: local}\ncontainer: {vmid: null}\n"

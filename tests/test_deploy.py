@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import connect as connect_mod
-from dflashctl import deploy as deploy_mod
 from dflashctl.commands.deploy import show_plan
-from dflashctl.connect import open_target
-from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import ConfigError, HostError, UsageError
-from dflashctl.runs import list_runs, run_state
-from dflashctl.stop_restart import restart
+from dflashctl.ops import deploy as deploy_mod
+from dflashctl.ops.deploy import DeployOptions, deploy
+from dflashctl.ops.restart import restart
+from dflashctl.remote import connect as connect_mod
+from dflashctl.remote.connect import open_target
+from dflashctl.runs.records import list_runs, run_state
 from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
@@ -199,7 +199,7 @@ def _no_host(monkeypatch):
     def no_host(config):
         raise AssertionError("the host was contacted")
 
-    from dflashctl import nodes as nodes_mod
+    from dflashctl.remote import nodes as nodes_mod
 
     monkeypatch.setattr(connect_mod, "open_target", no_host)
     monkeypatch.setattr(nodes_mod, "open_transport", no_host)
@@ -314,7 +314,7 @@ def test_a_missing_interpreter_is_a_host_error_naming_it(project):
 
 def counting_transports(monkeypatch) -> list[list]:
     """Every transport the deploy's node sessions open, with the commands run on each."""
-    from dflashctl import nodes as nodes_mod
+    from dflashctl.remote import nodes as nodes_mod
 
     opened: list[list] = []
     real = nodes_mod.open_transport

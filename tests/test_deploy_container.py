@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from dflashctl.commands.deploy import show_plan
-from dflashctl.config import load_config
-from dflashctl.connect import open_target
-from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.config.schema import load_config
 from dflashctl.errors import HostError
-from dflashctl.runs import RunState, run_state
+from dflashctl.ops.deploy import DeployOptions, deploy
+from dflashctl.remote.connect import open_target
+from dflashctl.runs.records import RunState, run_state
 from tests.json_answers import flat
 from tests.test_deploy_support import snapshot, write_trainer
 from tests.test_stop import stop

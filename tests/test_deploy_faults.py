@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,

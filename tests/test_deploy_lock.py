@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.json_answers import flat
 from tests.test_deploy_support import project, wait_for, write_local_config  # noqa: F401
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflashctl.config import load_config
+from dflashctl.config.schema import load_config
 
 FAKE_TRAINER = r"""
 import os, signal, sys, time

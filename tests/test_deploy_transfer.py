@@ -13,8 +13,8 @@ import sys
 import yaml
 from rich.console import Console
 
-from dflashctl import terminal
-from dflashctl.config import DEFAULT_EXCLUDE
+from dflashctl.config.schema import DEFAULT_EXCLUDE
+from dflashctl.ui import terminal
 from tests.json_answers import flat
 from tests.test_deploy_support import project, release_manifest, wait_for  # noqa: F401
 

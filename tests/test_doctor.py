@@ -159,7 +159,7 @@ def test_a_local_host_without_ssh(capsys, monkeypatch, tmp_path):
 def test_a_nearly_full_disk_fails_and_points_at_pruning_old_runs(
     capsys, monkeypatch, write_config, tmp_path, pve_host
 ):
-    from dflashctl import doctor_checks as doctor
+    from dflashctl.ops import doctor_checks as doctor
 
     monkeypatch.setattr(doctor, "MIN_FREE_BYTES", 1 << 60)  # no disk has an exbibyte free
     path = write_config(tmp_path, vmid=None, **{"container.workdir": str(tmp_path / "wd")})

@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (fixtures are imported, and then asked for by name)
-"""A redeploy's upload started as the CLI starts (dflashctl/early_upload.py): only for a
+"""A redeploy's upload started as the CLI starts (dflashctl/ops/early_upload.py): only for a
 deploy of the same config bytes, only from a record that is ours alone, and one that
 is not used ends having done nothing."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import early_upload
+from dflashctl.ops import early_upload
 from tests.test_deploy_support import write_trainer
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from dflashctl import attach
-from dflashctl.config import load_config
-from dflashctl.nodes import node_sessions
+from dflashctl.config.schema import load_config
+from dflashctl.ops import attach
+from dflashctl.remote.nodes import node_sessions
 
 SECRET = "wandb-key-5f1e2d3c"
 

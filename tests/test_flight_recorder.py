@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from dflashctl.flight_recorder import DumpError, load_dump, summarise_files
+from dflashctl.ops.flight_recorder import DumpError, load_dump, summarise_files
 
 
 def entry(
@@ -165,7 +165,7 @@ def test_the_dumps_a_run_left_are_collected_and_summarised(tmp_path):
     prefix the launch sets), read by the `stacks` verb and summarised by the client."""
     from dflashctl.agent.runs import flight_recorder_env
     from dflashctl.agent.stacks import op_stacks
-    from dflashctl.stacks import summarise_dumps
+    from dflashctl.ops.stacks import summarise_dumps
 
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)

@@ -16,9 +16,9 @@ from rich.console import Console
 from dflashctl.crash import load_rules
 from dflashctl.errors import HostError, UsageError
 from dflashctl.follow import FrameParser, LineSplitter, ReaderBroken, follow_run
-from dflashctl.target import Target
-from dflashctl.transport.base import ConnectionLost
-from dflashctl.transport.local import LocalTransport
+from dflashctl.remote.deploy_target import Target
+from dflashctl.remote.transport.base import ConnectionLost
+from dflashctl.remote.transport.local import LocalTransport
 from tests.test_follow_support import (
     expected_lines,
     kill_run,

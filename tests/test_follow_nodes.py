@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dflashctl import terminal
-from dflashctl.config import load_config
+from dflashctl.config.schema import load_config
 from dflashctl.crash import load_rules
 from dflashctl.follow.fleet import follow_fleet
 from dflashctl.follow.fleet_report import report_fleet
-from dflashctl.nodes import node_sessions
+from dflashctl.remote.nodes import node_sessions
+from dflashctl.ui import terminal
 from tests.json_answers import flat
 from tests.test_follow_support import kill_run, launch_argv, wait_for
 
@@ -303,7 +303,7 @@ def test_one_nodes_dropped_connection_reconnects_while_the_other_streams_on(
         at = lost_at()
         return at is not None and any(t.startswith("b | ") for _, t in printed[at + 1 :])
 
-    from dflashctl import connect
+    from dflashctl.remote import connect
 
     real_open = connect.open_target
 

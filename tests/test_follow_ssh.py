@@ -15,11 +15,11 @@ import time
 import pytest
 from rich.console import Console
 
-from dflashctl.config import load_config
-from dflashctl.connect import open_target
+from dflashctl.config.schema import load_config
 from dflashctl.crash import load_rules
 from dflashctl.errors import HostError
 from dflashctl.follow import follow_run
+from dflashctl.remote.connect import open_target
 from tests.json_answers import flat
 from tests.test_follow_support import expected_lines, launch_argv, trainer_argv, wait_for
 

@@ -108,7 +108,7 @@ def file_lines(path: Path) -> list[str]:
 
 def local_target():
     """Where the trainer runs for `host.address: local` with no container."""
-    from dflashctl.target import Target
-    from dflashctl.transport.local import LocalTransport
+    from dflashctl.remote.deploy_target import Target
+    from dflashctl.remote.transport.local import LocalTransport
 
     return Target(LocalTransport(), None)

@@ -145,7 +145,7 @@ def test_the_follower_takes_the_agents_judgement_before_a_live_step_line():
 def test_run_hang_is_checked_with_a_clear_error(tmp_path, hang, says):
     import yaml
 
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
     from dflashctl.errors import DflashError
 
     path = tmp_path / "dflash.yaml"

@@ -131,7 +131,7 @@ def test_verbose_shows_the_commands_run_and_quiet_hides_the_step_lines(tmp_path)
 
 def test_a_dropped_stream_is_said_in_a_few_words_not_with_the_agents_command():
     from dflashctl.follow.follower import drop_reason
-    from dflashctl.transport.base import CommandTimeout, ConnectionLost
+    from dflashctl.remote.transport.base import CommandTimeout, ConnectionLost
 
     program = "import sys\n" + "x = 1\n" * 500
     lost = ConnectionLost("root@pve:22", f"streaming `python3 -S -c {program!r}`")

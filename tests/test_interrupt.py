@@ -19,7 +19,14 @@ import pytest
 
 from tests.test_deploy_support import project  # noqa: F401
 
-IMPORTED = ("rich", "yaml", "pydantic", "dflashctl.config", "dflashctl.cli", "dflashctl.deploy")
+IMPORTED = (
+    "rich",
+    "yaml",
+    "pydantic",
+    "dflashctl.config.schema",
+    "dflashctl.cli",
+    "dflashctl.ops.deploy",
+)
 
 
 def start(project, *args: str) -> subprocess.Popen:

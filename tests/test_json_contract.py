@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflashctl import json_schemas
-from dflashctl.json_output import COMMANDS, command_in, document
+from dflashctl.ui import json_schemas
+from dflashctl.ui.json_output import COMMANDS, command_in, document
 from tests.test_deploy_support import kill_runs, write_local_config, write_trainer
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -47,7 +47,7 @@ def test_the_kept_schemas_match_the_models():
         path = json_schemas.schema_file(command)
         assert path.is_file(), f"{path} missing: run `make schemas`"
         assert path.read_text() == json_schemas.rendered(command), (
-            f"{path} is out of date with dflashctl/json_schemas.py: run `make schemas`"
+            f"{path} is out of date with dflashctl/ui/json_schemas.py: run `make schemas`"
         )
 
 

@@ -19,16 +19,16 @@ MAX_LINES = 600
 DRAWS = (
     "dflashctl/cli.py",
     "dflashctl/commands/",
-    "dflashctl/terminal.py",
-    "dflashctl/terminal_tables.py",
+    "dflashctl/ui/terminal.py",
+    "dflashctl/ui/tables.py",
     "dflashctl/follow/",
     "dflashctl/crash/render.py",
-    "dflashctl/plots.py",
+    "dflashctl/ui/charts.py",
 )
 REMOTE = ("dflashctl/agent/",)
 # Printing that is not drawing: the warning OpenSSH itself prints when it trusts a new
 # host key, said the same way by the paramiko transport.
-MAY_PRINT = {"dflashctl/transport/host_keys.py": 1}
+MAY_PRINT = {"dflashctl/remote/transport/host_keys.py": 1}
 
 
 # The trainer runs with its own folder on sys.path (`from dflash.pipeline import ...`):
@@ -173,11 +173,13 @@ def test_only_the_commands_and_the_terminal_draw():
         for node in logic_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = {f"{node.module}.{a.name}" for a in node.names}
-                if node.module.startswith("rich") or "dflashctl.terminal" in names | {node.module}:
+                if node.module.startswith("rich") or "dflashctl.ui.terminal" in names | {
+                    node.module
+                }:
                     problems.append(f"{name}:{node.lineno} imports {node.module}")
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    if alias.name.startswith(("rich", "dflashctl.terminal")):
+                    if alias.name.startswith(("rich", "dflashctl.ui.terminal")):
                         problems.append(f"{name}:{node.lineno} imports {alias.name}")
             elif isinstance(node, ast.Call):
                 func = node.func

@@ -23,8 +23,8 @@ import torch
 import yaml
 
 from dflashctl.agent import lineage
-from dflashctl.deploy import DeployOptions, deploy
-from dflashctl.stop_restart import restart
+from dflashctl.ops.deploy import DeployOptions, deploy
+from dflashctl.ops.restart import restart
 from tests.test_deploy_support import project, wait_for  # noqa: F401
 from tests.test_runs import state_of
 

@@ -176,10 +176,10 @@ def test_ctrl_c_stops_following_every_node_and_leaves_the_runs(two):
 
 def test_deploy_follows_the_new_run_on_one_node_or_two(fleet, capsys):
     """What deploy and restart call after launching, for a fleet of one node or two."""
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
     from dflashctl.crash import load_rules
-    from dflashctl.launching import follow_unless_detached
-    from dflashctl.nodes import node_sessions
+    from dflashctl.ops.launching import follow_unless_detached
+    from dflashctl.remote.nodes import node_sessions
 
     for node in fleet.workdirs:
         fleet.start(node, "r1", 2, 0.01)
@@ -199,11 +199,11 @@ def test_deploy_follows_the_new_run_on_one_node_or_two(fleet, capsys):
 
 def test_deploy_follows_the_new_run_on_every_node(two, capsys):
     """What deploy and restart call after launching on several nodes."""
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
     from dflashctl.crash import load_rules
-    from dflashctl.launching import follow_unless_detached
-    from dflashctl.nodes import node_sessions
-    from dflashctl.terminal import TerminalReporter
+    from dflashctl.ops.launching import follow_unless_detached
+    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.ui.terminal import TerminalReporter
 
     two.start("a", "r1", 3, 0.01)
     two.start("b", "r1", 2, 0.01, "thread-crash")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.test_deploy_support import project, write_local_config  # noqa: F401
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]

@@ -1,4 +1,4 @@
-"""A node's failure as data (dflashctl/node_errors.py): one node's error as it is, of
+"""A node's failure as data (dflashctl/remote/node_errors.py): one node's error as it is, of
 several the first named with its node, its own message untouched."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import pytest
 
 from dflashctl.errors import ConfigError, HostError
-from dflashctl.node_errors import (
+from dflashctl.remote.node_errors import (
     NodesFailed,
     error_json,
     error_text,
     first_failure,
     nobody_answered,
 )
-from dflashctl.nodes import NodeOutcome
+from dflashctl.remote.nodes import NodeOutcome
 
 
 @dataclass

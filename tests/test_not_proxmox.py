@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflashctl import pct
-from dflashctl.transport.base import CommandResult
+from dflashctl.remote import pct
+from dflashctl.remote.transport.base import CommandResult
 
 ROOT = Path(__file__).resolve().parents[1]
 SAID = "is not installed on this machine: it does not look like a Proxmox VE node"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import paramiko
 import pytest
 
-from dflashctl import proxmox
-from dflashctl.config import load_config
-from dflashctl.connect import connect
+from dflashctl.config.schema import load_config
 from dflashctl.errors import EXIT_HOST, EXIT_USAGE, ConfigError, HostError
-from dflashctl.pct import ContainerNotFound, ContainerNotRunning
-from dflashctl.transport import LocalTransport
+from dflashctl.remote import proxmox
+from dflashctl.remote.connect import connect
+from dflashctl.remote.pct import ContainerNotFound, ContainerNotRunning
+from dflashctl.remote.transport import LocalTransport
 
 
 @pytest.fixture

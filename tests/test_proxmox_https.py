@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from dflashctl import proxmox
-from dflashctl.config import load_config
+from dflashctl.config.schema import load_config
 from dflashctl.errors import EXIT_HOST, EXIT_USAGE, ConfigError, HostError, Notice
-from dflashctl.pct import ContainerNotFound
-from dflashctl.proxmox_tls import colon_fingerprint, parse_verify_tls
+from dflashctl.remote import proxmox
+from dflashctl.remote.pct import ContainerNotFound
+from dflashctl.remote.proxmox_tls import colon_fingerprint, parse_verify_tls
 from tests.host.fixtures import TOKEN_ID, TOKEN_SECRET
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from dflashctl import pct
-from dflashctl.config import HostConfig
+from dflashctl.config.schema import HostConfig
 from dflashctl.errors import EXIT_HOST
-from dflashctl.target import Target
-from dflashctl.transport import CommandFailed, LocalTransport, open_transport
-from dflashctl.transport.base import CommandResult
+from dflashctl.remote import pct
+from dflashctl.remote.deploy_target import Target
+from dflashctl.remote.transport import CommandFailed, LocalTransport, open_transport
+from dflashctl.remote.transport.base import CommandResult
 
 # -- argv and parsing (no host) ----------------------------------------------------------
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl import pct, proxmox
-from dflashctl.config import load_config
-from dflashctl.connect import connect
+from dflashctl.config.schema import load_config
 from dflashctl.errors import HostError
-from dflashctl.transport.base import CommandResult
+from dflashctl.remote import pct, proxmox
+from dflashctl.remote.connect import connect
+from dflashctl.remote.transport.base import CommandResult
 from tests.json_answers import flat
 from tests.test_deploy_support import write_trainer
 

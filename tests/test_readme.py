@@ -53,7 +53,7 @@ def named(module: Path, entries: list[str]) -> bool:
         if rel in entry:
             return True
         # A folder's entry (`dflashctl/agent/  main verbs ...`), or a module's entry in
-        # the same folder naming its neighbours (`dflashctl/runs.py ... run_summary`).
+        # the same folder naming its neighbours (`dflashctl/runs/records.py ... run_summary`).
         same_folder = head == folder or (
             head.startswith(folder) and "/" not in head[len(folder) :].rstrip("/")
         )

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflashctl import recovery
 from dflashctl.agent import supervisor
 from dflashctl.agent.supervisor import backoff_s, decide
 from dflashctl.crash import load_rules
 from dflashctl.follow.lines import LineSink
-from dflashctl.runs import describe_attempts
+from dflashctl.ops import recovery
+from dflashctl.runs.records import describe_attempts
 from tests.json_answers import flat
 from tests.test_deploy_support import kill_runs, pid_alive, wait_for
 
@@ -327,7 +327,7 @@ def test_a_restart_before_any_checkpoint_of_a_finished_runs_successor_says_step_
 
 
 def _config_with(tmp_path, **extra):
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
 
     path = tmp_path / "dflash.yaml"
     path.write_text(yaml.safe_dump({"host": {"address": "local"}, **extra}))

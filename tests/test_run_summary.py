@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from dflashctl.run_summary import RunSummary
+from dflashctl.runs.summary import RunSummary
 from tests.json_answers import flat
 
 TAIL = """\

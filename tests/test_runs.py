@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from dflashctl.connect import open_target
-from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import HostError
-from dflashctl.runs import RunState, active_run, get_run, list_runs, new_id, run_state
-from dflashctl.stop_restart import restart
+from dflashctl.ops.deploy import DeployOptions, deploy
+from dflashctl.ops.restart import restart
+from dflashctl.remote.connect import open_target
+from dflashctl.runs.records import RunState, active_run, get_run, list_runs, new_id, run_state
 from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
@@ -152,7 +152,7 @@ def test_cli_runs_table_and_json(quick):
 
 
 def test_a_run_that_stopped_as_asked_reads_stopped_whatever_its_exit_status():
-    from dflashctl.runs import RunInfo, RunState
+    from dflashctl.runs.records import RunInfo, RunState
 
     attempts = {"attempts": [{"reason": "stopped", "stop": "stopped (checkpoint at step 4)"}]}
     for state in (RunState("exited", 130), RunState("exited", 1), RunState("exited", 0)):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.connect import open_target
-from dflashctl.deploy import DeployOptions, deploy
 from dflashctl.errors import UsageError
-from dflashctl.plots import Series, chart, compact
-from dflashctl.run_metrics import join_records, read_curves
+from dflashctl.ops.deploy import DeployOptions, deploy
+from dflashctl.remote.connect import open_target
+from dflashctl.runs.metrics import join_records, read_curves
+from dflashctl.ui.charts import Series, chart, compact
 from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     kill_runs,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from dflashctl.plot_image import write_png
-from dflashctl.run_metrics import RunCurves
-from dflashctl.runs import RunInfo, RunState
+from dflashctl.runs.metrics import RunCurves
+from dflashctl.runs.records import RunInfo, RunState
+from dflashctl.ui.plot_image import write_png
 
 
 def _curves() -> RunCurves:

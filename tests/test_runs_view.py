@@ -1,10 +1,10 @@
-"""The runs of every node as `runs` shows them (dflashctl/runs_view.py)."""
+"""The runs of every node as `runs` shows them (dflashctl/runs/view.py)."""
 
 from __future__ import annotations
 
-from dflashctl.nodes import NodeOutcome
-from dflashctl.runs import PruneResult, RunInfo, RunState
-from dflashctl.runs_view import combined, continues, grouped_rows
+from dflashctl.remote.nodes import NodeOutcome
+from dflashctl.runs.records import PruneResult, RunInfo, RunState
+from dflashctl.runs.view import combined, continues, grouped_rows
 from tests.test_node_errors import FakeNode, FakeTarget
 
 

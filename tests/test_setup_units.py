@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from dflashctl.agent.venvs import failure, requirement_names, setup_spec
-from dflashctl.config import parse_config
+from dflashctl.config.schema import parse_config
 from dflashctl.errors import ConfigError
-from dflashctl.setup_env import setup_params
+from dflashctl.ops.setup_env import setup_params
 
 MINIMAL = "host:\n  address: pve.lan\n"
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]

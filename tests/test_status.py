@@ -65,9 +65,9 @@ def test_the_active_run_and_its_real_state(capsys, monkeypatch, write_config, tm
 
     # A live process that names the run: the state comes from the process table.
     run_id = "20261129-111111-c3d4"
-    from dflashctl.config import load_config
-    from dflashctl.target import Target
-    from dflashctl.transport import open_transport
+    from dflashctl.config.schema import load_config
+    from dflashctl.remote.deploy_target import Target
+    from dflashctl.remote.transport import open_transport
 
     config = load_config(path)
     with open_transport(config.host) as transport:

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from dflashctl.agent import processes
-from dflashctl.deploy import DeployOptions, deploy
-from dflashctl.stopping import stop_every_node, stuck_error
+from dflashctl.ops.deploy import DeployOptions, deploy
+from dflashctl.ops.stop import stop_every_node, stuck_error
 from tests.json_answers import flat
 from tests.test_deploy_support import (  # noqa: F401
     LocalProject,

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from dflashctl.config import load_config
-from dflashctl.deploy import DeployOptions, deploy
+from dflashctl.config.schema import load_config
+from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.json_answers import flat
 from tests.test_commands_on_nodes import dflashctl, free_port, two  # noqa: F401
 from tests.test_deploy_support import pid_alive

@@ -1,12 +1,12 @@
-"""What stopping says (dflashctl/stopping.py): how a stopped process ended, and a run
+"""What stopping says (dflashctl/ops/stop.py): how a stopped process ended, and a run
 that outlived SIGKILL, named by its node when there are several."""
 
 from __future__ import annotations
 
 import pytest
 
-from dflashctl.nodes import NodeOutcome
-from dflashctl.stopping import NodeStop, describe_stopped, stuck_error
+from dflashctl.ops.stop import NodeStop, describe_stopped, stuck_error
+from dflashctl.remote.nodes import NodeOutcome
 from tests.test_node_errors import FakeNode, FakeTarget
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.archive import CHUNK, Archive
 from dflashctl.errors import UsageError
-from dflashctl.source_cache import SourceCache
-from dflashctl.sync import (
+from dflashctl.ops.archive import CHUNK, Archive
+from dflashctl.ops.source_cache import SourceCache
+from dflashctl.ops.sync import (
     METADATA_MEMBER,
     Excludes,
     build_manifest,
@@ -367,7 +367,7 @@ def test_source_cache_remembers_only_content_that_compiles(tmp_path, monkeypatch
 )
 def test_archive_headers_are_what_tarfile_writes(name, size, mode):
     """The plain headers built directly are byte for byte tarfile's (pax format)."""
-    from dflashctl.archive import _header
+    from dflashctl.ops.archive import _header
 
     info = tarfile.TarInfo(name)
     info.size, info.mode = size, mode
@@ -386,7 +386,7 @@ def test_syntax_check_compiles_what_the_scan_read_without_reading_it_again(tmp_p
 
 
 def test_a_big_python_file_is_hashed_whole_and_not_kept(tmp_path):
-    from dflashctl.sync import KEEP_TEXT_BYTES
+    from dflashctl.ops.sync import KEEP_TEXT_BYTES
 
     body = b"# " + b"x" * 98 + b"\n"
     big = body * (KEEP_TEXT_BYTES // len(body) + 2)  # a little over the limit

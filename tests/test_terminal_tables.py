@@ -1,9 +1,9 @@
-"""The tables of the terminal facade (dflashctl/terminal_tables.py), off a terminal:
+"""The tables of the terminal facade (dflashctl/ui/tables.py), off a terminal:
 plain aligned columns, the last one not padded, nothing cut short."""
 
 from __future__ import annotations
 
-from dflashctl.terminal_tables import Column, Row, print_table
+from dflashctl.ui.tables import Column, Row, print_table
 
 
 def test_plain_columns_off_a_terminal(capsys):

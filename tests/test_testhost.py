@@ -487,7 +487,7 @@ def test_write_config_overrides():
 
 
 def test_write_config_loads_with_dflashctl(pve_host, write_config, tmp_path):
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
 
     path = write_config(tmp_path, vmid=201, **{"run.stop_grace_s": 2})
     config = load_config(path)

@@ -111,7 +111,7 @@ def test_two_hosts_answer_with_their_own_keys_and_containers(
 
 
 def test_write_config_for_the_second_host(pve_host2, write_config, tmp_path):
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
 
     config = load_config(write_config(tmp_path, vmid=201, host=pve_host2))
     assert (config.host.port, config.proxmox.node) == (pve_host2.port, "pve2")

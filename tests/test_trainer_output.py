@@ -10,7 +10,7 @@ import pytest
 
 from dflashctl.crash import load_rules
 from dflashctl.follow import classify_log
-from dflashctl.run_summary import RunSummary
+from dflashctl.runs.summary import RunSummary
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from dflashctl.config import HostConfig
+from dflashctl.config.schema import HostConfig
 from dflashctl.errors import EXIT_HOST, ConfigError
-from dflashctl.transport import ConnectFailed, open_transport
-from dflashctl.transport.ssh_config import SSH_CONFIG_ENV
+from dflashctl.remote.transport import ConnectFailed, open_transport
+from dflashctl.remote.transport.ssh_config import SSH_CONFIG_ENV
 from tests.ssh_support import host_config
 from tests.waiting import returns
 
@@ -292,7 +292,7 @@ def test_a_failing_proxy_command_says_so_with_its_own_words(pve_host, tmp_path, 
 
 
 def test_resolve_proxy_command_precedence(tmp_path, monkeypatch):
-    from dflashctl.transport.ssh_config import resolve
+    from dflashctl.remote.transport.ssh_config import resolve
 
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(
@@ -309,7 +309,7 @@ def test_resolve_proxy_command_precedence(tmp_path, monkeypatch):
 
 
 def test_resolve_defaults_and_precedence(tmp_path, monkeypatch):
-    from dflashctl.transport.ssh_config import resolve, resolve_jumps
+    from dflashctl.remote.transport.ssh_config import resolve, resolve_jumps
 
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(

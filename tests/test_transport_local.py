@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from dflashctl.config import HostConfig
+from dflashctl.config.schema import HostConfig
 from dflashctl.errors import EXIT_HOST, HostError
-from dflashctl.transport import (
+from dflashctl.remote.transport import (
     CommandFailed,
     CommandTimeout,
     LocalTransport,

@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (fixtures are imported, and then asked for by name)
-"""A deploy's archive through the system's OpenSSH (dflashctl/transport/openssh.py),
+"""A deploy's archive through the system's OpenSSH (dflashctl/remote/transport/openssh.py),
 against the test host's real sshd: the master it keeps, the same strict host keys,
 paramiko as the fallback, and a transfer cut mid-way."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashctl.transport import openssh
-from dflashctl.transport.remote import RemoteTransport
+from dflashctl.remote.transport import openssh
+from dflashctl.remote.transport.remote import RemoteTransport
 from tests.json_answers import flat
 from tests.ssh_support import host_config
 from tests.test_deploy_container import ct_pid_alive

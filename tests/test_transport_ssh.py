@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dflashctl.errors import HostError
-from dflashctl.transport import (
+from dflashctl.remote.transport import (
     CommandFailed,
     CommandTimeout,
     ConnectionLost,
@@ -194,7 +194,7 @@ class _ScriptedStderr:
 
 
 def test_the_pid_line_is_found_after_shell_noise_and_removed():
-    from dflashctl.transport.ssh import _StderrReader
+    from dflashctl.remote.transport.ssh import _StderrReader
 
     reader = _StderrReader(
         _ScriptedStderr([b"bashrc says hi\ndflashctl-p", b"id=4321\n", b"real\n"])

@@ -1,4 +1,4 @@
-"""The manifest of a release: the one definition dflashctl/sync.py (which writes it,
+"""The manifest of a release: the one definition dflashctl/ops/sync.py (which writes it,
 on our side) and the agent (which checks it, where the trainer runs) share.
 
 A manifest maps each file's path (relative, with "/") to [size, sha256, mode] (the

@@ -15,7 +15,7 @@ Links are never followed (a link could lead anywhere in the container): they are
 named in the answer's `links` and left out. Each file's mode travels with it.
 
 The paths and sizes are also left in a file of this user's alone (`list`), which the
-client's one reader stream (dflashctl/pulling.py) reads: a command line has no room
+client's one reader stream (dflashctl/ops/pull.py) reads: a command line has no room
 for 100,000 paths.
 """
 

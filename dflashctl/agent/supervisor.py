@@ -14,7 +14,7 @@ DFLASH_ATTEMPTS set.
 
 What a crash was is decided by dflashctl's own crash detector and the run's crash
 rules (the built-in ones plus dflash.yaml's crash_patterns), which travel with this
-program (see dflashctl/recovery.py): no second copy of the rules. Every attempt is
+program (see dflashctl/ops/recovery.py): no second copy of the rules. Every attempt is
 recorded in <run-dir>/attempts.json: when, how it ended, its category, the last step
 logged, the checkpoint the next attempt resumes from, and whether and why it was
 retried.

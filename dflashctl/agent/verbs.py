@@ -15,7 +15,7 @@
   runs     runs and their real state (from pid and exit_code files, never from logs)
   prune    remove ended runs' folders beyond the newest N (never the active or a running one)
   settle   after an interrupted deploy: wait for a launch in flight, then say what runs
-  hello    nothing: the container keeps the agent (see dflashctl/agent_client.py)
+  hello    nothing: the container keeps the agent (see dflashctl/remote/agent_client.py)
   metrics  runs' metrics.jsonl records, following each run's resumed-from lineage
            (metrics.py)
   address  the container's own address, for the other nodes of a run (network.py)

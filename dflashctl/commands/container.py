@@ -13,9 +13,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption
 from dflashctl.errors import EXIT_OK
+from dflashctl.ui import terminal
 
 container_app = typer.Typer(no_args_is_help=True)
 
@@ -77,10 +77,10 @@ def create_command(config: ConfigOption = None, dry_run: DryRunOption = False) -
     existing one in line), with its GPUs passed through, /dev/shm sized, the NVIDIA
     user-space libraries of the host driver's version and torch; then run doctor."""
     from dflashctl.commands.doctor import GroupedPrinter, run_checks
-    from dflashctl.config import load_config
-    from dflashctl.connect import as_host_error
+    from dflashctl.config.schema import load_config
     from dflashctl.errors import ConfigError
-    from dflashctl.nodes import node_sessions
+    from dflashctl.remote.connect import as_host_error
+    from dflashctl.remote.nodes import node_sessions
 
     cfg = load_config(config)
     if any(node.container.vmid is None for node in cfg.node_configs()):

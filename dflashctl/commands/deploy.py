@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from dflashctl import terminal
 from dflashctl.commands.common import (
     ConfigOption,
     DetachOption,
@@ -16,8 +15,9 @@ from dflashctl.commands.common import (
     TrainerArgsArgument,
     WaitOption,
 )
-from dflashctl.config import load_config
-from dflashctl.json_output import node_name_of
+from dflashctl.config.schema import load_config
+from dflashctl.ui import terminal
+from dflashctl.ui.json_output import node_name_of
 
 
 def deploy(
@@ -55,8 +55,8 @@ def deploy(
     start line (no run.start_line, no DFLASH_START_GATE in its entry script) is not
     waited for.
     """
-    from dflashctl.deploy import DeployOptions
-    from dflashctl.deploy import deploy as run_deploy
+    from dflashctl.ops.deploy import DeployOptions
+    from dflashctl.ops.deploy import deploy as run_deploy
 
     if json_output:
         terminal.set_quiet_stdout(True)
@@ -83,7 +83,7 @@ def show_plan(summary: dict[str, Any]) -> None:
     """The dry run's answer (deploy_plan.dry_run_summary), on stdout: each node's plan,
     headed by its node when there are several."""
     from dflashctl.humanize import human_bytes
-    from dflashctl.launching import describe_start, describe_target_to_stop
+    from dflashctl.ops.launching import describe_start, describe_target_to_stop
 
     entries = summary.get("nodes") or [summary]
     out = terminal.out

@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
-from dflashctl.doctor_checks import (
+from dflashctl.errors import EXIT_OK, ConfigError, DflashError, UsageError
+from dflashctl.ops.doctor_checks import (
     FAIL,
     NODE_CHECKS,
     PASS,
@@ -26,13 +26,13 @@ from dflashctl.doctor_checks import (
     Doctor,
     source_check,
 )
-from dflashctl.errors import EXIT_OK, ConfigError, DflashError, UsageError
-from dflashctl.json_output import node_name_of
+from dflashctl.ui import terminal
+from dflashctl.ui.json_output import node_name_of
 
 
 def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Doctor:
-    from dflashctl import doctor_nodes
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
+    from dflashctl.ops import doctor_nodes
 
     doctor = Doctor(on_check)
     try:
@@ -164,7 +164,7 @@ def _doctor_json(result, config_path) -> dict[str, Any]:
 
 def _single_node_name(config_path) -> str:
     """The one node's name, or what to call it when the config cannot be read."""
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
 
     try:
         return node_name_of(load_config(config_path)) or "local"

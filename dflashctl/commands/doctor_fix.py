@@ -7,8 +7,8 @@ from __future__ import annotations
 import typer
 from rich.markup import escape
 
-from dflashctl import terminal
 from dflashctl.errors import EXIT_HOST, EXIT_OK
+from dflashctl.ui import terminal
 
 
 def _ask(question: str, yes: bool) -> bool:
@@ -107,10 +107,10 @@ def fix_split(group, yes: bool) -> int:
 def fix_all(config_path: str | None, yes: bool) -> int:
     """doctor --fix before its checks: the exit code of the fixing (3 when a fix was
     refused or has no automatic form)."""
-    from dflashctl.config import load_config
-    from dflashctl.connect import as_host_error
+    from dflashctl.config.schema import load_config
     from dflashctl.container import split
-    from dflashctl.nodes import node_sessions
+    from dflashctl.remote.connect import as_host_error
+    from dflashctl.remote.nodes import node_sessions
 
     cfg = load_config(config_path)
     left = 0

@@ -32,10 +32,10 @@ def exec_command(
 
     Its venv first on PATH, the workdir as cwd, trainer.env and DFLASH_RUN_ID/DFLASH_RUN_DIR of the
     active run; its output streams here and its exit status is dflashctl's."""
-    from dflashctl.attach import pick_node, run_attached
-    from dflashctl.config import load_config
-    from dflashctl.connect import as_host_error
-    from dflashctl.nodes import node_sessions
+    from dflashctl.config.schema import load_config
+    from dflashctl.ops.attach import pick_node, run_attached
+    from dflashctl.remote.connect import as_host_error
+    from dflashctl.remote.nodes import node_sessions
 
     cfg = load_config(config)
     with node_sessions(cfg) as nodes:

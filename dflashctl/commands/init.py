@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from dflashctl import terminal
-from dflashctl.config import DEFAULT_CONFIG_NAME
+from dflashctl.config.schema import DEFAULT_CONFIG_NAME
 from dflashctl.errors import UsageError
 from dflashctl.resources import project_root, template_path
+from dflashctl.ui import terminal
 
 
 def init(

@@ -23,10 +23,10 @@ from typing import Annotated, BinaryIO
 
 import typer
 
-from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.commands.run_ids import complete_run_id
 from dflashctl.errors import UsageError
+from dflashctl.ui import terminal
 
 DEFAULT_LINES = 50
 
@@ -94,10 +94,10 @@ def logs(
 
 
 def _follow(run_id, follow, lines, reconnect_timeout, config_path, json_output):
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
     from dflashctl.crash import rules_for
     from dflashctl.follow import follow_fleet, resolve_run
-    from dflashctl.nodes import node_sessions
+    from dflashctl.remote.nodes import node_sessions
 
     config = load_config(config_path)
     rules = rules_for(config)  # a bad crash rule is a config error, before any contact
@@ -147,7 +147,7 @@ def _classify_file(path, exit_code, lines, config_path, *, show_lines):
 def _rules(config_path: str | None) -> list:
     """The crash rules, with dflash.yaml's crash_patterns when there is a config: a
     copied log needs no config and no host."""
-    from dflashctl.config import find_config_path, load_config
+    from dflashctl.config.schema import find_config_path, load_config
     from dflashctl.crash import load_rules, rules_for
 
     if config_path is None and not find_config_path(None).is_file():

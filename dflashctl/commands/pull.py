@@ -43,10 +43,11 @@ def pull(
     The checkpoint is the latest or --step N's, with its drafter/ serving export; the
     metrics are metrics.jsonl, meta.json and TensorBoard files. Every file is checked
     by sha256, and a cut pull continues where it stopped."""
-    from dflashctl import pulling, terminal
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
     from dflashctl.errors import UsageError
-    from dflashctl.nodes import node_sessions
+    from dflashctl.ops import pull as pulling
+    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.ui import terminal
 
     if step is not None and step < 0:
         raise UsageError(f"--step must be 0 or more, got {step}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from dflashctl import terminal
 from dflashctl.commands.common import (
     ConfigOption,
     DetachOption,
@@ -13,8 +12,9 @@ from dflashctl.commands.common import (
     TrainerArgsArgument,
     WaitOption,
 )
-from dflashctl.config import load_config
-from dflashctl.json_output import node_name_of
+from dflashctl.config.schema import load_config
+from dflashctl.ui import terminal
+from dflashctl.ui.json_output import node_name_of
 
 
 def restart(
@@ -26,7 +26,7 @@ def restart(
     json_output: JsonOption = False,
 ) -> None:
     """Stop stale runs and relaunch the current release; follows unless --detach."""
-    from dflashctl.stop_restart import restart as run_restart
+    from dflashctl.ops.restart import restart as run_restart
 
     if json_output:
         terminal.set_quiet_stdout(True)

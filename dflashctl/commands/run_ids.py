@@ -9,10 +9,10 @@ from typing import Any
 def complete_run_id(ctx: Any, incomplete: str) -> list[str]:
     """The run ids that start with `incomplete`; none when the config or the container
     cannot be read (a completion never prints an error into the command line)."""
-    from dflashctl.config import load_config
+    from dflashctl.config.schema import load_config
     from dflashctl.errors import DflashError
-    from dflashctl.nodes import node_sessions
-    from dflashctl.runs import list_runs
+    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.runs.records import list_runs
 
     try:
         cfg = load_config(ctx.params.get("config"))

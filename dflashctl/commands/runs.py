@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
-from dflashctl.config import load_config
+from dflashctl.config.schema import load_config
 from dflashctl.errors import UsageError
+from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
-    from dflashctl.nodes import Node, NodeOutcome
-    from dflashctl.runs import PruneResult, RunInfo
+    from dflashctl.remote.nodes import Node, NodeOutcome
+    from dflashctl.runs.records import PruneResult, RunInfo
 
 PruneOption = Annotated[
     int | None,
@@ -56,9 +56,9 @@ def runs(
     With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead.
     `runs show RUN` draws one run's curves. With several nodes: every node's runs, a
     row per node (--prune: on every node)."""
-    from dflashctl.node_errors import first_failure, nobody_answered
-    from dflashctl.nodes import node_sessions
-    from dflashctl.runs_view import list_every_node
+    from dflashctl.remote.node_errors import first_failure, nobody_answered
+    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.runs.view import list_every_node
 
     if ctx.invoked_subcommand is not None:
         return
@@ -89,7 +89,7 @@ def runs(
 
 
 def _runs_json(outcome: NodeOutcome[list[RunInfo]]) -> dict:
-    from dflashctl.node_errors import error_json
+    from dflashctl.remote.node_errors import error_json
 
     return {
         "node": outcome.node.name,
@@ -117,8 +117,8 @@ def _started(run: RunInfo) -> str:
 
 
 def _print_one_node(outcome: NodeOutcome[list[RunInfo]]) -> None:
-    from dflashctl.runs_view import continues
-    from dflashctl.terminal_tables import Column, Row, print_table
+    from dflashctl.runs.view import continues
+    from dflashctl.ui.tables import Column, Row, print_table
 
     found, place = outcome.value or [], outcome.node.target.describe()
     workdir = outcome.node.config.container.workdir
@@ -145,9 +145,9 @@ def _print_one_node(outcome: NodeOutcome[list[RunInfo]]) -> None:
 
 
 def _print_every_node(outcomes: list[NodeOutcome[list[RunInfo]]]) -> None:
-    from dflashctl.node_errors import error_text
-    from dflashctl.runs_view import continues, grouped_rows
-    from dflashctl.terminal_tables import Column, Row, print_table
+    from dflashctl.remote.node_errors import error_text
+    from dflashctl.runs.view import continues, grouped_rows
+    from dflashctl.ui.tables import Column, Row, print_table
 
     for outcome in outcomes:
         if not outcome.ok:
@@ -195,9 +195,9 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
     """`--prune KEEP` on every node (KEEP per node): with --yes or --dry-run one round
     trip each; otherwise every node's list, one question, then exactly the runs listed
     are removed. A node that cannot be reached: the others are still pruned."""
-    from dflashctl.node_errors import error_json, error_text, first_failure, nobody_answered
-    from dflashctl.nodes import node_sessions
-    from dflashctl.runs_view import combined, prune_every_node
+    from dflashctl.remote.node_errors import error_json, error_text, first_failure, nobody_answered
+    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.runs.view import combined, prune_every_node
 
     with node_sessions(cfg) as nodes:
         place = _places(nodes)

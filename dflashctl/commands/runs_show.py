@@ -11,10 +11,11 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from dflashctl import hints, terminal
+from dflashctl import hints
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.commands.run_ids import complete_run_id
 from dflashctl.errors import UsageError
+from dflashctl.ui import terminal
 
 RunsArgument = Annotated[
     list[str] | None,
@@ -44,9 +45,9 @@ def show(
     config: ConfigOption = None,
 ) -> None:
     """A run's state, config, lineage and loss, tau~ and tokens/s curves (two: compared)."""
-    from dflashctl.config import load_config
-    from dflashctl.nodes import node_sessions
-    from dflashctl.run_metrics import read_curves
+    from dflashctl.config.schema import load_config
+    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.runs.metrics import read_curves
 
     if json_output:
         terminal.set_quiet_stdout(True)
@@ -69,7 +70,7 @@ def show(
             node.target, node.config.container.workdir, wanted, python=node.config.container.python
         )
     if png is not None:
-        from dflashctl.plot_image import write_png
+        from dflashctl.ui.plot_image import write_png
 
         write_png(curves, png)
     if json_output:
@@ -87,8 +88,8 @@ def show(
 
 
 def _print(curves: list, place: str) -> None:
-    from dflashctl.plots import COLOURS, EVAL_COLOURS, LABEL_WIDTH, Series, chart, compact
-    from dflashctl.run_metrics import SERIES
+    from dflashctl.runs.metrics import SERIES
+    from dflashctl.ui.charts import COLOURS, EVAL_COLOURS, LABEL_WIDTH, Series, chart, compact
 
     out = terminal.out
     if len(curves) == 1:
@@ -190,7 +191,7 @@ def _config_text(config: dict[str, Any]) -> str:
 
 
 def _progress(last: dict[str, Any], *, running: bool) -> str:
-    from dflashctl.plots import compact
+    from dflashctl.ui.charts import compact
 
     parts = [f"step {last['step']}/{last.get('total_steps', '?')}"]
     if isinstance(last.get("loss"), (int, float)):
@@ -220,8 +221,8 @@ def _eval_text(record: dict[str, Any]) -> str:
 
 
 def _print_side_by_side(curves: list, place: str) -> None:
-    from dflashctl.plots import COLOURS
-    from dflashctl.terminal_tables import print_side_by_side
+    from dflashctl.ui.charts import COLOURS
+    from dflashctl.ui.tables import print_side_by_side
 
     facts = [dict(_facts(run, place)) for run in curves]
     labels = list(dict.fromkeys(label for run_facts in facts for label in run_facts))

@@ -15,11 +15,11 @@ def shell(config: ConfigOption = None, node: NodeOption = None) -> None:
     exits with the shell's status."""
     import os
 
-    from dflashctl.attach import SHELL, pick_node, run_attached
-    from dflashctl.config import load_config
-    from dflashctl.connect import as_host_error
+    from dflashctl.config.schema import load_config
     from dflashctl.errors import UsageError
-    from dflashctl.nodes import node_sessions
+    from dflashctl.ops.attach import SHELL, pick_node, run_attached
+    from dflashctl.remote.connect import as_host_error
+    from dflashctl.remote.nodes import node_sessions
 
     cfg = load_config(config)  # its mistakes first
     if not os.isatty(0):

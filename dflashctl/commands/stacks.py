@@ -7,9 +7,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import UsageError
+from dflashctl.ui import terminal
 
 
 def stacks(
@@ -25,9 +25,9 @@ def stacks(
 ) -> None:
     """Ask a live run for every thread's stack (each rank under torchrun), and show what
     its hang watchdog and the NCCL flight recorder dumped: where a hanging run is stuck."""
-    from dflashctl.config import load_config
-    from dflashctl.node_errors import error_json, first_failure, nobody_answered
-    from dflashctl.stacks import analyse_together, stacks_of_every_node
+    from dflashctl.config.schema import load_config
+    from dflashctl.ops.stacks import analyse_together, stacks_of_every_node
+    from dflashctl.remote.node_errors import error_json, first_failure, nobody_answered
 
     if not wait > 0:
         raise UsageError(f"--wait must be more than 0 seconds, got {wait:g}")

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import EXIT_HOST, HostError
+from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
-    from dflashctl.nodes import NodeOutcome
+    from dflashctl.remote.nodes import NodeOutcome
 
 
 def print_status(status: dict[str, Any]) -> None:
@@ -92,8 +92,8 @@ def state_of(report: dict[str, Any]) -> tuple[str, str]:
 
 def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
     """A row per node: where it is, its container, the release, the active run, its state."""
-    from dflashctl.node_errors import error_text
-    from dflashctl.terminal_tables import Column, Row, print_table
+    from dflashctl.remote.node_errors import error_text
+    from dflashctl.ui.tables import Column, Row, print_table
 
     rows = []
     for outcome in outcomes:
@@ -128,7 +128,7 @@ def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
 
 def node_json(outcome: NodeOutcome[dict[str, Any]]) -> dict[str, Any]:
     """A node's status named by its node (its Proxmox node is `proxmox_node`)."""
-    from dflashctl.node_errors import error_json
+    from dflashctl.remote.node_errors import error_json
 
     report = dict(outcome.value or {"target": outcome.node.target.describe()})
     proxmox_node = report.pop("node", None)
@@ -142,9 +142,9 @@ def node_json(outcome: NodeOutcome[dict[str, Any]]) -> dict[str, Any]:
 
 def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Show the container's state, its uptime and the active run (a row per node)."""
-    from dflashctl.config import load_config
-    from dflashctl.node_errors import NodesFailed, first_failure, nobody_answered
-    from dflashctl.status_info import status_of_every_node
+    from dflashctl.config.schema import load_config
+    from dflashctl.ops.status import status_of_every_node
+    from dflashctl.remote.node_errors import NodesFailed, first_failure, nobody_answered
 
     outcomes = status_of_every_node(load_config(config))
     failure = first_failure(outcomes, "status")

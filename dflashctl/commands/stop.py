@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from dflashctl import terminal
 from dflashctl.commands.common import ConfigOption, JsonOption
-from dflashctl.config import load_config
+from dflashctl.config.schema import load_config
 from dflashctl.errors import UsageError
+from dflashctl.ui import terminal
 
 
 def stop(
@@ -26,8 +26,8 @@ def stop(
     json_output: JsonOption = False,
 ) -> None:
     """Stop the active run and any process running the entry script by hand (on every node)."""
-    from dflashctl.node_errors import error_json, first_failure, nobody_answered
-    from dflashctl.stopping import stop_every_node, stuck_error
+    from dflashctl.ops.stop import stop_every_node, stuck_error
+    from dflashctl.remote.node_errors import error_json, first_failure, nobody_answered
 
     if grace is not None and grace < 0:
         raise UsageError(f"--grace must be 0 or more seconds, got {grace:g}")
@@ -72,8 +72,8 @@ def _done_line(results, several: bool) -> str:
 def _print_stopped(results, several: bool) -> None:
     """A line per stopped process; with several nodes each line names its node, and a
     node that stopped nothing or failed says so."""
-    from dflashctl.node_errors import error_text
-    from dflashctl.stopping import describe_stopped
+    from dflashctl.ops.stop import describe_stopped
+    from dflashctl.remote.node_errors import error_text
 
     for result in results:
         prefix = f"{result.node}: " if several else ""

@@ -19,7 +19,7 @@ from dflashctl.container import ctconfig, host, inside, oci
 from dflashctl.container.ctconfig import CtConfig
 from dflashctl.container.host import HostGpus
 from dflashctl.errors import ConfigError, HostError
-from dflashctl.target import Target
+from dflashctl.remote.deploy_target import Target
 
 DEFAULT_DISK_GIB = 32  # pct's own default (4 GiB) does not hold torch and a checkpoint
 INSTALL_TIMEOUT_S = 1800.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflashctl.errors import HostError
-from dflashctl.target import Target
+from dflashctl.remote.deploy_target import Target
 
 _PROBE = r"""for f in /proc/[0-9]*/environ; do
   tr '\000' '\n' < "$f" 2>/dev/null | awk '

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from dflashctl.errors import HostError
-from dflashctl.transport.base import Transport
+from dflashctl.remote.transport.base import Transport
 
 UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _PROBE = r"""R="${DFLASHCTL_HOST_ROOT:-}"

@@ -9,7 +9,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from dflashctl.target import Target
+from dflashctl.remote.deploy_target import Target
 
 _PROBE = r"""for f in /dev/nvidia* /dev/nvidia-caps/*; do
   [ -c "$f" ] && echo "node $(stat -c '%t %T' "$f") $f"

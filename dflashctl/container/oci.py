@@ -17,7 +17,7 @@ import shlex
 from typing import Any
 
 from dflashctl.errors import ConfigError, HostError
-from dflashctl.target import Target
+from dflashctl.remote.deploy_target import Target
 
 OCI_RELEASE = (9, 1)
 PULL_STORAGE = "local"  # the storage every PVE install has for templates

@@ -17,7 +17,7 @@ from dflashctl.container.ctconfig import CtConfig
 from dflashctl.container.host import HostGpus
 from dflashctl.errors import HostError
 from dflashctl.humanize import human_bytes
-from dflashctl.target import Target
+from dflashctl.remote.deploy_target import Target
 
 NO_SNAPSHOT = "snapshot feature is not available"
 

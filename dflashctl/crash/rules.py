@@ -118,7 +118,7 @@ def _builtin_rules_path() -> Path:
 
 def _read_rules_file(path: Path) -> list[Any]:
     # Imported here: the rest of this module, the detector and events are standard
-    # library only, so that they also run where the trainer runs (dflashctl/recovery.py).
+    # library only, so that they also run where the trainer runs (dflashctl/ops/recovery.py).
     import yaml
 
     try:

@@ -29,19 +29,20 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from dflashctl import hints, terminal
+from dflashctl import hints
 from dflashctl.errors import DflashError, UsageError
 from dflashctl.follow.fleet_report import FleetResult, NodeFollow
 from dflashctl.follow.follower import follow_run
 from dflashctl.follow.prefixed import OUTPUT_LOCK, node_prefixes, prefixed_console
 from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure, named_rank
+from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent
     from dflashctl.follow.report import FollowResult
-    from dflashctl.nodes import Node
-    from dflashctl.runs import RunInfo, RunState
-    from dflashctl.target import Target
+    from dflashctl.remote.deploy_target import Target
+    from dflashctl.remote.nodes import Node
+    from dflashctl.runs.records import RunInfo, RunState
 
 LINE_SHOWN = 100  # characters of another node's last line in a failure report
 
@@ -54,14 +55,14 @@ def resolve_run(nodes: list[Node], run_id: str | None) -> str:
     (UsageError naming the node that does not), and a node whose active run is another
     one is said (a warning): the run is followed there anyway. One node is not asked
     again: following a run it lacks says so."""
-    from dflashctl.runs import active_run
+    from dflashctl.runs.records import active_run
 
     first = nodes[0]
     named = run_id is not None
     if run_id is not None and ("/" in run_id or run_id in ("", ".", "..")):
         raise UsageError(f"not a run id: {run_id!r}", hint="`dflashctl runs` lists the runs")
     if run_id is None:
-        from dflashctl.connect import as_host_error
+        from dflashctl.remote.connect import as_host_error
 
         with as_host_error(first.target):
             active = active_run(
@@ -80,8 +81,8 @@ def resolve_run(nodes: list[Node], run_id: str | None) -> str:
 
 
 def _every_node_has(nodes: list[Node], run_id: str, *, named: bool) -> None:
-    from dflashctl.nodes import on_every_node, values_or_raise
-    from dflashctl.runs import find_run
+    from dflashctl.remote.nodes import on_every_node, values_or_raise
+    from dflashctl.runs.records import find_run
 
     first = nodes[0]
     wanted = run_id
@@ -213,7 +214,7 @@ def follow_fleet(
 def _follow_lone(
     node: Node, run_id: str, console: Callable[[], Console] | None, **kwargs: Any
 ) -> FleetResult:
-    from dflashctl.connect import as_host_error, open_target
+    from dflashctl.remote.connect import as_host_error, open_target
 
     config = node.config
     with as_host_error(node.target):
@@ -286,7 +287,7 @@ class _NodesFollower:
                 self.on_end(watch.node.index)
 
     def _follow_node(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
-        from dflashctl.connect import as_host_error, open_target
+        from dflashctl.remote.connect import as_host_error, open_target
 
         node = watch.node
         config = node.config
@@ -322,7 +323,7 @@ class _NodesFollower:
         self._ended(watch)
 
     def _state_of(self, watch: _NodeWatch, target: Target, workdir: str, run_id: str) -> RunState:
-        from dflashctl.runs import get_run
+        from dflashctl.runs.records import get_run
 
         info = get_run(target, workdir, run_id, python=watch.node.config.container.python)
         watch.info = info

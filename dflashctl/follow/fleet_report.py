@@ -10,10 +10,11 @@ from typing import Any
 
 from rich.markup import escape
 
-from dflashctl import hints, terminal
+from dflashctl import hints
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK
 from dflashctl.follow.report import FollowResult, report_result
 from dflashctl.follow.root_cause import NodeFailure
+from dflashctl.ui import terminal
 
 # --------------------------------------------------------------------------- results
 
@@ -122,7 +123,7 @@ def report_fleet(result: FleetResult, *, json_mode: bool = False) -> int:
         terminal.success(f"run {run} finished on all {len(result.nodes)} nodes")
     elif status == "stopped":
         stopped = next(n.result for n in result.nodes if n.result and n.result.status == "stopped")
-        from dflashctl.runs import describe_stop
+        from dflashctl.runs.records import describe_stop
 
         if stopped.stopped is None and stopped.stop:  # type: ignore[union-attr]
             # Asked to stop by a signal from elsewhere; the trainer says how it went.

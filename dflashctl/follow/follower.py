@@ -11,18 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from dflashctl import agent_client, hints, terminal
+from dflashctl import hints
 from dflashctl.errors import HostError, UsageError
 from dflashctl.follow.hangs import HangWatch, describe_hang
 from dflashctl.follow.lines import LineSink, LineSplitter
 from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult, stopped_cleanly
 from dflashctl.follow.waiting import FirstLineWait
+from dflashctl.remote import agent_client
+from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent
-    from dflashctl.runs import RunState
-    from dflashctl.target import Target
+    from dflashctl.remote.deploy_target import Target
+    from dflashctl.runs.records import RunState
 
 # Reconnect delays after a dropped connection; the last one repeats.
 RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
@@ -52,8 +54,8 @@ _FINAL_CONNECT_REASONS = ("host_key_unknown", "host_key_changed")
 
 
 def _is_connection_trouble(exc: BaseException) -> bool:
-    from dflashctl.agent_client import InterpreterMissing
-    from dflashctl.pct import ContainerNotFound, ContainerNotRunning
+    from dflashctl.remote.agent_client import InterpreterMissing
+    from dflashctl.remote.pct import ContainerNotFound, ContainerNotRunning
 
     if isinstance(exc, (ContainerNotFound, ContainerNotRunning, InterpreterMissing)):
         return False
@@ -111,7 +113,7 @@ def follow_run(
     console: where lines and crash panels go (default terminal.out, which --json turns
       to stderr). show_lines=False prints nothing; on_crash is called for each crash as
       soon as it is certain, either way.
-    state_of: (target, workdir, run_id) -> RunState; default dflashctl.runs.run_state.
+    state_of: (target, workdir, run_id) -> RunState; default dflashctl.runs.records.run_state.
     waiting_notice: while following a run that has logged nothing yet, show a live
       "waiting for the first line" on a terminal (never elsewhere).
     on_line: called with each line and whether it came live (not from the backlog).
@@ -125,7 +127,7 @@ def follow_run(
       a run that hangs before any step line came live; the default state_of keeps it.
     """
     if state_of is None:
-        from dflashctl.runs import get_run
+        from dflashctl.runs.records import get_run
 
         latest: dict[str, Any] = {}
 
@@ -279,7 +281,7 @@ class _Follower:
             self._reader_stopped()
 
     def _final_error(self, exc: Exception) -> Exception:
-        from dflashctl.pct import ContainerNotRunning
+        from dflashctl.remote.pct import ContainerNotRunning
 
         if isinstance(exc, ContainerNotRunning):
             return HostError(

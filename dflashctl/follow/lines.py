@@ -16,7 +16,7 @@ from dflashctl.agent.supervisor import CRASHED, NEW_ATTEMPT, NOT_RETRIED
 # not land inside an import (one that did ended the CLI by the signal, exit -2, after it
 # had said "interrupted").
 from dflashctl.crash.detector import CrashDetector
-from dflashctl.run_summary import RunSummary
+from dflashctl.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dflashctl import agent_client
+from dflashctl.remote import agent_client
 
 # The reader is the agent's `log` verb (dflashctl/agent/logreader.py, which documents
 # the frames); this is the same magic line it starts with.

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from dflashctl import hints, terminal
+from dflashctl import hints
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK
 from dflashctl.follow.lines import LineSink, LineSplitter
-from dflashctl.run_summary import RunSummary
+from dflashctl.runs.summary import RunSummary
+from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent
@@ -27,7 +28,7 @@ class FollowResult:
     status: str  # "finished" | "crashed" | "hung" | "stopped" | "running"
     exit_code: int | None
     crashes: list[CrashEvent] = field(default_factory=list)
-    state: str | None = None  # dflashctl.runs status: running, exited, killed, lost
+    state: str | None = None  # dflashctl.runs.records status: running, exited, killed, lost
     signal: int | None = None
     stopped: dict[str, Any] | None = None  # status "stopped": by which command, when, successor
     interrupted: bool = False  # Ctrl-C stopped the following (the run was left alone)
@@ -199,7 +200,7 @@ def _say_outcome(result: FollowResult) -> None:
         _say_where_and_what(result)
         return
     if result.status == "stopped":
-        from dflashctl.runs import describe_stop
+        from dflashctl.runs.records import describe_stop
 
         if result.stopped is not None:
             said = f" ({result.stop['outcome']})" if stopped_cleanly(result.stop) else ""
@@ -235,7 +236,7 @@ def _say_outcome(result: FollowResult) -> None:
     elif result.state == "running":
         causes.append("the process is still running")
     elif result.signal:
-        from dflashctl.runs import signal_name
+        from dflashctl.runs.records import signal_name
 
         causes.append(f"killed by {signal_name(result.signal)}")
     elif result.exit_code not in (0, None):

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from dflashctl import hints, terminal
+from dflashctl import hints
 from dflashctl.crash.ranks import split_prefix
 from dflashctl.follow.fleet import follow_fleet
 from dflashctl.follow.fleet_report import FleetResult, report_fleet
+from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
-    from dflashctl.nodes import Node
+    from dflashctl.remote.nodes import Node
 
 # What the gate is waiting for, in the words said while it waits and when it times out.
 WAITING_FOR = "every rank past the rendezvous"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dflashctl import terminal
+from dflashctl.ui import terminal
 
 # A log that starts within this long needs no notice.
 NOTICE_AFTER_S = 1.0

@@ -4,7 +4,7 @@
 key, or the ``--set`` that gave the value), the dotted key path and what is allowed:
 ``c.yaml, line 2, column 3: unknown key train.stepz (did you mean train.steps?); allowed
 under train: ...``. The trainer ships on its own (only torch, transformers, safetensors,
-pydantic and PyYAML in the container), so this mirrors dflashctl/config_errors.py
+pydantic and PyYAML in the container), so this mirrors dflashctl/config/errors.py
 instead of importing it.
 """
 
