@@ -1,6 +1,7 @@
-"""The layout the code promises (dflashctl/README.md): no import circles, small modules,
-one path for one node and many, and logic that returns data while only the commands
-and the terminal facade draw. Read from the source with `ast`, as a reviewer would."""
+"""The layout the code promises (dflashctl/README.md): packages by concern with a small
+root, no import circles, small modules, one path for one node and many, and logic that
+returns data while only the commands and the terminal facade draw. Read from the source
+with `ast`, as a reviewer would."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 600
+# The package root holds the entry point, the CLI app and what every package uses; the
+# rest lives in packages by concern (config/, remote/, ops/, runs/, ui/, ...).
+MAX_ROOT_MODULES = 10
 
 # The modules that draw: the CLI, its commands, the terminal facade, the follower (it
 # streams the log) and the crash panel and charts it shows. Everything else in dflashctl/
@@ -134,6 +138,42 @@ def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
     assert circles("pkg") == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
+def root_modules(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "dflashctl").glob("*.py"))
+
+
+def packages_without_a_docstring(root: Path) -> list[str]:
+    """Every package's __init__.py says what the package owns."""
+    return sorted(
+        rel_to(init, root)
+        for init in (root / "dflashctl").rglob("__init__.py")
+        if not (ast.get_docstring(ast.parse(init.read_text())) or "").strip()
+    )
+
+
+def rel_to(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def test_the_package_root_stays_small():
+    assert len(root_modules(ROOT)) <= MAX_ROOT_MODULES, root_modules(ROOT)
+
+
+def test_every_package_says_what_it_owns():
+    assert packages_without_a_docstring(ROOT) == []
+
+
+def test_the_root_and_docstring_rules_catch_a_sprawl(tmp_path):
+    pkg = tmp_path / "dflashctl"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""The package."""\n')
+    (pkg / "ops" / "__init__.py").write_text("from dflashctl.ops.deploy import deploy\n")
+    for n in range(MAX_ROOT_MODULES):
+        (pkg / f"module_{n}.py").write_text("")
+    assert len(root_modules(tmp_path)) == MAX_ROOT_MODULES + 1
+    assert packages_without_a_docstring(tmp_path) == ["dflashctl/ops/__init__.py"]
+
+
 def test_no_module_over_the_line_limit():
     long = {rel(p): n for p in source_files() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
@@ -142,6 +182,13 @@ def test_no_module_over_the_line_limit():
 def test_one_path_for_one_node_and_many():
     flagged = [rel(p) for p in source_files() if "multi_node" in p.read_text()]
     assert flagged == []
+
+
+UI = "dflashctl/ui/"
+
+
+def is_ui(module: str) -> bool:
+    return module == "dflashctl.ui" or module.startswith("dflashctl.ui.")
 
 
 def draws(path: str) -> bool:
@@ -162,8 +209,9 @@ def logic_nodes(tree: ast.AST):
 
 def test_only_the_commands_and_the_terminal_draw():
     """The logic (deploy, restart, stop, pull, doctor's checks...) hands what it does
-    to a reporting.Reporter and returns data; it never imports rich or the terminal
-    facade, and never prints."""
+    to a reporting.Reporter and returns data; it never imports rich or dflashctl/ui/
+    (the terminal facade, its tables and charts, the --json shape, the help), and never
+    prints."""
     problems = []
     for path in (ROOT / "dflashctl").rglob("*.py"):
         name = rel(path)
@@ -173,13 +221,15 @@ def test_only_the_commands_and_the_terminal_draw():
         for node in logic_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = {f"{node.module}.{a.name}" for a in node.names}
-                if node.module.startswith("rich") or "dflashctl.ui.terminal" in names | {
-                    node.module
-                }:
+                if any(map(is_ui, names | {node.module})) and not name.startswith(UI):
+                    problems.append(f"{name}:{node.lineno} imports {node.module}")
+                elif node.module.startswith("rich"):
                     problems.append(f"{name}:{node.lineno} imports {node.module}")
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    if alias.name.startswith(("rich", "dflashctl.ui.terminal")):
+                    if alias.name.startswith("rich") or (
+                        is_ui(alias.name) and not name.startswith(UI)
+                    ):
                         problems.append(f"{name}:{node.lineno} imports {alias.name}")
             elif isinstance(node, ast.Call):
                 func = node.func
