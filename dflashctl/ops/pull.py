@@ -232,9 +232,15 @@ def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> 
     finals = {f.rel: _local(top, f.rel) for f in files}
     here: dict[str, str] = {}  # rel -> the sha256 of the file of its size already here
     offsets: dict[str, int] = {}
+    folders: dict[str, bool] = {}  # folder -> there already (a new one holds nothing)
     for f in files:
         final = finals[f.rel]
-        if _size(final) == f.size:
+        folder = os.path.dirname(final)
+        if folder not in folders:
+            folders[folder] = os.path.isdir(folder)
+        if not folders[folder]:
+            offsets[f.rel] = 0
+        elif _size(final) == f.size:
             here[f.rel] = local_sha256(final)
         else:
             offsets[f.rel] = _partial_size(final + PARTIAL, f)
