@@ -269,6 +269,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def job_ports() -> dict[str, int]:
+    """torchrun's port and the commit store's, both picked by the kernel. The commit
+    port's default (port + 1) is nobody's pick: beside other tests' connections on
+    127.0.0.1 it is now and then taken, and the deploy rightly refuses."""
+    with socket.socket() as first, socket.socket() as second:
+        first.bind(("127.0.0.1", 0))
+        second.bind(("127.0.0.1", 0))
+        return {"port": first.getsockname()[1], "commit_port": second.getsockname()[1]}
+
+
 def doctor_checks(project: Nodes) -> tuple[int, dict[str | None, dict[str, dict]]]:
     done = dflashctl(project, "doctor", "--json")
     by_node: dict[str | None, dict[str, dict]] = {}
@@ -313,7 +323,7 @@ def test_doctor_rendezvous_passes_between_two_workdirs_and_fails_on_a_taken_port
 
 
 def test_doctor_warns_when_the_nodes_have_different_release_files(two):
-    two.write(torchrun={"address": "127.0.0.1", "port": free_port()})
+    two.write(torchrun={"address": "127.0.0.1", **job_ports()})
     two.deploy_each()
     code, checks = doctor_checks(two)
     agree = checks[None]["nodes agree"]
@@ -354,7 +364,7 @@ def test_prune_asks_once_for_every_node_and_runs_show_reads_the_first_node(two):
 def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_everywhere(two):
     """The real multi-node deploy: one torchrun job, one run id; `runs` and `status` show
     it on both nodes, and `stop` gives each node's trainer its SIGTERM."""
-    two.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()})
+    two.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", **job_ports()})
     deployed = dflashctl(two, "deploy", "--detach", "--json")
     assert deployed.returncode == 0, deployed.stderr
     run_id = flat(json.loads(deployed.stdout))["run_id"]

@@ -34,10 +34,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def job_ports() -> dict[str, int]:
+    """torchrun's port and the commit store's, both the kernel's pick (the commit port's
+    default, port + 1, is now and then another test's connection)."""
+    with socket.socket() as first, socket.socket() as second:
+        first.bind(("127.0.0.1", 0))
+        second.bind(("127.0.0.1", 0))
+        return {"port": first.getsockname()[1], "commit_port": second.getsockname()[1]}
 
 
 class TwoNodes:
@@ -56,7 +59,7 @@ class TwoNodes:
             "container": {"vmid": None, "python": sys.executable},
             "trainer": {"source": "src", "entry": "train.py", "args": self.args},
             "run": {"stop_grace_s": 5},
-            "torchrun": {"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()},
+            "torchrun": {"nproc_per_node": 1, "address": "127.0.0.1", **job_ports()},
             "nodes": [
                 {"name": name, "container": {"workdir": str(self.workdir(name)), "python": py}}
                 for name, py in self.python.items()

@@ -14,7 +14,7 @@ import pytest
 from dflashctl.config.schema import load_config
 from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.json_answers import flat
-from tests.test_commands_on_nodes import dflashctl, free_port, two  # noqa: F401
+from tests.test_commands_on_nodes import dflashctl, job_ports, two  # noqa: F401
 from tests.test_deploy_support import pid_alive
 
 
@@ -40,7 +40,7 @@ def test_a_full_disk_on_one_node_stops_nothing_on_any_node(small_b):
     assert code == 0
     old = first["run_id"]
     old_pid = int((project.run_dir(0, old) / "pid").read_text())
-    project.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", "port": free_port()})
+    project.write(torchrun={"nproc_per_node": 1, "address": "127.0.0.1", **job_ports()})
     done = dflashctl(project, "deploy", "--detach", "--json")
     assert done.returncode == 3, done.stdout + done.stderr
     error = flat(json.loads(done.stdout))["error"] if done.stdout.strip() else done.stderr
