@@ -1,5 +1,5 @@
-"""The README starts right and stays short, and the layout map (dflashctl/README.md)
-names every module."""
+"""The README starts right and stays short, the layout map (dflashctl/README.md) names
+every module and stays within 30 KiB, and every relative link of the READMEs resolves."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ MAX_BYTES = 20 * 1024
 
 def test_the_readme_stays_within_20_kib():
     assert len(README.read_bytes()) <= MAX_BYTES
+
+
+def test_the_package_readme_stays_within_30_kib():
+    # Issue 40: a guide a reader can use; figures belong in bench/README.md.
+    assert len(LAYOUT_MAP.read_bytes()) <= 30 * 1024
 
 
 def test_the_readme_opens_with_what_it_is_and_the_two_commands():
@@ -74,3 +79,41 @@ def test_the_layout_map_names_every_module():
     ]
     missing = [m.relative_to(ROOT).as_posix() for m in modules if not named(m, entries)]
     assert not missing, f"add these to the layout map in dflashctl/README.md: {missing}"
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The #anchors GitHub makes of a markdown file's headings (repeats get -1, -2...)."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6}\s+(.*)", line)
+        if heading:
+            anchor = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            count = seen.get(anchor, 0)
+            seen[anchor] = count + 1
+            found.add(anchor if count == 0 else f"{anchor}-{count}")
+    return found
+
+
+def test_every_relative_link_in_the_readmes_resolves():
+    broken = []
+    for readme in (
+        README,
+        LAYOUT_MAP,
+        ROOT / "trainer" / "README.md",
+        ROOT / "bench" / "README.md",
+    ):
+        text = re.sub(r"```.*?```", "", readme.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (readme.parent / file) if file else readme
+            if not dest.exists() or (
+                anchor and dest.suffix == ".md" and anchor not in heading_anchors(dest)
+            ):
+                broken.append(f"{readme.relative_to(ROOT)}: {target}")
+    assert not broken, f"links that lead nowhere: {broken}"
