@@ -55,8 +55,8 @@ test: install system-deps
 	exit $$status
 
 # The unit tier: every test that needs no test host (no sshd, no container, no pct
-# stand-in) and no tiny trainer runs; tests/conftest.py marks the others `host`.
-# `make test` runs both tiers.
+# stand-in), no tiny trainer runs, and runs neither the real trainer nor whole deploys;
+# tests/conftest.py marks the others `host`. `make test` runs both tiers.
 test-unit: install
 	@base=$$(mktemp -d "$${TMPDIR:-/tmp}/dflashctl-test.XXXXXX"); start=$$(date +%s); \
 	$(BIN)/pytest -q -m "not host" -n $(TEST_WORKERS) --dist loadfile --basetemp="$$base/t" $(PYTEST_ARGS); \
