@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps test test-min demo demo-crash demo-recover bench lint clean schemas
+.PHONY: install system-deps test test-unit test-min demo demo-crash demo-recover bench lint clean schemas
 
 install: $(STAMP)
 
@@ -52,6 +52,16 @@ test: install system-deps
 	@base=$$(mktemp -d "$${TMPDIR:-/tmp}/dflashctl-test.XXXXXX"); \
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --basetemp="$$base/t" $(PYTEST_ARGS); \
 	status=$$?; if [ $$status -eq 0 ]; then rm -rf "$$base"; else echo "test files kept in $$base"; fi; \
+	exit $$status
+
+# The unit tier: every test that needs no test host (no sshd, no container, no pct
+# stand-in), no tiny trainer runs, and runs neither the real trainer nor whole deploys;
+# tests/conftest.py marks the others `host`. `make test` runs both tiers.
+test-unit: install
+	@base=$$(mktemp -d "$${TMPDIR:-/tmp}/dflashctl-test.XXXXXX"); start=$$(date +%s); \
+	$(BIN)/pytest -q -m "not host" -n $(TEST_WORKERS) --dist loadfile --basetemp="$$base/t" $(PYTEST_ARGS); \
+	status=$$?; echo "unit tier: $$(( $$(date +%s) - start )) s"; \
+	if [ $$status -eq 0 ]; then rm -rf "$$base"; else echo "test files kept in $$base"; fi; \
 	exit $$status
 
 # The declared minimum of every dependency (pyproject.toml's `>=`, pinned by
