@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_deploy_support import write_trainer
+from tests.test_deploy_container import setup  # noqa: F401  (a container, a waiting trainer)
 
 pytestmark = pytest.mark.slow
 
@@ -39,23 +39,6 @@ def deployed(path: Path) -> str:
     assert done.returncode == 0, done.stdout + done.stderr
     said = done.stdout + done.stderr
     return said.split("into release ", 1)[1].split()[0] if "into release " in said else ""
-
-
-@pytest.fixture
-def setup(tmp_path, container, write_config, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    source = write_trainer(tmp_path / "src")
-    path = write_config(
-        tmp_path,
-        trainer_source=source,
-        **{
-            "trainer.entry": "train.py",
-            "trainer.args": ["--sleep", "60", "--on-term", "checkpoint"],
-            "run.stop_grace_s": 3,
-            "run.keep_releases": 3,
-        },
-    )
-    return path, source, container
 
 
 def test_links_inside_arrive_as_links_change_and_leaving_ones_are_refused(setup, tmp_path):
