@@ -369,10 +369,16 @@ class DFlashWorkload(Workload):
 
     def _context_forward(self, target: nn.Module, device: torch.device) -> ContextForward:
         fp8, compiled = self.cfg.target.fp8, self.target_compiled(device)
-        return context_forward(target, self.drafter_cfg.target_layer_ids, compile=compiled, fp8=fp8)
+        fused = self.cfg.target.fused and torch.device(device).type == "cuda"  # CPU: exact
+        return context_forward(
+            target, self.drafter_cfg.target_layer_ids, compile=compiled, fp8=fp8, fused=fused
+        )
 
     def target_compiled(self, device: torch.device) -> bool:
         return self.cfg.target.compile and torch.device(device).type == "cuda"  # CPU: eager
+
+    def target_forward_text(self, target: nn.Module, device: torch.device) -> str:
+        return self._context_forward(target, device).describe()
 
     def warm_target(self, target: nn.Module, device: torch.device) -> None:
         self._context_forward(target, device).warm(self.batch_size, self.seq_len, device)

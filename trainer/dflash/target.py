@@ -15,6 +15,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash.context_decoder import (  # noqa: F401 (Fp8Linear: its public home was here)
+    ContextDecoder,
+    Fp8Linear,
+    matches_reference,
+    unsupported_reason,
+)
+
 
 def build_tiny_target(
     *,
@@ -173,30 +180,62 @@ def target_context(
 
 
 class ContextForward:
-    """`target_context` for the training loop, optionally compiled and with FP8 matmuls.
+    """`target_context` for the training loop: written out, compiled, with FP8 matmuls.
 
+    fused: the target's layers run as `context_decoder.ContextDecoder` (one q/k/v and one
+    gate/up matmul, SDPA's causal kernel) where the target is Llama-shaped; checked
+    against the transformers forward on a short input on the first call. Other targets,
+    and fused off, run the cut transformers decoder.
     compile: torch.compile with static shapes and no CUDA graphs, so it needs no CUDA Graph
     Trees state in the thread that runs it and holds no graph-owned outputs that a later
-    call would overwrite while the drafter still reads them from the queue. It is called
-    without the attention mask: batches are right-padded (`data.collate`), and under a
-    causal mask a real token never sees the padding after it, so every real token gets
-    the same hidden states (the drafter reads only context before its anchors, which
-    are real tokens), and attention keeps its fused causal kernel.
+    call would overwrite while the drafter still reads them from the queue.
+    Both are called without the attention mask: batches are right-padded
+    (`data.collate`), and under a causal mask a real token never sees the padding after
+    it, so every real token gets the same hidden states (the drafter reads only context
+    before its anchors, which are real tokens), and attention keeps its fused causal kernel.
     fp8: the decoder layers' linear layers run as FP8 (e4m3) matmuls with one scale per
-    weight row and per token (`Fp8Linear`) on a copy of the body that shares everything
-    else; the target itself (evaluation, the drafter's embedding and LM head) stays as
-    it is."""
+    weight row and per token (`Fp8Linear`); the target itself (evaluation, the drafter's
+    embedding and LM head) stays as it is."""
 
-    def __init__(self, target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool):
-        self.target, self.layer_ids = target, list(layer_ids)
-        self.plain = not (compile or fp8)
+    # relative error allowed against transformers' forward at the first call: bf16
+    # rounding of a fused matmul is ~1e-2 at most; FP8 (3 mantissa bits) more
+    TOLERANCE = {False: 0.03, True: 0.15}
+
+    def __init__(
+        self,
+        target: nn.Module,
+        layer_ids: list[int],
+        *,
+        compile: bool,
+        fp8: bool,
+        fused: bool = False,
+    ):
+        self.target, self.layer_ids, self.fp8 = target, list(layer_ids), fp8
         self.body = context_body(target, self.layer_ids)
-        if fp8:
+        self.why_not_fused = unsupported_reason(_decoder(target)) if fused else "target.fused off"
+        self.decoder = None
+        if self.why_not_fused is None:
+            self.decoder = ContextDecoder(_decoder(target), self.layer_ids, fp8=fp8)
+        elif fp8:
             self.body = with_fp8_linears(self.body)
+        self.plain = not (compile or fp8 or self.decoder)
         self.compiled = compile
+        self.checked_error: float | None = None
         self._run = torch.compile(self._forward, dynamic=False) if compile else self._forward
 
+    def describe(self) -> str:
+        """What runs the target forward, for the run's log ("" for the plain forward)."""
+        if self.plain:
+            return ""
+        how = "written out (fused q/k/v and gate/up)" if self.decoder else "transformers"
+        if self.decoder is None and self.why_not_fused != "target.fused off":
+            how += f" (not written out: {self.why_not_fused})"
+        extras = [word for word, on in (("compiled", self.compiled), ("fp8", self.fp8)) if on]
+        return how + "".join(f", {word}" for word in extras)
+
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+        if self.decoder is not None:
+            return self.decoder(input_ids)
         out = self.body(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -209,7 +248,17 @@ class ContextForward:
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
         if self.plain:  # exactly target_context, its hidden-state count checked
             return target_context(self.target, input_ids, attention_mask, self.layer_ids)
-        return self._run(input_ids, None if self.compiled else attention_mask)
+        if self.decoder is not None and self.checked_error is None:
+            self._check(input_ids)
+        return self._run(input_ids, None if self.compiled or self.decoder else attention_mask)
+
+    def _check(self, input_ids: torch.Tensor) -> None:
+        """The written-out forward against transformers' on the first row's first tokens
+        (eager, a few ms): a target that passed the shape checks but differs stops here."""
+        ids = input_ids[:1, : min(128, input_ids.shape[1])]
+        reference = target_context(self.target, ids, None, self.layer_ids)
+        got = self.decoder(ids)
+        self.checked_error = matches_reference(got, reference, self.TOLERANCE[self.fp8])
 
     def warm(self, batch_size: int, seq_len: int, device) -> None:
         """Compile and run once with the production shapes (token ids: only the shapes
@@ -224,51 +273,14 @@ _context_forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def context_forward(
-    target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool
+    target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool, fused: bool = False
 ) -> ContextForward:
     """The target's ContextForward for these settings, made once (a compile is kept)."""
-    key = (tuple(layer_ids), compile, fp8)
+    key = (tuple(layer_ids), compile, fp8, fused)
     made = _context_forwards.setdefault(target, {})
     if key not in made:
-        made[key] = ContextForward(target, layer_ids, compile=compile, fp8=fp8)
+        made[key] = ContextForward(target, layer_ids, compile=compile, fp8=fp8, fused=fused)
     return made[key]
-
-
-class Fp8Linear(nn.Module):
-    """A frozen linear layer as an FP8 matmul: weights e4m3 with one scale per output row,
-    activations quantised per token on the fly (torch._scaled_mm on GPUs; dequantised
-    matmul elsewhere, for tests)."""
-
-    MAX = 448.0  # largest finite float8_e4m3fn
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        weight = linear.weight.detach()
-        scale = weight.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / self.MAX
-        self.register_buffer("weight_fp8", (weight.float() / scale).to(torch.float8_e4m3fn))
-        self.register_buffer("weight_scale", scale.t().contiguous())  # [1, out]
-        self.bias = linear.bias
-        self.out_dtype = weight.dtype
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1])
-        scale = rows.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / self.MAX
-        quantised = (rows.float() / scale).to(torch.float8_e4m3fn)
-        if rows.is_cuda:
-            out = torch._scaled_mm(
-                quantised,
-                self.weight_fp8.t(),
-                scale_a=scale,
-                scale_b=self.weight_scale,
-                out_dtype=self.out_dtype,
-            )
-        else:
-            weight = self.weight_fp8.float() * self.weight_scale.t()
-            out = ((quantised.float() * scale) @ weight.t()).to(self.out_dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*shape[:-1], out.shape[-1])
 
 
 def with_fp8_linears(module: nn.Module) -> nn.Module:

@@ -198,7 +198,9 @@ def run_target_loop(
         ctx.gate.mark_warm()
     ctx.gate.wait_all_warm()
     # The crash detector takes a thread's stage from its last stage line.
-    ctx.log.line(stage_line(name, _device_text(device), "running target forwards"))
+    how = ctx.workload.target_forward_text(target, device)
+    running = f"running target forwards ({how})" if how else "running target forwards"
+    ctx.log.line(stage_line(name, _device_text(device), running))
     # A side stream lets target forwards overlap the drafter steps on a shared GPU.
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     timer = TargetTimer(stream)

@@ -145,6 +145,10 @@ class TargetSection(Section):
     # decoder layers (evaluation and the drafter's embedding/LM head stay as loaded)
     compile: bool = False
     fp8: bool = False
+    # GPUs: Llama-shaped targets (llama, qwen2, qwen3) run their layers written out
+    # (context_decoder.py: one q/k/v and one gate/up matmul, SDPA's causal kernel), checked
+    # against transformers' forward at the first call; false: transformers' forward
+    fused: bool = True
 
 
 class DrafterSection(Section):

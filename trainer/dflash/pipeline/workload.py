@@ -152,6 +152,10 @@ class Workload:
     def warm_target(self, target: torch.nn.Module, device: torch.device) -> None:
         pass
 
+    def target_forward_text(self, target: torch.nn.Module, device: torch.device) -> str:
+        """How the target forward runs on `device`, for the run's log ("" to say nothing)."""
+        return ""
+
     # -- drafter (drafter threads)
 
     def build_drafter(self, device: torch.device) -> torch.nn.Module:
