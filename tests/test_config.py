@@ -104,6 +104,11 @@ def test_local_workdir_is_a_local_path(tmp_path):
         (MINIMAL + "run:\n  keep_releases: 0\n", "run.keep_releases: must be at least 1"),
         (MINIMAL + "run:\n  stop_grace_s: -1\n", "run.stop_grace_s: must be 0 or more seconds"),
         (
+            MINIMAL + "run:\n  commit_timeout_s: 0\n",
+            "run.commit_timeout_s: must be more than 0 seconds, got 0",
+        ),
+        (MINIMAL + "run:\n  commit_timeout_s: soon\n", "run.commit_timeout_s: expected a number"),
+        (
             MINIMAL + "trainer:\n  confirm_above_mb: -5\n",
             "trainer.confirm_above_mb: must be 0 or more megabytes",
         ),
@@ -238,7 +243,7 @@ def test_unknown_key_hint_lists_the_allowed_keys(tmp_path):
     assert "unknown key run.keep (did you mean run.keep_releases?)" in str(info.value)
     assert info.value.hint == (
         "allowed keys in run: stop_grace_s, keep_releases, on_exit, retry, hang, gpus, "
-        "start_line, start_timeout_s"
+        "start_line, start_timeout_s, commit_timeout_s"
     )
 
 
@@ -247,6 +252,19 @@ def test_empty_sections_take_the_defaults_and_paths_still_resolve(tmp_path):
     assert config.trainer.source == str(tmp_path / "trainer")
     assert config.run.keep_releases == 5
     assert config.host.known_hosts == str(Path.home() / ".ssh" / "known_hosts")
+
+
+def test_the_commit_timeout_is_how_long_the_nodes_wait_for_each_other(tmp_path):
+    from dflashctl.ops.launch_command import commit_deadline
+
+    default = parse_config(MINIMAL, tmp_path / "d.yaml")
+    assert default.run.commit_timeout_s == 120
+    # On top: the largest upload at 1 MB/s; with nothing to build, half of it.
+    assert commit_deadline(default, 3_000_000) == 123
+    assert commit_deadline(default, 0) == 60
+    short = parse_config(MINIMAL + "run:\n  commit_timeout_s: 8\n", tmp_path / "d.yaml")
+    assert commit_deadline(short, 3_000_000) == 11
+    assert commit_deadline(short, 0) == 4
 
 
 def test_local_relative_workdir_and_python_resolve_against_the_config(tmp_path):

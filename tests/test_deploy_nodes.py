@@ -51,6 +51,7 @@ class TwoNodes:
         self.source = write_trainer(root / "src")
         self.python = {"a": sys.executable, "b": sys.executable}
         self.args = ["--steps", "3", "--sleep", "60", "--on-term", "checkpoint"]
+        self.run = {"stop_grace_s": 5}
         self.write()
 
     def write(self) -> None:
@@ -58,7 +59,7 @@ class TwoNodes:
             "host": {"address": "local"},
             "container": {"vmid": None, "python": sys.executable},
             "trainer": {"source": "src", "entry": "train.py", "args": self.args},
-            "run": {"stop_grace_s": 5},
+            "run": self.run,
             "torchrun": {"nproc_per_node": 1, "address": "127.0.0.1", **job_ports()},
             "nodes": [
                 {"name": name, "container": {"workdir": str(self.workdir(name)), "python": py}}
@@ -273,6 +274,9 @@ def test_a_sigkilled_deploy_leaves_every_node_on_the_same_run(nodes, tmp_path):
     )
     wrapper.chmod(0o755)
     nodes.python["b"] = str(wrapper)
+    # A node left alone at the barrier aborts at its deadline: a short one, so the test
+    # does not wait out the default 120 s (the outcome must agree all the same).
+    nodes.run["commit_timeout_s"] = 15
     nodes.write()
     (nodes.source / "helpers.py").write_text("def greeting():\n    return 'changed'\n")
     proc = subprocess.Popen(

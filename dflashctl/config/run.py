@@ -97,6 +97,10 @@ class RunConfig(Section):
     start_line: str | None = None
     # ... for at most this long (then a warning, exit 0: the run goes on); 0: no wait.
     start_timeout_s: float = 300.0
+    # On several nodes: how long each node, its release built and nothing stopped, waits
+    # at the commit barrier for the others before every node aborts; the largest upload
+    # (at 1 MB/s) and setup.timeout_s come on top. Half of it when nothing is uploaded.
+    commit_timeout_s: float = 120.0
 
     @field_validator("start_line")
     @classmethod
@@ -119,6 +123,16 @@ class RunConfig(Section):
     def _start_timeout(cls, value: float) -> float:
         if value < 0:
             raise invalid(f"must be 0 (no wait) or more seconds, got {value}")
+        return value
+
+    @field_validator("commit_timeout_s")
+    @classmethod
+    def _commit_timeout(cls, value: float) -> float:
+        if not value > 0:
+            raise invalid(
+                f"must be more than 0 seconds, got {value}",
+                "e.g. 120: how long the nodes wait for each other before all of them abort",
+            )
         return value
 
     @field_validator("gpus", mode="before")

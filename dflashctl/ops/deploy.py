@@ -288,7 +288,9 @@ class Execution:
         run_id = runs.new_id()
         meta = dict(self.meta, **self.git.result())
         rendezvous = rendezvous_for(config, nodes)
-        deadline = commit_deadline(max(p.bytes_to_send if p.new_release else 0 for p in plans))
+        deadline = commit_deadline(
+            config, max(p.bytes_to_send if p.new_release else 0 for p in plans)
+        )
         if setup_env.setup_params(config):  # a node may make its venv before it arrives
             deadline += float(setup_env.setup_params(config)["timeout_s"])
         params = {}

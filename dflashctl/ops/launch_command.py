@@ -34,12 +34,6 @@ from dflashctl.remote import agent_client
 from dflashctl.remote.agent_messages import LaunchParams
 from dflashctl.remote.nodes import Node, on_every_node, values_or_raise
 
-# How long a node waits at the commit barrier for the others: their uploads and
-# builds (at 1 MB/s, as the upload's own timeout reckons), on top of this.
-COMMIT_BASE_S = 120.0
-# A launch with nothing to build: every node is about as far along.
-COMMIT_LAUNCH_ONLY_S = 60.0
-
 
 @dataclass(frozen=True)
 class Rendezvous:
@@ -143,12 +137,15 @@ def barrier_program() -> str:
     return folder.joinpath("commit_barrier.py").read_text(encoding="utf-8")
 
 
-def commit_deadline(upload_bytes: int) -> float:
-    """How long the nodes wait for each other at the barrier: room for the largest
-    upload (the slowest node's), less when nothing travels."""
+def commit_deadline(config: Config, upload_bytes: int) -> float:
+    """How long the nodes wait for each other at the barrier: run.commit_timeout_s, plus
+    room for the largest upload (the slowest node's, at 1 MB/s as the upload's own
+    timeout reckons); half of it with nothing to build, when every node is about as far
+    along."""
+    base = config.run.commit_timeout_s
     if not upload_bytes:
-        return COMMIT_LAUNCH_ONLY_S
-    return COMMIT_BASE_S + upload_bytes / 1e6
+        return base / 2
+    return base + upload_bytes / 1e6
 
 
 def node_launch_params(

@@ -290,9 +290,10 @@ def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> 
                     arrival.close()
             counts["bytes"] += moved
             todo = [f for f in todo if f.rel not in done]
-            for f in todo:  # fetched again, whole
+            for f in todo:  # fetched again, whole: counted as fetched, not resumed
                 here.pop(f.rel, None)
                 offsets[f.rel] = 0
+                resumed.discard(f.rel)
             if not todo:
                 break
     if todo:

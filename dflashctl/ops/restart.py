@@ -53,7 +53,7 @@ def restart(
             params[node.index] = node_launch_params(
                 config, nodes, node, run_id, None, rendezvous, meta,
                 extra_args=extra_args or [], fresh=fresh, by="restart", wait=wait,
-                deadline_s=commit_deadline(0)
+                deadline_s=commit_deadline(config, 0)
                 + (float(setup_env.setup_params(config)["timeout_s"])
                    if setup_env.setup_params(config) else 0.0),
             )  # fmt: skip
