@@ -106,7 +106,10 @@ def test_one_node_failing_aborts_the_other_and_both_keep_their_old_run(barrier):
     assert [(place, p["run_id"]) for place, p in scripted.aborts] == [("gpu-a", RUN)]
     assert "node gpu-b failed: no space left on device" in scripted.aborts[0][1]["reason"]
     assert error.node == "gpu-b"
-    assert [(n["node"], n["left"]) for n in error.nodes_json()] == [("gpu-a", OLD_RUN), ("gpu-b", OLD_RUN)]
+    assert [(n["node"], n["left"]) for n in error.nodes_json()] == [
+        ("gpu-a", OLD_RUN),
+        ("gpu-b", OLD_RUN),
+    ]
     assert error.message.startswith(f"run {RUN} was launched nowhere: node gpu-b")
     assert "gpu-a: aborted: nothing stopped" in error.message
     assert "gpu-b: failed: nothing stopped" in error.message
@@ -133,7 +136,10 @@ def test_a_node_lost_after_the_others_committed_committed_too(barrier):
     with pytest.raises(NodesFailed) as failed:
         committing.launch_everywhere(nodes, RUN, call)
     error = failed.value
-    assert [(n["node"], n["left"]) for n in error.nodes_json()] == [("gpu-a", NEW_RUN), ("gpu-b", NEW_RUN)]
+    assert [(n["node"], n["left"]) for n in error.nodes_json()] == [
+        ("gpu-a", NEW_RUN),
+        ("gpu-b", NEW_RUN),
+    ]
     assert error.message.startswith(f"run {RUN} launched on gpu-a, gpu-b but node gpu-b")
     assert "talking to root@gpu-b failed: connection reset by peer" in error.message
     assert "the other nodes committed, so it did too" in error.nodes_json()[1]["detail"]
