@@ -402,7 +402,7 @@ def test_a_torchrun_job_deployed_to_both_nodes_is_one_run_and_stop_ends_it_every
 
 def test_one_node_whose_python_fails_answers_as_a_command_that_failed(tmp_path, monkeypatch):
     """No node answered: the error as that node said it (no node named), and --json's
-    answer for a command that failed before any node answered."""
+    error answer with the node's entry."""
     for project in make_project(tmp_path, monkeypatch, NAMES[:1]):
         config = yaml.safe_load(project.config_path.read_text())
         config["nodes"][0]["container"]["python"] = "/opt/nowhere/python3"
@@ -411,7 +411,9 @@ def test_one_node_whose_python_fails_answers_as_a_command_that_failed(tmp_path, 
             done = dflashctl(project, *command, "--json")
             assert done.returncode == 3, (command, done.stderr)
             answer = json.loads(done.stdout)
-            assert answer["nodes"] == [] and answer["exit_code"] == 3
+            [entry] = answer["nodes"]  # the node, and what failed there
+            assert entry["node"] == "gpu-a" and answer["exit_code"] == 3
+            assert entry["error"]["message"] == answer["error"]
             assert answer["error"].startswith("/opt/nowhere/python3"), answer
             assert "error: /opt/nowhere/python3" in done.stderr
         # status still has the node's container to say, and its runs' error beside it.

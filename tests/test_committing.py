@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from dflashctl.ops import committing
-from dflashctl.ops.committing import NEW_RUN, NOTHING, OLD_RELAUNCHED, OLD_RUN, NodesFailed
+from dflashctl.ops.committing import NEW_RUN, NOTHING, OLD_RELAUNCHED, OLD_RUN
 from dflashctl.remote import agent_client
 from dflashctl.remote.agent_client import AgentFailed
-from dflashctl.remote.nodes import Node
+from dflashctl.remote.nodes import Node, NodesFailed
 from dflashctl.reporting import Reporter
 
 RUN = "20261205-080000-0001"
@@ -106,7 +106,10 @@ def test_one_node_failing_aborts_the_other_and_both_keep_their_old_run(barrier):
     assert [(place, p["run_id"]) for place, p in scripted.aborts] == [("gpu-a", RUN)]
     assert "node gpu-b failed: no space left on device" in scripted.aborts[0][1]["reason"]
     assert error.node == "gpu-b"
-    assert [(n.node, n.left) for n in error.nodes] == [("gpu-a", OLD_RUN), ("gpu-b", OLD_RUN)]
+    assert [(n["node"], n["left"]) for n in error.nodes_json()] == [
+        ("gpu-a", OLD_RUN),
+        ("gpu-b", OLD_RUN),
+    ]
     assert error.message.startswith(f"run {RUN} was launched nowhere: node gpu-b")
     assert "gpu-a: aborted: nothing stopped" in error.message
     assert "gpu-b: failed: nothing stopped" in error.message
@@ -133,10 +136,13 @@ def test_a_node_lost_after_the_others_committed_committed_too(barrier):
     with pytest.raises(NodesFailed) as failed:
         committing.launch_everywhere(nodes, RUN, call)
     error = failed.value
-    assert [(n.node, n.left) for n in error.nodes] == [("gpu-a", NEW_RUN), ("gpu-b", NEW_RUN)]
+    assert [(n["node"], n["left"]) for n in error.nodes_json()] == [
+        ("gpu-a", NEW_RUN),
+        ("gpu-b", NEW_RUN),
+    ]
     assert error.message.startswith(f"run {RUN} launched on gpu-a, gpu-b but node gpu-b")
     assert "talking to root@gpu-b failed: connection reset by peer" in error.message
-    assert "the other nodes committed, so it did too" in error.nodes[1].detail
+    assert "the other nodes committed, so it did too" in error.nodes_json()[1]["detail"]
 
 
 def test_a_rollback_names_the_node_whose_launch_failed_not_the_one_it_took_down(barrier):
@@ -151,11 +157,11 @@ def test_a_rollback_names_the_node_whose_launch_failed_not_the_one_it_took_down(
         committing.launch_everywhere(nodes, RUN, call)
     error = failed.value
     assert error.node == "gpu-b"
-    assert [n.left for n in error.nodes] == [NOTHING, OLD_RELAUNCHED]
-    assert error.nodes[0].detail == (
+    assert [n["left"] for n in error.nodes_json()] == [NOTHING, OLD_RELAUNCHED]
+    assert error.nodes_json()[0]["detail"] == (
         f"run {RUN} was stopped there, as another node could not launch it; nothing runs there"
     )
-    assert error.nodes[1].detail == (
+    assert error.nodes_json()[1]["detail"] == (
         "its launch failed after the old run was stopped; the previous release runs again"
     )
     assert "could not start on node gpu-b (CT 200 on root@gpu-b), so it was taken down" in (
@@ -177,18 +183,20 @@ def test_a_node_that_cannot_be_told_to_abort_is_named_and_decides_at_its_deadlin
 
     with pytest.raises(NodesFailed) as failed:
         committing.launch_everywhere(nodes, RUN, call, said)
-    assert [n.left for n in failed.value.nodes] == [OLD_RUN, OLD_RUN]
+    assert [n["left"] for n in failed.value.nodes_json()] == [OLD_RUN, OLD_RUN]
     assert len(said.warnings) == 1
     assert said.warnings[0].startswith("could not tell node gpu-a (CT 200 on root@gpu-a) to abort")
     assert said.warnings[0].endswith("it decides with the others at its deadline")
 
 
-def test_one_node_raises_its_own_error_unchanged(barrier):
+def test_one_node_says_its_own_error_and_has_nobody_to_abort(barrier):
     nodes, scripted = barrier
 
     def call(node):
         raise AgentFailed("bad config")
 
-    with pytest.raises(AgentFailed, match="bad config"):
+    with pytest.raises(NodesFailed) as failed:
         committing.launch_everywhere(nodes[:1], RUN, call)
+    assert failed.value.message == "bad config" and isinstance(failed.value.cause, AgentFailed)
+    assert [(n["node"], n["left"]) for n in failed.value.nodes_json()] == [("gpu-a", OLD_RUN)]
     assert scripted.aborts == []

@@ -168,3 +168,53 @@ def test_every_command_on_the_test_host(container, write_config, tmp_path):
     check(answer, "doctor", nodes=1)
     code, answer = cli(config, "stop")
     assert code == 0 and len(check(answer, "stop", nodes=1)["nodes"][0]["stopped"]) == 1
+
+
+def keys(value, at: str = "") -> set[str]:
+    """Every key path of a JSON value; the items of `nodes` and `checks` under `[]`
+    (the entries every answer has); another list's items depend on what there was."""
+    if isinstance(value, dict):
+        found = set()
+        for key, item in value.items():
+            # A run's `meta` is what its launch recorded (torchrun's place on several).
+            below = keys(item, f"{at}.{key}") if key != "meta" else set()
+            found |= {f"{at}.{key}"} | below
+        return found
+    if isinstance(value, list) and at.rsplit(".", 1)[-1] in ("nodes", "checks"):
+        return set().union(set(), *(keys(item, f"{at}[]") for item in value))
+    return set()
+
+
+# Every command with --json whose answer a project of local nodes can give, and what
+# it runs after a deploy (--detach); logs' answer is made in follow/.
+ANSWERS = [
+    ("deploy", ("deploy", "--detach")),
+    ("restart", ("restart", "--detach")),
+    ("status", ("status",)),
+    ("runs", ("runs",)),
+    ("runs", ("runs", "--prune", "0", "--dry-run")),
+    ("runs show", ("runs", "show")),
+    ("stacks", ("stacks", "--wait", "2")),
+    ("doctor", ("doctor",)),
+    ("stop", ("stop",)),
+]
+
+
+def test_every_answer_has_the_same_keys_for_one_node_and_for_two(tmp_path, monkeypatch):
+    """The real commands' answers on one node and on two: the same key paths in the
+    document and in each entry of `nodes` (and in doctor's checks, deploy's result...)."""
+    from tests.test_commands_on_nodes import NAMES, dflashctl, make_project
+
+    answers: dict[int, list[dict]] = {}
+    for count in (1, 2):
+        for project in make_project(tmp_path / str(count), monkeypatch, NAMES[:count]):
+            answers[count] = []
+            for command, args in ANSWERS:
+                done = dflashctl(project, *args, "--json")
+                answer = json.loads(done.stdout)
+                assert answer["command"] == command, (args, done.stderr[-2000:])
+                answers[count].append(answer)
+    for (_, args), one, two in zip(ANSWERS, answers[1], answers[2], strict=True):
+        assert keys(one) == keys(two), (args, keys(one) ^ keys(two))
+        entries = [keys(entry) for entry in (*one["nodes"], *two["nodes"])]
+        assert all(e == entries[0] for e in entries), (args, entries)

@@ -6,6 +6,7 @@ with `ast`, as a reviewer would."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -182,6 +183,88 @@ def test_no_module_over_the_line_limit():
 def test_one_path_for_one_node_and_many():
     flagged = [rel(p) for p in source_files() if "multi_node" in p.read_text()]
     assert flagged == []
+
+
+# What a list of nodes (or their outcomes, targets, fleet) is called: comparing its
+# length forks one node from several.
+FLEET_NAMES = re.compile(r"nodes|targets|fleet|outcomes", re.IGNORECASE)
+# Where the node count may be asked, as (module, function; "*" for the whole module):
+# the decision whether to name a node when saying something, and the launch (torchrun's
+# flags, the rendezvous and the commit barrier: only nodes that meet need them).
+COUNT_MAY_BE_ASKED = {
+    ("dflashctl/remote/nodes.py", "names_each_node"),
+    ("dflashctl/ops/launch_command.py", "*"),
+    # Following a run across nodes (follow/, crash/ranks.py) is being made one path
+    # elsewhere; it leaves this list once it no longer forks.
+    ("dflashctl/crash/ranks.py", "node_of"),
+    ("dflashctl/follow/fleet.py", "*"),
+    ("dflashctl/follow/fleet_report.py", "lone"),
+    ("dflashctl/follow/start_gate.py", "report"),
+}
+
+
+def node_count_forks(tree: ast.AST) -> list[tuple[str, int, str]]:
+    """Every comparison (==, !=, <, >, <=, >=, in any chain) with `len(<a list of
+    nodes>)` on a side: (the function it is in, its line, its text)."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = (
+                child.name
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+                else function
+            )
+            if isinstance(child, ast.Compare):
+                for side in (child.left, *child.comparators):
+                    if (
+                        isinstance(side, ast.Call)
+                        and isinstance(side.func, ast.Name)
+                        and side.func.id == "len"
+                        and side.args
+                        and FLEET_NAMES.search(ast.unparse(side.args[0]))
+                    ):
+                        found.append((inside, child.lineno, ast.unparse(child)))
+            visit(child, inside)
+
+    visit(tree, "*")
+    return found
+
+
+def forks_outside_the_allow_list(path: str, text: str) -> list[str]:
+    return [
+        f"{path}:{line} in {function}: {code}"
+        for function, line, code in node_count_forks(ast.parse(text))
+        if (path, function) not in COUNT_MAY_BE_ASKED and (path, "*") not in COUNT_MAY_BE_ASKED
+    ]
+
+
+def test_the_node_count_is_asked_only_where_the_launch_or_the_wording_needs_it():
+    """A fleet of one takes the path of many: `names_each_node` decides whether a line
+    names its node; anything else that compares a node list's length is a fork."""
+    flagged = [
+        f for p in source_files() for f in forks_outside_the_allow_list(rel(p), p.read_text())
+    ]
+    assert flagged == [], "use remote.nodes.names_each_node, or one path for any count"
+
+
+def test_the_fork_finder_finds_a_fork():
+    snippet = (
+        "def status(outcomes, cfg):\n"
+        "    if len(outcomes) == 1:\n"
+        "        return outcomes[0]\n"
+        "    several = 1 < len(cfg.nodes)\n"
+        "    return len(targets) >= 2 or len(rows) > 1\n"
+    )
+    found = forks_outside_the_allow_list("dflashctl/commands/status.py", snippet)
+    assert [f.split(": ", 1)[0] for f in found] == [
+        "dflashctl/commands/status.py:2 in status",
+        "dflashctl/commands/status.py:4 in status",
+        "dflashctl/commands/status.py:5 in status",
+    ]
+    helper = "def names_each_node(nodes):\n    return len(nodes) > 1\n"
+    assert forks_outside_the_allow_list("dflashctl/remote/nodes.py", helper) == []
+    assert forks_outside_the_allow_list("dflashctl/commands/stop.py", helper) != []
 
 
 UI = "dflashctl/ui/"

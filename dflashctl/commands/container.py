@@ -80,7 +80,7 @@ def create_command(config: ConfigOption = None, dry_run: DryRunOption = False) -
     from dflashctl.config.schema import load_config
     from dflashctl.errors import ConfigError
     from dflashctl.remote.connect import as_host_error
-    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.remote.nodes import names_each_node, node_sessions
 
     cfg = load_config(config)
     if any(node.container.vmid is None for node in cfg.node_configs()):
@@ -90,7 +90,7 @@ def create_command(config: ConfigOption = None, dry_run: DryRunOption = False) -
         )
     with node_sessions(cfg) as nodes:
         for node in nodes:
-            if len(nodes) > 1:
+            if names_each_node(nodes):
                 terminal.out.print(f"[bold]{escape(node.describe())}[/bold]")
             with as_host_error(node.target):
                 _create_node(node.config, node.target, dry_run)

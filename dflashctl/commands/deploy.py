@@ -17,7 +17,6 @@ from dflashctl.commands.common import (
 )
 from dflashctl.config.schema import load_config
 from dflashctl.ui import terminal
-from dflashctl.ui.json_output import node_name_of
 
 
 def deploy(
@@ -74,7 +73,7 @@ def deploy(
     if dry_run:
         show_plan(summary)
     if json_output:
-        terminal.print_json(summary, command="deploy", node=node_name_of(cfg))
+        terminal.print_json(summary, command="deploy")
     if code:
         raise typer.Exit(code)
 
@@ -84,11 +83,12 @@ def show_plan(summary: dict[str, Any]) -> None:
     headed by its node when there are several."""
     from dflashctl.humanize import human_bytes
     from dflashctl.ops.launching import describe_start, describe_target_to_stop
+    from dflashctl.remote.nodes import names_each_node
 
-    entries = summary.get("nodes") or [summary]
+    entries = summary["nodes"]
     out = terminal.out
     for entry in entries:
-        if len(entries) > 1:
+        if names_each_node(entries):
             out.print(
                 f"[bold]node {entry['node']} ({entry['target']})[/bold] "
                 f"(node rank {entry['node_rank']})"

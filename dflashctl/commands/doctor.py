@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from dflashctl.commands.common import ConfigOption, JsonOption
-from dflashctl.errors import EXIT_OK, ConfigError, DflashError, UsageError
+from dflashctl.errors import EXIT_OK, ConfigError, UsageError
 from dflashctl.ops.doctor_checks import (
     FAIL,
     NODE_CHECKS,
@@ -27,12 +27,13 @@ from dflashctl.ops.doctor_checks import (
     source_check,
 )
 from dflashctl.ui import terminal
-from dflashctl.ui.json_output import node_name_of
 
 
 def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Doctor:
     from dflashctl.config.schema import load_config
     from dflashctl.ops import doctor_nodes
+    from dflashctl.ops.launch_command import meet
+    from dflashctl.remote.nodes import names_each_node
 
     doctor = Doctor(on_check)
     try:
@@ -44,22 +45,16 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
     source_check(doctor, config)
-    several = len(config.nodes) > 1
-    with terminal.spinner(f"checking {len(config.nodes)} nodes") if several else _nothing():
-        checkups = doctor_nodes.check_every_node(config, doctor)
+    if isinstance(on_check, GroupedPrinter):
+        on_check.headings = names_each_node(config.nodes)
+    checkups = doctor_nodes.check_every_node(config, doctor)
     try:
-        if several:
+        if meet(config.nodes):
             with terminal.spinner("checking the rendezvous"):
                 doctor_nodes.check_across_nodes(doctor, config, checkups)
     finally:
         doctor_nodes.close_checkups(checkups)
     return doctor
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------- output
@@ -83,14 +78,15 @@ def print_check(check: Check, indent: str = "") -> None:
 
 class GroupedPrinter:
     """print_check, with a heading before each node's checks and before the checks
-    across the nodes that follow them (a config without `nodes:` has no headings)."""
+    across the nodes that follow them (a fleet of one has no headings)."""
 
     def __init__(self) -> None:
         self._group: str | None = None
         self._grouped = False
+        self.headings = False  # set once the config is read
 
     def __call__(self, check: Check) -> None:
-        if check.node != self._group and (check.node is not None or self._grouped):
+        if self.headings and check.node != self._group:
             heading = f"node {check.node}" if check.node is not None else "across the nodes"
             terminal.out.print(f"[bold]{escape(heading)}[/bold]")
             self._group, self._grouped = check.node, True
@@ -128,7 +124,7 @@ def doctor(
         fixing = fix_all(config, yes)  # a refused fix fails doctor even where checks pass
     result = run_checks(config, (lambda check: None) if as_json else GroupedPrinter())
     if as_json:
-        terminal.print_json(_doctor_json(result, config), command="doctor")
+        terminal.print_json(_doctor_json(result), command="doctor")
     else:
         failed = sum(c.status == FAIL for c in result.checks)
         if failed:
@@ -138,38 +134,23 @@ def doctor(
     raise typer.Exit(result.exit_code or fixing)
 
 
-def _doctor_json(result, config_path) -> dict[str, Any]:
+def _doctor_json(result) -> dict[str, Any]:
     """Each node's checks in its entry of `nodes`; the checks across the nodes (the
     rendezvous port, agreement) and the config's own at the top level."""
     per_node: dict[str, list[dict[str, Any]]] = {}
     across: list[dict[str, Any]] = []
-    names = {c.node for c in result.checks if c.node is not None}
-    single = _single_node_name(config_path) if not names else None
     for check in result.checks:
         data = _check_json(check)
-        name = check.node if check.node is not None else single
-        if name is None or (check.node is None and names):
+        if check.node is None:
             across.append(data)
         else:
-            per_node.setdefault(name, []).append(data)
-    if single is not None and not per_node:
-        per_node[single] = []
+            per_node.setdefault(check.node, []).append(data)
     return {
         "ok": result.exit_code == EXIT_OK,
         "exit_code": result.exit_code,
         "checks": across,
         "nodes": [{"node": name, "checks": checks} for name, checks in per_node.items()],
     }
-
-
-def _single_node_name(config_path) -> str:
-    """The one node's name, or what to call it when the config cannot be read."""
-    from dflashctl.config.schema import load_config
-
-    try:
-        return node_name_of(load_config(config_path)) or "local"
-    except DflashError:
-        return "local"
 
 
 def _check_json(check: Check) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from dflashctl.commands.common import (
 )
 from dflashctl.config.schema import load_config
 from dflashctl.ui import terminal
-from dflashctl.ui.json_output import node_name_of
 
 
 def restart(
@@ -40,7 +39,7 @@ def restart(
         report=terminal.TerminalReporter(),
     )
     if json_output:
-        terminal.print_json(summary, command="restart", node=node_name_of(cfg))
+        terminal.print_json(summary, command="restart")
     if code:
         raise typer.Exit(code)
 

@@ -56,8 +56,12 @@ def runs(
     With --prune KEEP, remove the folders of ended runs beyond the newest KEEP instead.
     `runs show RUN` draws one run's curves. With several nodes: every node's runs, a
     row per node (--prune: on every node)."""
-    from dflashctl.remote.node_errors import first_failure, nobody_answered
-    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.remote.nodes import (
+        fleet_failure,
+        names_each_node,
+        nobody_answered,
+        node_sessions,
+    )
     from dflashctl.runs.view import list_every_node
 
     if ctx.invoked_subcommand is not None:
@@ -75,12 +79,12 @@ def runs(
         return
     with node_sessions(cfg) as nodes:
         outcomes = list_every_node(nodes)
-    failure = first_failure(outcomes, "listing runs")
+    failure = fleet_failure(outcomes, "listing runs")
     if failure is not None and nobody_answered(outcomes):
         raise failure
     if json_output:
         terminal.print_json({"nodes": [_runs_json(o) for o in outcomes]}, command="runs")
-    elif len(outcomes) > 1:
+    elif names_each_node(outcomes):
         _print_every_node(outcomes)
     else:
         _print_one_node(outcomes[0])
@@ -89,7 +93,7 @@ def runs(
 
 
 def _runs_json(outcome: NodeOutcome[list[RunInfo]]) -> dict:
-    from dflashctl.remote.node_errors import error_json
+    from dflashctl.remote.nodes import error_json
 
     return {
         "node": outcome.node.name,
@@ -145,7 +149,7 @@ def _print_one_node(outcome: NodeOutcome[list[RunInfo]]) -> None:
 
 
 def _print_every_node(outcomes: list[NodeOutcome[list[RunInfo]]]) -> None:
-    from dflashctl.remote.node_errors import error_text
+    from dflashctl.remote.nodes import error_text
     from dflashctl.runs.view import continues, grouped_rows
     from dflashctl.ui.tables import Column, Row, print_table
 
@@ -195,15 +199,20 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
     """`--prune KEEP` on every node (KEEP per node): with --yes or --dry-run one round
     trip each; otherwise every node's list, one question, then exactly the runs listed
     are removed. A node that cannot be reached: the others are still pruned."""
-    from dflashctl.remote.node_errors import error_json, error_text, first_failure, nobody_answered
-    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.remote.nodes import (
+        error_json,
+        error_text,
+        fleet_failure,
+        nobody_answered,
+        node_sessions,
+    )
     from dflashctl.runs.view import combined, prune_every_node
 
     with node_sessions(cfg) as nodes:
         place = _places(nodes)
         dry = dry_run or not yes
         outcomes = prune_every_node(nodes, keep, dry=dry)
-        failure = first_failure(outcomes, "pruning runs")
+        failure = fleet_failure(outcomes, "pruning runs")
         if failure is not None and nobody_answered(outcomes):
             raise failure
         if not (yes or dry_run):
@@ -219,8 +228,7 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
                     return
                 listed = {name: [r["id"] for r in p.removed] for name, p in plans.items()}
                 outcomes = prune_every_node(nodes, keep, dry=False, only=listed)
-                failure = first_failure(outcomes, "pruning runs")
-    several = len(outcomes) > 1
+                failure = fleet_failure(outcomes, "pruning runs")
     for outcome in outcomes:
         if outcome.value is not None:
             _show_prune_plan(outcome.value, place[outcome.node.name], keep, dry=outcome.value.dry)
@@ -233,9 +241,7 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
             entries.append(
                 {
                     "node": outcome.node.name,
-                    "target": place[outcome.node.name]
-                    if several
-                    else outcome.node.target.describe(),
+                    "target": place[outcome.node.name],
                     "dry_run": plan.dry if plan else dry,
                     "removed": plan.removed if plan else [],
                     "bytes": plan.bytes if plan else 0,
@@ -250,8 +256,10 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
 
 def _places(nodes: list[Node]) -> dict[str, str]:
     """What the prune lines call each node: its place, with its name when there are several."""
-    if len(nodes) == 1:
-        return {nodes[0].name: nodes[0].target.describe()}
+    from dflashctl.remote.nodes import names_each_node
+
+    if not names_each_node(nodes):
+        return {n.name: n.target.describe() for n in nodes}
     return {n.name: f"{n.name} ({n.target.describe()})" for n in nodes}
 
 

@@ -46,7 +46,7 @@ def show(
 ) -> None:
     """A run's state, config, lineage and loss, tau~ and tokens/s curves (two: compared)."""
     from dflashctl.config.schema import load_config
-    from dflashctl.remote.nodes import node_sessions
+    from dflashctl.remote.nodes import names_each_node, node_sessions
     from dflashctl.runs.metrics import read_curves
 
     if json_output:
@@ -59,7 +59,7 @@ def show(
     # (the top-level sections are that node's), so this reads the first node alone.
     first = cfg.nodes[0].label()
     note = None
-    if len(cfg.nodes) > 1:
+    if names_each_node(cfg.nodes):
         note = (
             f"metrics from the first node, {first}: rank 0 writes them there "
             f"({len(cfg.nodes)} nodes; every node's state: {hints.command('runs')})"
@@ -76,8 +76,7 @@ def show(
     if json_output:
         answer: dict[str, Any] = {"node": first, "target": place}
         answer["runs"] = [c.to_json() for c in curves]
-        if note is not None:
-            answer["note"] = note
+        answer["note"] = note  # null on one node: every answer has the same keys
         terminal.print_json({"nodes": [answer]}, command="runs show")
         return
     if note is not None:

@@ -27,14 +27,14 @@ def stacks(
     its hang watchdog and the NCCL flight recorder dumped: where a hanging run is stuck."""
     from dflashctl.config.schema import load_config
     from dflashctl.ops.stacks import analyse_together, stacks_of_every_node
-    from dflashctl.remote.node_errors import error_json, first_failure, nobody_answered
+    from dflashctl.remote.nodes import error_json, fleet_failure, names_each_node, nobody_answered
 
     if not wait > 0:
         raise UsageError(f"--wait must be more than 0 seconds, got {wait:g}")
     if json_output:
         terminal.set_quiet_stdout(True)
     outcomes = stacks_of_every_node(load_config(config), run_id, wait)
-    failure = first_failure(outcomes, "asking for stacks")
+    failure = fleet_failure(outcomes, "asking for stacks")
     if failure is not None and nobody_answered(outcomes):
         raise failure
     analysis = analyse_together(outcomes)  # every node's ranks as one job
@@ -45,7 +45,7 @@ def stacks(
         ]
         terminal.print_json({"nodes": entries, "analysis": analysis}, command="stacks")
     else:
-        several = len(outcomes) > 1
+        several = names_each_node(outcomes)
         for outcome in outcomes:
             if outcome.value is not None:
                 print_answer(outcome.value, outcome.node.name if several else None)

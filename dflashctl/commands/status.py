@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from dflashctl.commands.common import ConfigOption, JsonOption
-from dflashctl.errors import EXIT_HOST, HostError
+from dflashctl.errors import HostError
 from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
@@ -40,8 +40,7 @@ def print_status(status: dict[str, Any]) -> None:
             f"({escape(holder['run_dir'])})"
         )
     run = status["active_run"]
-    if status["active_run_error"]:
-        terminal.error(status["active_run_error"]["message"], status["active_run_error"]["hint"])
+    if status["active_run_error"]:  # the command's error says it
         return
     if run is None:
         if container is not None and container["status"] != "running":
@@ -92,7 +91,7 @@ def state_of(report: dict[str, Any]) -> tuple[str, str]:
 
 def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
     """A row per node: where it is, its container, the release, the active run, its state."""
-    from dflashctl.remote.node_errors import error_text
+    from dflashctl.remote.nodes import error_text
     from dflashctl.ui.tables import Column, Row, print_table
 
     rows = []
@@ -128,7 +127,7 @@ def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:
 
 def node_json(outcome: NodeOutcome[dict[str, Any]]) -> dict[str, Any]:
     """A node's status named by its node (its Proxmox node is `proxmox_node`)."""
-    from dflashctl.remote.node_errors import error_json
+    from dflashctl.remote.nodes import error_json
 
     report = dict(outcome.value or {"target": outcome.node.target.describe()})
     proxmox_node = report.pop("node", None)
@@ -144,35 +143,30 @@ def status(config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Show the container's state, its uptime and the active run (a row per node)."""
     from dflashctl.config.schema import load_config
     from dflashctl.ops.status import status_of_every_node
-    from dflashctl.remote.node_errors import NodesFailed, first_failure, nobody_answered
+    from dflashctl.remote.nodes import NodeOutcome, fleet_failure, names_each_node, nobody_answered
 
     outcomes = status_of_every_node(load_config(config))
-    failure = first_failure(outcomes, "status")
+    failure = fleet_failure(outcomes, "status")
     if failure is not None and nobody_answered(outcomes):
         raise failure
-    several = len(outcomes) > 1
     if as_json:
         terminal.print_json({"nodes": [node_json(o) for o in outcomes]}, command="status")
-    elif several:
+    elif names_each_node(outcomes):
         print_rows(outcomes)
     else:
         print_status(outcomes[0].value)
     if failure is not None:
         raise failure
-    unreadable = [o for o in outcomes if o.value and o.value["active_run_error"]]
-    if not unreadable:
-        return
-    if not several:  # print_status said it (or --json has it)
-        raise typer.Exit(EXIT_HOST)
-    # The container answered, its runs could not be read.
-    problem = unreadable[0].value["active_run_error"]
-    raise NodesFailed(
-        unreadable[0].node.name,
-        unreadable[0].node.target.describe(),
-        "status",
-        HostError(problem["message"], hint=problem["hint"]),
-        [o.node.name for o in unreadable[1:]],
-    )
+    # A container that answered, its runs unread: that node failed its status.
+    unread = [
+        NodeOutcome(o.node, o.value, HostError(**o.value["active_run_error"]))
+        if o.value and o.value["active_run_error"]
+        else o
+        for o in outcomes
+    ]
+    failure = fleet_failure(unread, "status")
+    if failure is not None:
+        raise failure
 
 
 def register(app: typer.Typer) -> None:

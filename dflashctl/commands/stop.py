@@ -27,20 +27,20 @@ def stop(
 ) -> None:
     """Stop the active run and any process running the entry script by hand (on every node)."""
     from dflashctl.ops.stop import stop_every_node, stuck_error
-    from dflashctl.remote.node_errors import error_json, first_failure, nobody_answered
+    from dflashctl.remote.nodes import error_json, fleet_failure, names_each_node, nobody_answered
 
     if grace is not None and grace < 0:
         raise UsageError(f"--grace must be 0 or more seconds, got {grace:g}")
     if json_output:
         terminal.set_quiet_stdout(True)
     cfg = load_config(config)
-    several = len(cfg.nodes) > 1
+    several = names_each_node(cfg.nodes)
     with terminal.step(
         f"stopping runs on {len(cfg.nodes)} nodes" if several else "stopping runs"
     ) as step:
         results = stop_every_node(cfg, grace_s=grace)
         outcomes = [r.outcome for r in results]
-        failure = first_failure(outcomes, "stopping runs")
+        failure = fleet_failure(outcomes, "stopping runs")
         if failure is not None and nobody_answered(outcomes):
             raise failure
         step["done"] = _done_line(results, several)
@@ -73,7 +73,7 @@ def _print_stopped(results, several: bool) -> None:
     """A line per stopped process; with several nodes each line names its node, and a
     node that stopped nothing or failed says so."""
     from dflashctl.ops.stop import describe_stopped
-    from dflashctl.remote.node_errors import error_text
+    from dflashctl.remote.nodes import error_text
 
     for result in results:
         prefix = f"{result.node}: " if several else ""

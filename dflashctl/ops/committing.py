@@ -1,8 +1,8 @@
 """Every node's launch call at once, and what a failure left on each node.
 
-On one node the call is made as it is and its error raised unchanged. On several,
-every node's agent waits at the commit barrier (ops/launch_command.py) before it stops
-anything, so the containers, not this process, decide whether all of them launch:
+Where the nodes meet (ops/launch_command.py: several nodes), every node's agent waits
+at the commit barrier before it stops anything, so the containers, not this process,
+decide whether all of them launch:
 
   - when a node's call fails, the others are told to abort (the agent's `abort` verb,
     best effort): those still waiting at the barrier then abort, and every node keeps
@@ -11,8 +11,8 @@ anything, so the containers, not this process, decide whether all of them launch
     a lost connection can undo it; a node whose connection was lost while the others
     committed committed too (the decision needed it), and the error says so.
 
-The error (NodesFailed) carries, for every node, its name, what it answered and what
-it left, as data; its message is written from them.
+The error (NodesFailed) carries, for every node, its outcome and what it left, as
+data; its message is written from them (a fleet of one: the node's own error's).
 """
 
 from __future__ import annotations
@@ -20,12 +20,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
-from dflashctl.errors import DflashError, HostError
+from dflashctl.errors import DflashError
+from dflashctl.ops.launch_command import meet
 from dflashctl.remote import agent_client
 from dflashctl.remote.agent_messages import LaunchAnswer
-from dflashctl.remote.nodes import Node, on_every_node
+from dflashctl.remote.nodes import (
+    Node,
+    NodeOutcome,
+    NodesFailed,
+    error_text,
+    names_each_node,
+    on_every_node,
+)
 from dflashctl.reporting import SILENT, Reporter
 
 # What a node left, in the words the error and --json use.
@@ -45,47 +52,36 @@ class NodeLeft:
     error: BaseException | None
     detail: str  # one sentence: what happened there
 
-    def to_json(self) -> dict[str, Any]:
-        from dflashctl.remote.node_errors import error_json
 
-        return {
-            "node": self.node,
-            "left": self.left,
-            "detail": self.detail,
-            "error": error_json(self.error),
-        }
-
-
-class NodesFailed(DflashError):
-    """A launch across nodes that did not happen (or not everywhere): `node` is the
-    first node that failed, `nodes` what each node left."""
-
-    def __init__(self, run_id: str, failed: Node, nodes: list[NodeLeft]) -> None:
-        cause = next(n.error for n in nodes if n.node == failed.name)
-        committed = [n.node for n in nodes if n.left == NEW_RUN]
-        rolled_back = any(n.left in (OLD_RELAUNCHED, NOTHING) for n in nodes)
-        if committed:
-            head = f"run {run_id} launched on {', '.join(committed)} but {failed.describe()} failed"
-        elif rolled_back:
-            head = (
-                f"run {run_id} could not start on {failed.describe()}, so it was taken down "
-                "on every node"
-            )
-        else:
-            head = f"run {run_id} was launched nowhere: {failed.describe()} failed"
-        text = cause.message if isinstance(cause, DflashError) else str(cause)
-        lines = "\n".join(f"  {n.node}: {n.detail}" for n in nodes)
-        super().__init__(
-            f"{head}: {text}\nwhat each node left:\n{lines}",
-            hint=getattr(cause, "hint", None) or "fix what the error names, then deploy again",
+def launch_failed(run_id: str, outcomes: list[NodeOutcome], first: Node, nodes: list[NodeLeft]):
+    """A launch across nodes that did not happen (or not everywhere): `first` is the
+    node whose own step failed, `nodes` what each node left."""
+    cause = next(n.error for n in nodes if n.node == first.name)
+    committed = [n.node for n in nodes if n.left == NEW_RUN]
+    rolled_back = any(n.left in (OLD_RELAUNCHED, NOTHING) for n in nodes)
+    if committed:
+        head = f"run {run_id} launched on {', '.join(committed)} but {first.describe()} failed"
+    elif rolled_back:
+        head = (
+            f"run {run_id} could not start on {first.describe()}, so it was taken down "
+            "on every node"
         )
-        self.node = failed.name
-        self.nodes = nodes
-        self.exit_code = getattr(cause, "exit_code", HostError.exit_code)
-
-    def nodes_json(self) -> list[dict[str, Any]]:
-        """--json's `nodes` of the error answer: what each node left."""
-        return [n.to_json() for n in self.nodes]
+    else:
+        head = f"run {run_id} was launched nowhere: {first.describe()} failed"
+    lines = "\n".join(f"  {n.node}: {n.detail}" for n in nodes)
+    message = error_text(cause)
+    if names_each_node(nodes):  # one node's own error says it all
+        message = f"{head}: {message}\nwhat each node left:\n{lines}"
+    failure = NodesFailed(
+        outcomes,
+        "launching",
+        first=next(o for o in outcomes if o.node is first),
+        message=message,
+        facts={n.node: {"left": n.left, "detail": n.detail} for n in nodes},
+    )
+    if failure.hint is None and names_each_node(nodes):
+        failure.hint = "fix what the error names, then deploy again"
+    return failure
 
 
 def launch_everywhere(
@@ -95,8 +91,6 @@ def launch_everywhere(
     report: Reporter = SILENT,
 ) -> list[LaunchAnswer]:
     """`call(node)` on every node at once; every answer, or NodesFailed."""
-    if len(nodes) == 1:
-        return [call(nodes[0])]
     pool = ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="launch")
     futures = {node.index: pool.submit(_guarded, node, call) for node in nodes}
     aborted = False
@@ -111,7 +105,8 @@ def launch_everywhere(
                 abort_others(nodes, [n for n in nodes if n not in failed], run_id, why, report)
     except KeyboardInterrupt:
         # Nothing decided yet: abort everywhere; decided: the nodes finish without us.
-        abort_others(nodes, nodes, run_id, "the deploy was interrupted (Ctrl-C)", report)
+        if meet(nodes):  # a node that meets nobody has no barrier to abort at
+            abort_others(nodes, nodes, run_id, "the deploy was interrupted (Ctrl-C)", report)
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
@@ -157,6 +152,7 @@ def abort_others(
 
 
 def _failure(nodes, run_id, futures, errors) -> NodesFailed:
+    outcomes = [NodeOutcome(n, value=None, error=errors[n.index]) for n in nodes]
     committed = any(err is None for err in errors.values())
     left = []
     for node in nodes:
@@ -206,7 +202,7 @@ def _failure(nodes, run_id, futures, errors) -> NodesFailed:
         ),
         next(n for n in nodes if errors[n.index] is not None),
     )
-    return NodesFailed(run_id, first, left)
+    return launch_failed(run_id, outcomes, first, left)
 
 
 def rolled_back(node: Node, error: BaseException, run_id: str) -> NodeLeft:

@@ -42,7 +42,7 @@ from dflashctl.errors import DflashError, HostError
 from dflashctl.humanize import human_bytes
 from dflashctl.ops import early_upload, releases, setup_env
 from dflashctl.ops.archive import Archive
-from dflashctl.ops.committing import NodesFailed, launch_everywhere
+from dflashctl.ops.committing import launch_everywhere
 from dflashctl.ops.deploy_plan import (  # noqa: F401 - DeployOptions, inspect, preflight: the API
     DeployOptions,
     Plan,
@@ -70,7 +70,14 @@ from dflashctl.ops.source_cache import SourceCache
 from dflashctl.remote import agent_client, pct
 from dflashctl.remote.agent_messages import LaunchAnswer, LaunchParams
 from dflashctl.remote.deploy_target import Target
-from dflashctl.remote.nodes import Node, node_sessions, on_every_node
+from dflashctl.remote.nodes import (
+    Node,
+    NodesFailed,
+    names_each_node,
+    node_sessions,
+    on_every_node,
+    values_or_raise,
+)
 from dflashctl.reporting import SILENT, Reporter
 from dflashctl.runs import records as runs
 
@@ -217,7 +224,7 @@ def deploy(
                 biggest = max(plans, key=lambda p: p.bytes_to_send)
                 confirm_size(config, biggest, yes=options.yes, report=report)
                 summary = run.execute(nodes, plans, lasts)
-            for entry in summary.get("nodes") or [summary]:
+            for entry in summary["nodes"]:
                 entry["left_out"] = skipped.names()
             remember_uploads(config, nodes, verb)
             return follow_unless_detached(
@@ -246,10 +253,9 @@ def remember_uploads(config: Config, nodes: list[Node], verb: str) -> None:
 def stale_nodes(exc: DflashError, nodes: list[Node], lasts: list[Any]) -> list[Node]:
     """The nodes planned from the last deploy that answered `stale` (or whose container
     is stopped), when that is all that failed: inspected, they deploy again."""
-    if isinstance(exc, NodesFailed):
-        errors = {n.node: n.error for n in exc.nodes}
-    else:
-        errors = {nodes[0].name: exc}
+    if not isinstance(exc, NodesFailed):
+        return []
+    errors = exc.errors()
     stale = [
         n
         for n in nodes
@@ -312,7 +318,7 @@ class Execution:
             releases.save_last_deploy(node.config, answer["release"], plan.manifest)
         entries = []
         for node, answer, plan in zip(nodes, answers, plans, strict=True):
-            prefix = f"{node.name}: " if len(nodes) > 1 else ""
+            prefix = f"{node.name}: " if names_each_node(nodes) else ""
             command = answer["run"].get("command") or params[node.index]["command"]
             seconds = time.monotonic() - t0 - synced_s
             source = Path(node.config.trainer.source)
@@ -322,9 +328,8 @@ class Execution:
             "run_id": run_id,
             "release": answers[0]["release"],
             **lineage_summary(answers[0]["run"]),
+            "rendezvous": rendezvous.endpoint if rendezvous is not None else None,
         }
-        if rendezvous is not None:
-            top["rendezvous"] = rendezvous.endpoint
         return summary_of(dict(top, dry_run=False), entries)
 
     def send_and_launch(
@@ -358,14 +363,14 @@ class Execution:
                     lambda n: stop_and_launch(n.config, n.target, params[n.index]),
                     report,
                 )
-            where = "" if len(nodes) == 1 else " on every node"
+            where = " on every node" if names_each_node(nodes) else ""
             report.done(
                 f"no changes: release {plans[0].base_release} stays{where} (nothing sent)", 0.0
             )
             return answers, 0.0, t0
         total = sum(a.size for a in archives.values())
         files = sum(len(plans[n.index].diff.changed) for n in todo)
-        to = "" if len(nodes) == 1 else f" to {len(todo)} nodes"
+        to = f" to {len(todo)} nodes" if names_each_node(nodes) else ""
         after = (
             "building the releases"
             if streamed
@@ -407,7 +412,7 @@ class Execution:
             built = cast(dict, answer.get("build") or {})
             built.setdefault("archive_bytes", archives[node.index].size)
             diff = plan.diff
-            prefix = f"{node.name}: " if len(nodes) > 1 else ""
+            prefix = f"{node.name}: " if names_each_node(nodes) else ""
             self.report.done(
                 f"{prefix}synced {len(diff.changed)} of {len(plan.manifest)} files "
                 f"({human_bytes(plan.bytes_to_send)}, {built.get('linked', 0)} reused"
@@ -420,8 +425,6 @@ class Execution:
         """`build` on every node with a new release, before any setup or launch; a
         failure anywhere removes the releases built elsewhere and raises, naming the
         node."""
-        from dflashctl.remote.nodes import values_or_raise
-
         outcomes = on_every_node(todo, build)
         if any(not o.ok for o in outcomes):
             self.discard([o.node for o in outcomes if o.ok], plans)

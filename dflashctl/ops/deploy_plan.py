@@ -12,14 +12,14 @@ from dflashctl.config.schema import Config
 from dflashctl.errors import UsageError
 from dflashctl.humanize import human_bytes
 from dflashctl.ops import setup_env, sync
-from dflashctl.ops.launch_command import node_command
+from dflashctl.ops.launch_command import meet, node_command
 from dflashctl.ops.launching import planned_train_steps, summary_of, trainer_command
 from dflashctl.ops.source_cache import SourceCache
 from dflashctl.ops.stop import process_scope
 from dflashctl.remote import agent_client, pct
 from dflashctl.remote.agent_messages import InspectAnswer, ProcessToStop, Resume
 from dflashctl.remote.connect import open_proxmox
-from dflashctl.remote.nodes import Node, on_every_node, values_or_raise
+from dflashctl.remote.nodes import Node, names_each_node, on_every_node, values_or_raise
 from dflashctl.reporting import SILENT, Reporter
 from dflashctl.runs import records as runs
 
@@ -194,7 +194,7 @@ def make_plans(
     todo = [n for n in nodes if lasts[n.index] is None]
     inspected: dict[int, Plan] = {}
     if todo:
-        what = todo[0].target.describe() if len(nodes) == 1 else f"{len(todo)} nodes"
+        what = f"{len(todo)} nodes" if names_each_node(nodes) else todo[0].target.describe()
         with report.step(f"inspecting {what}") as step:
             found = values_or_raise(
                 on_every_node(todo, lambda node: inspected_plan(node, options, manifest, report)),
@@ -211,7 +211,7 @@ def make_plans(
     for node, plan in zip(nodes, plans, strict=True):
         if plan.new_release:
             plan.new_release = release_id
-        if len(nodes) > 1:  # what the dry run shows; the launch makes it with the address
+        if meet(nodes):  # what the dry run shows; the launch makes it with the address
             where = (config.torchrun.address or "<first node's address>", config.torchrun.port)
             plan.command = node_command(
                 config, node, len(nodes), where, "<run id>", options.extra_args

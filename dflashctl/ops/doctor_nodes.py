@@ -1,5 +1,6 @@
-"""`dflashctl doctor` over the nodes: every check of one target on each node (several
-at once), then what only several nodes need:
+"""`dflashctl doctor` over the nodes: every check of one target on each node (all at
+once, each line shown as soon as the nodes before it are done), then what only nodes
+that meet need:
 
   rendezvous address   torchrun.address, else the first node's container address
                        (the agent's `address` verb), as a launch would pick it
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -45,17 +47,43 @@ class NodeCheckup:
     running: str | None = None  # the id of the run that runs there now, if any
 
 
-def check_node(index: int, config: Config, doctor: Doctor | None = None) -> NodeCheckup:
-    """One node's checks (`config`: Config.for_node's), added to `doctor` as they are
-    made when given (one node: each line shows as soon as its check is done), else kept
-    in the checkup, each naming its node. With several nodes, also what the checks
-    across them need from it."""
+class InOrder:
+    """Each node's checks into `doctor` as they are made, the nodes in their order: the
+    first node still checking shows its lines live, a later one's wait for it."""
+
+    def __init__(self, doctor: Doctor, count: int) -> None:
+        self.doctor, self.turn, self.lock = doctor, 0, threading.Lock()
+        self.kept: list[list[Check]] = [[] for _ in range(count)]
+        self.done = [False] * count
+
+    def add(self, index: int, check: Check) -> None:
+        with self.lock:
+            self.kept[index].append(check)
+            self._show()
+
+    def finish(self, index: int) -> None:
+        with self.lock:
+            self.done[index] = True
+            self._show()
+
+    def _show(self) -> None:
+        while self.turn < len(self.kept):
+            for check in self.kept[self.turn]:
+                self.doctor.add(check)
+            self.kept[self.turn] = []
+            if not self.done[self.turn]:
+                return
+            self.turn += 1
+
+
+def check_node(index: int, config: Config, shown: InOrder) -> NodeCheckup:
+    """One node's checks (`config`: Config.for_node's), each naming its node, to
+    `shown` as they are made; also what the checks across the nodes need from it."""
     from dflashctl.remote.connect import open_target
 
     name = config.nodes[0].label()
     checkup = NodeCheckup(index, name, config)
-    alone = doctor is not None
-    doctor = doctor or Doctor(lambda check: None)
+    doctor = Doctor(lambda check: shown.add(index, replace(check, node=name)))
     try:
         checkup.target = open_target(config)
     except ConfigError as exc:  # ~/.ssh/config unreadable
@@ -64,8 +92,6 @@ def check_node(index: int, config: Config, doctor: Doctor | None = None) -> Node
             doctor.skip(name_, "needs SSH")
     else:
         checkup.usable = check_target(doctor, config, checkup.target)
-    if alone:
-        return checkup
     checkup.checks = [replace(c, node=name) for c in doctor.checks]
     passed = {c.name: c.detail for c in checkup.checks if c.status in (PASS, WARN)}
     if "python" in passed:
@@ -101,17 +127,19 @@ def _inspect(checkup: NodeCheckup) -> None:
 
 
 def check_every_node(config: Config, doctor: Doctor) -> list[NodeCheckup]:
-    """Each node's checks, all at once; one node's go into `doctor` as they are made.
-    Their targets stay open for the checks across the nodes: close_checkups after."""
+    """Each node's checks, all at once, into `doctor` in the nodes' order. Their
+    targets stay open for the checks across the nodes: close_checkups after."""
     configs = config.node_configs()
-    if len(configs) == 1:
-        return [check_node(0, configs[0], doctor)]
+    shown = InOrder(doctor, len(configs))
+
+    def one(index: int) -> NodeCheckup:
+        try:
+            return check_node(index, configs[index], shown)
+        finally:
+            shown.finish(index)
+
     with ThreadPoolExecutor(len(configs), thread_name_prefix="doctor") as pool:
-        checkups = list(pool.map(check_node, range(len(configs)), configs))
-    for checkup in checkups:
-        for check in checkup.checks:
-            doctor.add(check)
-    return checkups
+        return list(pool.map(one, range(len(configs))))
 
 
 def check_across_nodes(doctor: Doctor, config: Config, checkups: list[NodeCheckup]) -> None:

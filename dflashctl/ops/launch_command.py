@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Sized
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -47,10 +48,16 @@ class Rendezvous:
         return f"{self.address}:{self.port}"
 
 
+def meet(nodes: Sized) -> bool:
+    """Whether the nodes meet, at torchrun's rendezvous and the commit barrier before
+    it: only several do (one node runs the trainer itself and launches alone)."""
+    return len(nodes) > 1
+
+
 def rendezvous_for(config: Config, nodes: list[Node]) -> Rendezvous | None:
     """Where the nodes meet (None on one node: nothing to meet). Asked before anything
     is built or stopped, so a node without an address or a route changes nothing."""
-    if len(nodes) == 1:
+    if not meet(nodes):
         return None
     address = rendezvous_address(config, nodes[0])
 

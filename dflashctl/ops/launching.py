@@ -289,10 +289,7 @@ def lineage_summary(run: StartedRun) -> dict[str, Any]:
 
 
 def summary_of(top: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """A deploy's or restart's summary: what belongs to the run, and each node's entry
-    (one node's beside the run's keys, as json_output.document reads it)."""
-    if len(entries) == 1:
-        return {**entries[0], **top}
+    """A deploy's or restart's summary: what belongs to the run, and each node's entry."""
     return {**top, "nodes": entries}
 
 
@@ -415,6 +412,8 @@ def what_interrupt_left(config: Config, run_id: str, grace_s: float) -> str:
 def say_what_interrupt_left(report: Reporter, nodes: list[Node], run_id: str, params) -> None:
     """What a Ctrl-C left on each node (headed by the node's name when there are
     several), told to `report`: deploy's and restart's one way of saying it."""
+    from dflashctl.remote.nodes import names_each_node
+
     for node in nodes:
         left = what_interrupt_left(node.config, run_id, float(params[node.index]["grace_s"]))
-        report.warning(f"{node.name}: {left}" if len(nodes) > 1 else left)
+        report.warning(f"{node.name}: {left}" if names_each_node(nodes) else left)

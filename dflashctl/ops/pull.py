@@ -20,12 +20,18 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dflashctl import hints
 from dflashctl.errors import HostError, UsageError
 from dflashctl.remote import agent_client
-from dflashctl.remote.nodes import Node, on_every_node
+from dflashctl.remote.nodes import (
+    Node,
+    fleet_failure,
+    names_each_node,
+    nobody_answered,
+    on_every_node,
+)
 from dflashctl.reporting import SILENT, Reporter
 
 # Sends the files the pull wants, from the list the plan left (argv[1]: [[path, size],
@@ -102,10 +108,11 @@ def plans(
         )
 
     outcomes = on_every_node(nodes, ask)
-    failed = [o for o in outcomes if not o.ok]
-    if failed and len(failed) == len(outcomes):
-        raise failed[0].error  # type: ignore[misc]
-    for o in failed:
+    if nobody_answered(outcomes):
+        raise cast(BaseException, fleet_failure(outcomes, "looking for the run"))
+    for o in outcomes:
+        if o.ok:
+            continue
         report.warning(f"{o.node.describe()}: {o.error}")
     return [o.value if o.ok else {"found": False, "runs": []} for o in outcomes]  # type: ignore[misc]
 
@@ -117,7 +124,7 @@ def choose(nodes: list[Node], answers: list[dict[str, Any]], run_id: str, step: 
         known = sorted({r for a in answers for r in a.get("runs") or []})
         listed = ", ".join(known[-5:]) if known else "none yet"
         raise UsageError(
-            f"no run {run_id} on {nodes[0].describe() if len(nodes) == 1 else 'any node'} "
+            f"no run {run_id} on {'any node' if names_each_node(nodes) else nodes[0].describe()} "
             f"(latest runs: {listed})",
             hint=f"{hints.command('runs')} lists the runs",
         )

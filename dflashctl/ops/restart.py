@@ -22,7 +22,7 @@ from dflashctl.ops.launching import (
     stop_and_launch,
     summary_of,
 )
-from dflashctl.remote.nodes import node_sessions
+from dflashctl.remote.nodes import names_each_node, node_sessions
 from dflashctl.reporting import SILENT, Reporter
 from dflashctl.runs import records as runs
 
@@ -75,7 +75,7 @@ def restart(
         entries = []
         for node, answer in zip(nodes, answers, strict=True):
             command = answer["run"].get("command") or params[node.index]["command"]
-            prefix = f"{node.name}: " if len(nodes) > 1 else ""
+            prefix = f"{node.name}: " if names_each_node(nodes) else ""
             say_launched(report, answer, run_id, command, time.monotonic() - t0, prefix=prefix)
             entries.append(
                 {
@@ -92,8 +92,7 @@ def restart(
             "release": answers[0]["release"],
             "run_id": run_id,
             **lineage_summary(answers[0]["run"]),
+            "rendezvous": rendezvous.endpoint if rendezvous is not None else None,
         }
-        if rendezvous is not None:
-            top["rendezvous"] = rendezvous.endpoint
         summary = summary_of(top, entries)
         return follow_unless_detached(nodes, rules, summary, detach=detach, report=report)

@@ -166,7 +166,7 @@ def setup_every_node(
 ) -> None:
     """The streamed setup on every node at once (each line prefixed by its node), when
     any node has not seen this setup succeed; the first failure raised, naming its node."""
-    from dflashctl.remote.nodes import on_every_node, values_or_raise
+    from dflashctl.remote.nodes import names_each_node, on_every_node, values_or_raise
 
     if not any(needs_streaming(node.config) for node in nodes):
         return
@@ -176,7 +176,7 @@ def setup_every_node(
             node.config,
             node.target,
             releases[node.index],
-            label=node.name if len(nodes) > 1 else "",
+            label=node.name if names_each_node(nodes) else "",
             report=report,
         ),
     )

@@ -14,7 +14,7 @@ from dflashctl.config.schema import Config
 from dflashctl.errors import HostError
 from dflashctl.remote import agent_client
 from dflashctl.remote.agent_messages import StopAnswer, StoppedProcess
-from dflashctl.remote.nodes import NodeOutcome, node_sessions, on_every_node
+from dflashctl.remote.nodes import NodeOutcome, names_each_node, node_sessions, on_every_node
 
 if TYPE_CHECKING:
     from dflashctl.remote.deploy_target import Target
@@ -93,7 +93,7 @@ def stuck_error(results: list[NodeStop]) -> HostError | None:
     stuck = [r.node for r in results if r.stuck]
     if not stuck:
         return None
-    where = f" on {', '.join(stuck)}" if len(results) > 1 else ""
+    where = f" on {', '.join(stuck)}" if names_each_node(results) else ""
     return HostError(
         f"a run did not exit even after SIGKILL{where}",
         hint="check the container with `ps -ef`; the process may be stuck in I/O",

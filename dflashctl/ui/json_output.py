@@ -8,8 +8,8 @@ said sits in its entry of `nodes`, with `node` (its name) and `error` (null, or 
 message and hint of what failed there). The schemas of these objects are in
 dflashctl/schemas/ (made from ui/json_schemas.py's models).
 
-Commands hand over what they have, in either of the shapes they produce (a one-node
-dict, or a dict that already has `nodes`); `document` puts it into this one.
+Commands hand over their answer with `nodes` (every node's entry, one node's too) and
+the run's keys beside it; `document` adds the envelope.
 """
 
 from __future__ import annotations
@@ -18,63 +18,45 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-# The keys of each command's answer that describe the run, not one node.
-RUN_LEVEL: dict[str, tuple[str, ...]] = {
-    "stop": (),
-    "status": (),
-    "runs": (),
-    "runs show": (),
-    "doctor": ("ok", "exit_code", "checks"),
-    "deploy": (
-        "run_id",
-        "release",
-        "rendezvous",
-        "resumed_from",
-        "resumed_step",
-        "resumed_checkpoint",
-        "replaced_run",
-        "dry_run",
-        "result",
-        "start",
-    ),
-    "logs": ("run", "status", "exit_code", "interrupted", "root_cause", "consequences"),
-}
-RUN_LEVEL["restart"] = RUN_LEVEL["deploy"]
-# pull: what was copied and where to is the run's; the node it came from is in `nodes`.
-RUN_LEVEL["pull"] = (
-    "run_id",
-    "to",
-    "checkpoint",
-    "export",
-    "files",
-    "fetched",
-    "resumed",
-    "already",
-    "bytes",
+# Every command that answers --json.
+COMMANDS = (
+    "stop",
+    "status",
+    "runs",
+    "runs show",
+    "doctor",
+    "deploy",
+    "logs",
+    "restart",
+    "pull",
+    "stacks",
 )
-RUN_LEVEL["stacks"] = ()  # every node's ranks answer for themselves
-COMMANDS = tuple(RUN_LEVEL)
+# The run's keys of one node's follow result (follow/report.py writes it flat, beside
+# the node's own; a fleet's comes with `nodes`), and what a fleet's lacks of them.
+FOLLOW_RUN_KEYS = ("run", "status", "exit_code", "interrupted", "root_cause", "consequences")
+FOLLOW_DEFAULTS: dict[str, Any] = {"exit_code": None, "root_cause": None, "consequences": []}
 
 
 def document(command: str, data: dict[str, Any], node: str | None = None) -> dict[str, Any]:
-    """`data` (one node's answer, or one with `nodes` already) in the common shape;
-    `node`: the one node's name when `data` has no `nodes`."""
-    run_level = RUN_LEVEL[command]
-    if isinstance(data.get("nodes"), list):
-        top = {k: v for k, v in data.items() if k != "nodes"}
-        nodes = [dict(entry) for entry in data["nodes"]]
-    else:
-        top = {k: v for k, v in data.items() if k in run_level}
-        entry = {k: v for k, v in data.items() if k not in run_level}
-        nodes = [{"node": entry.pop("node", None) or node, **entry}]
-    for entry in nodes:
-        entry.setdefault("error", None)
-    if command in ("deploy", "restart") and isinstance(top.get("result"), dict):
-        # The follow result of one node is shaped like the one of several.
+    """`data` (with `nodes`: each node's entry; the run's keys beside it) in the common
+    shape; `node`: the one node's name of a follow result written flat."""
+    if not isinstance(data.get("nodes"), list):
+        data = _follow_nodes(data, node)
+    top = {k: v for k, v in data.items() if k != "nodes"}
+    nodes = [{"error": None, **entry} for entry in data["nodes"]]
+    if command == "logs":
+        top = {**FOLLOW_DEFAULTS, **top}
+    if isinstance(top.get("result"), dict):  # a deploy's or restart's follow result
         top["result"] = document("logs", top["result"], nodes[0]["node"])
         top["result"].pop("schema_version", None)
         top["result"].pop("command", None)
     return {"schema_version": SCHEMA_VERSION, "command": command, "nodes": nodes, **top}
+
+
+def _follow_nodes(data: dict[str, Any], node: str | None) -> dict[str, Any]:
+    entry = {k: v for k, v in data.items() if k not in FOLLOW_RUN_KEYS}
+    run = {k: v for k, v in data.items() if k in FOLLOW_RUN_KEYS}
+    return {**run, "nodes": [{"node": node, **entry}]}
 
 
 def error_document(
@@ -96,12 +78,6 @@ def error_document(
     }
 
 
-def node_name_of(config: Any) -> str | None:
-    """The one node's name in a config (as its entry of `nodes` names it)."""
-    nodes = getattr(config, "nodes", None) or []
-    return nodes[0].label() if len(nodes) == 1 else None
-
-
 def command_in(argv: list[str]) -> str | None:
     """The command an argument list runs (`runs show` included), for the error answer of
     a command that failed before it could answer itself."""
@@ -110,6 +86,6 @@ def command_in(argv: list[str]) -> str | None:
     for at, word in enumerate(words):
         if word == "runs" and "show" in words[at + 1 :]:
             return "runs show"
-        if word in RUN_LEVEL:
+        if word in COMMANDS:
             return word
     return None

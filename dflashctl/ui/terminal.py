@@ -141,13 +141,23 @@ def step(message: str) -> Iterator[dict]:
     step_done(result["done"], time.monotonic() - start)
 
 
-def spinner(message: str) -> contextlib.AbstractContextManager:
+# A terminal has one live line: the spinner that holds this lock draws; one asked for
+# while it does (a node's work in its thread, under the command's own) shows nothing.
+_live_line = threading.Lock()
+
+
+@contextlib.contextmanager
+def spinner(message: str) -> Iterator[None]:
     """A spinner while something runs, on a terminal only (elsewhere nothing, so that
-    logs stay one line per step). Only the main thread shows one: work on several nodes
-    runs in threads under the main thread's spinner, and a terminal has one live line."""
-    if _quiet or not interactive() or threading.current_thread() is not threading.main_thread():
-        return contextlib.nullcontext()
-    return err.status(message)
+    logs stay one line per step), unless another one is already live."""
+    if _quiet or not interactive() or not _live_line.acquire(blocking=False):
+        yield
+        return
+    try:
+        with err.status(message):
+            yield
+    finally:
+        _live_line.release()
 
 
 # Off a terminal, a transfer reports itself at most this often (a log stays short).
