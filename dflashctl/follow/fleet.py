@@ -149,7 +149,6 @@ def follow_fleet(
     state_poll_s: float = 5.0,
     waiting_notice: bool = True,
     console: Callable[[], Console] | None = None,
-    notices: Callable[[], Console] | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_end: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
@@ -167,7 +166,7 @@ def follow_fleet(
     byte 0; `logs` shows the last `lines` of each node first).
     waiting_notice: the live "waiting for the first line" of an unprefixed terminal.
     console: where the lines and panels go (default terminal.out, asked at each write);
-    notices: where several nodes' failure reports go (default terminal.err).
+    several nodes' failure reports go to terminal.err.
     on_line(node index, line): each line of each node (from that node's thread);
     on_end(node index): that node's following ended (its run ended, or it could not be
     reached); cancel: set from any thread to stop following every node, as Ctrl-C
@@ -177,7 +176,6 @@ def follow_fleet(
         nodes=nodes,
         run_id=run_id,
         console=console or (lambda: terminal.out),
-        notices=notices or (lambda: terminal.err),
         on_line=on_line,
         on_end=on_end,
         cancel=cancel or threading.Event(),
@@ -202,7 +200,6 @@ class _FleetFollower:
     nodes: list[Node]
     run_id: str
     console: Callable[[], Console]
-    notices: Callable[[], Console]
     on_line: Callable[[int, str], None] | None = None
     on_end: Callable[[int], None] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -217,7 +214,7 @@ class _FleetFollower:
         ]
         threads = [
             threading.Thread(
-                target=self._follow_one, args=(watch, kwargs), name=f"follow-{watch.node.name}"
+                target=self._follow_node, args=(watch, kwargs), name=f"follow-{watch.node.name}"
             )
             for watch in self._watches
         ]
@@ -236,13 +233,6 @@ class _FleetFollower:
         return self._result(interrupted)
 
     # -- one node (its own thread) -------------------------------------------------------
-
-    def _follow_one(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
-        try:
-            self._follow_node(watch, kwargs)
-        finally:
-            if self.on_end is not None:
-                self.on_end(watch.node.index)
 
     def _follow_node(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
         from dflashctl.remote.connect import as_host_error, open_target
@@ -278,8 +268,11 @@ class _FleetFollower:
                 exc.args = (exc.message,)
             with OUTPUT_LOCK:
                 terminal.error(getattr(exc, "message", str(exc)), getattr(exc, "hint", None))
-            return
-        self._ended(watch)
+        else:
+            self._ended(watch)
+        finally:
+            if self.on_end is not None:
+                self.on_end(watch.node.index)
 
     def _state_of(self, watch: _NodeWatch, target: Target, workdir: str, run_id: str) -> RunState:
         from dflashctl.runs.records import get_run
@@ -352,7 +345,7 @@ class _FleetFollower:
             self._report_failure(watch, _failure_of(watch, event), others=watch.live)
         elif result.status in ("finished", "stopped") and self._others_going(watch):
             with OUTPUT_LOCK:
-                self.notices().print(
+                terminal.err.print(
                     f"[green]✓[/green] node {watch.node.name}: {escape(_ended_words(watch))}; "
                     "following the other nodes"
                 )
@@ -372,7 +365,6 @@ class _FleetFollower:
             return
         with self._lock:
             first = others and not any(w.reported and w is not watch for w in self._watches)
-        out = self.notices()
         what = failure.describe()
         role = ""
         if failure.consequence:
@@ -387,7 +379,7 @@ class _FleetFollower:
         with OUTPUT_LOCK:
             # One print: the report and what the others do stay together, whatever
             # another node's follower prints meanwhile.
-            out.print("\n".join(block), soft_wrap=True)
+            terminal.err.print("\n".join(block), soft_wrap=True)
 
     # -- the answer --------------------------------------------------------------------
 
