@@ -9,7 +9,7 @@ import threading
 from rich.console import Console
 
 from dflashctl.crash import classify_text, load_rules
-from dflashctl.follow.prefixed import node_prefixes, prefixed_console
+from dflashctl.follow.prefixed import node_consoles
 from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure, named_rank
 
 RULES = load_rules()
@@ -162,9 +162,9 @@ def test_threads_printing_through_prefixed_consoles_never_mix_within_a_line():
     out = io.StringIO()
     base = Console(file=out, width=120)
     names = ["gpu-a", "b"]
-    prefixes = node_prefixes(names)
-    assert prefixes == ["gpu-a | ", "b     | "]
-    consoles = [prefixed_console(lambda: base, p, i) for i, p in enumerate(prefixes)]
+    prefixes = ["gpu-a | ", "b     | "]  # aligned on the longest name
+    consoles = node_consoles(lambda: base, names)
+    assert node_consoles(lambda: base, ["gpu-a"]) == [base]  # one node: no prefix
 
     def spam(index: int) -> None:
         for n in range(300):

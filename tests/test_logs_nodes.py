@@ -103,18 +103,48 @@ def test_one_node_or_two_the_same_lines_prefixed_only_for_two(fleet):
         assert "run r1 finished on all 2 nodes" in done.stderr
 
 
-def test_the_json_of_one_node_is_its_run_and_of_two_each_node(fleet):
+def test_the_json_of_one_node_or_two_has_the_same_keys(fleet):
     for node in fleet.workdirs:
         fleet.start(node, "r1", 2, 0.0, "thread-crash")
     done = fleet.logs("-f", "--json", "r1")
     assert done.returncode == 1, done.stderr
-    answer = flat(json.loads(done.stdout))
+    answer = json.loads(done.stdout)
+    assert set(answer) == {"schema_version", "command", "run", "status", *FOLLOW_KEYS}
     assert (answer["run"], answer["status"]) == ("r1", "crashed")
-    if len(fleet.workdirs) == 1:
-        assert "nodes" not in answer and answer["crashes"][0]["thread"] == "drafter-2"
-    else:
-        assert [n["node"] for n in answer["nodes"]] == ["a", "b"]
-        assert answer["root_cause"]["thread"] == "drafter-2"
+    assert [n["node"] for n in answer["nodes"]] == list(fleet.workdirs)
+    assert answer["root_cause"]["thread"] == "drafter-2"
+    assert answer["nodes"][0]["crashes"][0]["thread"] == "drafter-2"
+
+
+# Besides `run` and `status`: what a follow answer has, for one node as for several.
+FOLLOW_KEYS = {"nodes", "root_cause", "consequences"}
+
+
+def test_one_follower_answers_one_node_and_two_with_the_same_keys(tmp_path):
+    """follow_fleet itself, on a fleet of one node and one of two: one path, one shape."""
+    from dflashctl.config.schema import load_config
+    from dflashctl.crash import load_rules
+    from dflashctl.follow import follow_fleet
+    from dflashctl.remote.nodes import node_sessions
+
+    answers = []
+    for names in ("a", "ab"):
+        (tmp_path / names).mkdir()
+        fleet = Fleet(tmp_path / names, names)
+        try:
+            for node in names:
+                fleet.start(node, "r1", 2, 0.0, "thread-crash")
+            with node_sessions(load_config(fleet.config)) as nodes:
+                result = follow_fleet(nodes, "r1", rules=load_rules(), show_lines=False)
+        finally:
+            for rundir in fleet.rundirs:
+                kill_run(rundir)
+        assert (result.status, result.cli_exit_code) == ("crashed", 1)
+        answers.append(result.to_json())
+    one, two = answers
+    assert set(one) == set(two) == {"run", "status", *FOLLOW_KEYS}
+    assert [set(entry) for entry in two["nodes"]] == [set(one["nodes"][0])] * 2
+    assert set(one["root_cause"]) == set(two["root_cause"])
 
 
 def test_the_active_run_of_node_0_is_followed_and_another_one_said(two):
@@ -187,11 +217,10 @@ def test_deploy_follows_the_new_run_on_one_node_or_two(fleet, capsys):
         code, summary = follow_unless_detached(nodes, load_rules(), {"run_id": "r1"}, detach=False)
     assert code == 0
     result = summary["result"]
-    if len(fleet.workdirs) == 1:
-        assert (result["status"], result["exit_code"]) == ("finished", 0)
-        assert "nodes" not in result
-    else:
-        assert [n["status"] for n in result["nodes"]] == ["finished", "finished"]
+    assert set(result) == {"run", "status", *FOLLOW_KEYS}
+    assert [(n["status"], n["exit_code"]) for n in result["nodes"]] == [("finished", 0)] * len(
+        fleet.workdirs
+    )
     out = capsys.readouterr().out
     prefix = "a | " if len(fleet.workdirs) > 1 else ""
     assert f"{prefix}{expected_lines(2)[-1]}" in out.splitlines()

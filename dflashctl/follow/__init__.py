@@ -2,7 +2,7 @@
 
 Use it right after launching a run (or to look at one):
 
-    from dflashctl.follow import follow_run, report_result
+    from dflashctl.follow import follow_run
 
     result = follow_run(
         reconnect,                      # () -> Target: a fresh connection, used after a drop
@@ -13,7 +13,7 @@ Use it right after launching a run (or to look at one):
         python=config.container.python, # runs the small log reader in the container
         from_offset=0,                  # the whole log of a new run (or lines=N: the last N)
     )
-    sys.exit(report_result(result, json_mode=json_mode))
+    sys.exit(result.cli_exit_code)  # 1: crashed or hung
 
 follow_run prints every line as it comes and a panel for every crash the moment the
 detector is sure of it, and returns a FollowResult once the run has ended (or at the end
@@ -37,10 +37,11 @@ How it works:
   net; never by the stream ending alone. After the end the log is read to its last byte
   before the crash detector weighs the exit code.
 
-Every node of the fleet (one, or a `nodes:` list in dflash.yaml): follow_fleet runs one
-follow_run per node (several nodes each in its own thread, their lines prefixed), and
-report_fleet says how the run ended (on each node, and its root cause across nodes, the
-first failure in time):
+Every node of the fleet (one, or a `nodes:` list in dflash.yaml) is followed the same
+way: follow_fleet runs one follow_run per node, each in its own thread, and report_fleet
+says how the run ended (on each node, and its root cause across nodes, the first failure
+in time). Only the printing depends on the number of nodes (prefixed.names_nodes: one
+node's lines carry no prefix); the result and its --json keys do not:
 
     with node_sessions(config) as nodes:
         result = follow_fleet(nodes, resolve_run(nodes, None), rules=rules_for(config))
@@ -52,7 +53,7 @@ the end of the run), report.py (FollowResult, the closing word, classify_log for
 log), fleet.py (follow_fleet: every node at once, the report when a node fails),
 fleet_report.py (FleetResult and its closing word),
 root_cause.py (the first failure across nodes; torchrun's failure summary), prefixed.py
-(each node's lines prefixed, whole, under one lock).
+(names_nodes; several nodes' lines prefixed, whole, under one lock).
 """
 
 from dflashctl.follow.fleet import follow_fleet, resolve_run

@@ -1,20 +1,18 @@
-"""Follow one run on every node of the fleet (one node or several): the code behind
-`logs` and the following of deploy and restart.
+"""Follow one run on every node of the fleet (one node or several: one path): the code
+behind `logs` and the following of deploy and restart.
 
     with node_sessions(config) as nodes:
         run_id = resolve_run(nodes, run_id)         # RUN, or node 0's active run
         result = follow_fleet(nodes, run_id, rules=rules_for(config))
     sys.exit(report_fleet(result, json_mode=False))   # fleet_report.py
 
-One follower (follow_run, with its own reconnecting) per node. One node is followed in
-the calling thread, its lines unprefixed, its errors raised as they come: what one
-machine costs and says, whatever the fleet code around it. Several nodes are followed
-each in a thread of its own; their lines go out prefixed with the node (`gpu-a | `),
-whole, under one lock. The moment a node fails (a crash certain in its log, or its run
-ending badly), a report says so on stderr, with what every other node is doing right
-then; following goes on until every node's run has ended. The root cause across nodes
-is the first failure in time (root_cause.py); the other nodes' failures are its
-consequences.
+One follower (follow_run, with its own reconnecting) per node, each in a thread of its
+own. Only what is printed depends on how many nodes there are (prefixed.names_nodes):
+several nodes' lines go out prefixed with the node (`gpu-a | `), whole, under one lock,
+and the moment a node fails (a crash certain in its log, or its run ending badly), a
+report says so on stderr, with what every other node is doing right then; following
+goes on until every node's run has ended. The root cause across nodes is the first
+failure in time (root_cause.py); the other nodes' failures are its consequences.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from dflashctl import hints
 from dflashctl.errors import DflashError, UsageError
 from dflashctl.follow.fleet_report import FleetResult, NodeFollow
 from dflashctl.follow.follower import follow_run
-from dflashctl.follow.prefixed import OUTPUT_LOCK, node_prefixes, prefixed_console
+from dflashctl.follow.prefixed import OUTPUT_LOCK, names_nodes, node_consoles
 from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure, named_rank
 from dflashctl.ui import terminal
 
@@ -51,10 +49,10 @@ LINE_SHOWN = 100  # characters of another node's last line in a failure report
 
 
 def resolve_run(nodes: list[Node], run_id: str | None) -> str:
-    """RUN, or node 0's active run. With several nodes every node must have it
-    (UsageError naming the node that does not), and a node whose active run is another
-    one is said (a warning): the run is followed there anyway. One node is not asked
-    again: following a run it lacks says so."""
+    """RUN, or node 0's active run. Every node not known to have it yet is asked (every
+    node for RUN; the others for node 0's active run): a node without it is a UsageError
+    naming it, and a node whose active run is another one is said (a warning): the run
+    is followed there anyway."""
     from dflashctl.runs.records import active_run
 
     first = nodes[0]
@@ -69,46 +67,45 @@ def resolve_run(nodes: list[Node], run_id: str | None) -> str:
                 first.target, first.config.container.workdir, python=first.config.container.python
             )
         if active is None:
-            where = first.describe() if len(nodes) > 1 else first.target.describe()
+            where = first.describe() if names_nodes(nodes) else first.target.describe()
             raise UsageError(
                 f"no runs in {first.config.container.workdir} on {where} yet",
                 hint=f"start one with {hints.command('deploy')}",
             )
         run_id = active.id
-    if len(nodes) > 1:
-        _every_node_has(nodes, run_id, named=named)
+    _every_node_has(nodes, nodes if named else nodes[1:], run_id, named=named)
     return run_id
 
 
-def _every_node_has(nodes: list[Node], run_id: str, *, named: bool) -> None:
+def _every_node_has(nodes: list[Node], asked: list[Node], run_id: str, *, named: bool) -> None:
     from dflashctl.remote.nodes import on_every_node, values_or_raise
     from dflashctl.runs.records import find_run
 
-    first = nodes[0]
-    wanted = run_id
+    if not asked:
+        return
     found = values_or_raise(
         on_every_node(
-            nodes,
+            asked,
             lambda node: find_run(
                 node.target,
                 node.config.container.workdir,
-                wanted,
+                run_id,
                 python=node.config.container.python,
             ),
         ),
         "reading its runs",
     )
-    for node, (run, active_id) in zip(nodes, found, strict=True):
+    for node, (run, active_id) in zip(asked, found, strict=True):
         if run is None:
+            where = f"{node.describe()} has " if names_nodes(nodes) else ""
             raise UsageError(
-                f"{node.describe()} has no run {wanted} in {node.config.container.workdir}/runs",
-                hint=f"a run of several nodes has its folder on each; list them with "
-                f"{hints.command('runs')}",
+                f"{where}no run {run_id} in {node.config.container.workdir}/runs",
+                hint=f"list the runs with {hints.command('runs')}",
             )
-        if not named and active_id != wanted:
+        if not named and active_id != run_id:
             terminal.warning(
-                f"node {node.name}'s active run is {active_id or 'none'}, not {wanted} "
-                f"(node {first.name}'s); following {wanted} on every node"
+                f"node {node.name}'s active run is {active_id or 'none'}, not {run_id} "
+                f"(node {nodes[0].name}'s); following {run_id} on every node"
             )
 
 
@@ -152,95 +149,57 @@ def follow_fleet(
     state_poll_s: float = 5.0,
     waiting_notice: bool = True,
     console: Callable[[], Console] | None = None,
-    notices: Callable[[], Console] | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_end: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> FleetResult:
     """Follow run `run_id` on every node until every node's run has ended (or, with
-    follow=False, read what each log holds now).
+    follow=False, read what each log holds now). Each node has its own follower thread;
+    what one node's lines, crashes and errors print is said as it comes (prefixed with
+    the node when there are several: prefixed.names_nodes).
 
-    One node: its follower's errors are raised (HostError, exit 3; UsageError for a run
-    it lacks), as follow_run raises them. Several: never raises for one node's trouble;
-    a node that cannot be reached within `reconnect_timeout_s` ends with its error in
-    the result (exit code 3), while the others are followed on.
+    Never raises for one node's trouble: a node that cannot be reached within
+    `reconnect_timeout_s` (or that lacks the run) is said at once and ends with its
+    error in the result (its exit code, 3 for HostError), while the others are followed on.
 
     from_offset / lines: as follow_run's, for every node (deploy follows a new run from
     byte 0; `logs` shows the last `lines` of each node first).
-    waiting_notice: one node's live "waiting for the first line" (several nodes' would
-    fight over the terminal, so they have none).
+    waiting_notice: the live "waiting for the first line" of an unprefixed terminal.
     console: where the lines and panels go (default terminal.out, asked at each write);
-    notices: where several nodes' failure reports go (default terminal.err).
+    several nodes' failure reports go to terminal.err.
     on_line(node index, line): each line of each node (from that node's thread);
     on_end(node index): that node's following ended (its run ended, or it could not be
     reached); cancel: set from any thread to stop following every node, as Ctrl-C
     would (the results say interrupted): the start gate's (dflashctl/start_gate.py).
     """
-    kwargs = dict(
-        rules=rules,
-        follow=follow,
-        from_offset=from_offset,
-        lines=lines,
-        show_lines=show_lines,
-        reconnect_timeout_s=reconnect_timeout_s,
-        state_poll_s=state_poll_s,
-    )
-    if len(nodes) == 1:
-        # No thread, no prefix, no cross-node report: the first line is shown as soon
-        # as the one follower reads it.
-        lone = nodes[0]
-        return _follow_lone(
-            lone,
-            run_id,
-            console,
-            waiting_notice=waiting_notice,
-            on_line=None if on_line is None else (lambda text, _live: on_line(lone.index, text)),
-            cancel=cancel,
-            **kwargs,
-        )
-    follower = _NodesFollower(
+    follower = _FleetFollower(
         nodes=nodes,
         run_id=run_id,
         console=console or (lambda: terminal.out),
-        notices=notices or (lambda: terminal.err),
         on_line=on_line,
         on_end=on_end,
+        cancel=cancel or threading.Event(),
     )
-    if cancel is not None:
-        follower.cancel = cancel
-    return follower.run(dict(kwargs, waiting_notice=False))
-
-
-def _follow_lone(
-    node: Node, run_id: str, console: Callable[[], Console] | None, **kwargs: Any
-) -> FleetResult:
-    from dflashctl.remote.connect import as_host_error, open_target
-
-    config = node.config
-    with as_host_error(node.target):
-        result = follow_run(
-            lambda: open_target(config),
-            config.container.workdir,
-            run_id,
-            target=node.target,
-            python=config.container.python,
-            console=console() if console is not None else None,
-            hang=(config.run.hang.factor, config.run.hang.min_s),
-            **kwargs,
+    return follower.run(
+        dict(
+            rules=rules,
+            follow=follow,
+            from_offset=from_offset,
+            lines=lines,
+            show_lines=show_lines,
+            reconnect_timeout_s=reconnect_timeout_s,
+            state_poll_s=state_poll_s,
+            # A live notice per node would fight over the terminal.
+            waiting_notice=waiting_notice and not names_nodes(nodes),
         )
-    return FleetResult(
-        run_id=run_id,
-        nodes=[NodeFollow(name=node.name, where=node.describe(), result=result)],
-        interrupted=result.interrupted,
     )
 
 
 @dataclass(eq=False)
-class _NodesFollower:
+class _FleetFollower:
     nodes: list[Node]
     run_id: str
     console: Callable[[], Console]
-    notices: Callable[[], Console]
     on_line: Callable[[int, str], None] | None = None
     on_end: Callable[[int], None] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -248,18 +207,14 @@ class _NodesFollower:
     _watches: list[_NodeWatch] = field(default_factory=list)
 
     def run(self, kwargs: dict[str, Any]) -> FleetResult:
-        prefixes = node_prefixes([node.name for node in self.nodes])
+        consoles = node_consoles(self.console, [node.name for node in self.nodes])
         self._watches = [
-            _NodeWatch(
-                node,
-                prefixed_console(self.console, prefix, node.index),
-                live=kwargs["lines"] is None,  # no backlog: every line is new
-            )
-            for node, prefix in zip(self.nodes, prefixes, strict=True)
+            _NodeWatch(node, console, live=kwargs["lines"] is None)  # no backlog: all new
+            for node, console in zip(self.nodes, consoles, strict=True)
         ]
         threads = [
             threading.Thread(
-                target=self._follow_one, args=(watch, kwargs), name=f"follow-{watch.node.name}"
+                target=self._follow_node, args=(watch, kwargs), name=f"follow-{watch.node.name}"
             )
             for watch in self._watches
         ]
@@ -278,13 +233,6 @@ class _NodesFollower:
         return self._result(interrupted)
 
     # -- one node (its own thread) -------------------------------------------------------
-
-    def _follow_one(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
-        try:
-            self._follow_node(watch, kwargs)
-        finally:
-            if self.on_end is not None:
-                self.on_end(watch.node.index)
 
     def _follow_node(self, watch: _NodeWatch, kwargs: dict[str, Any]) -> None:
         from dflashctl.remote.connect import as_host_error, open_target
@@ -308,19 +256,23 @@ class _NodesFollower:
                     state_of=partial(self._state_of, watch),
                     hang=(config.run.hang.factor, config.run.hang.min_s),
                     progress_of=lambda: getattr(getattr(watch, "info", None), "progress", None),
-                    node=node.name,
+                    node=node.name if names_nodes(self.nodes) else None,
                     cancel=self.cancel,
                     **kwargs,
                 )
         except Exception as exc:  # this node's; the others are followed on
             watch.error = exc
-            if isinstance(exc, DflashError) and not exc.message.startswith("node "):
+            named = names_nodes(self.nodes)
+            if named and isinstance(exc, DflashError) and not exc.message.startswith("node "):
                 exc.message = f"{node.describe()}: {exc.message}"
                 exc.args = (exc.message,)
             with OUTPUT_LOCK:
-                terminal.error(str(exc), getattr(exc, "hint", None))
-            return
-        self._ended(watch)
+                terminal.error(getattr(exc, "message", str(exc)), getattr(exc, "hint", None))
+        else:
+            self._ended(watch)
+        finally:
+            if self.on_end is not None:
+                self.on_end(watch.node.index)
 
     def _state_of(self, watch: _NodeWatch, target: Target, workdir: str, run_id: str) -> RunState:
         from dflashctl.runs.records import get_run
@@ -367,12 +319,10 @@ class _NodesFollower:
                 watch.first_crash = event
             # Across nodes only the first failure is the root cause: a failure another
             # rank caused, or one after another node's, is a consequence here too.
-            earlier = [
-                w
-                for w in self._watches
-                if w is not watch and w.first_crash is not None and _is_cause(w.first_crash)
-            ]
-            if not _is_cause(event) or earlier:
+            # Alone, the node's own ranking stands: no other node can be the cause.
+            others = [w for w in self._watches if w is not watch]
+            earlier = [w for w in others if w.first_crash and _is_cause(w.first_crash)]
+            if earlier or (others and not _is_cause(event)):
                 event.is_root_cause = False
             # Its first crash is said even after torchrun's first sign was: it names it.
             report = first_here
@@ -395,7 +345,7 @@ class _NodesFollower:
             self._report_failure(watch, _failure_of(watch, event), others=watch.live)
         elif result.status in ("finished", "stopped") and self._others_going(watch):
             with OUTPUT_LOCK:
-                self.notices().print(
+                terminal.err.print(
                     f"[green]✓[/green] node {watch.node.name}: {escape(_ended_words(watch))}; "
                     "following the other nodes"
                 )
@@ -409,10 +359,12 @@ class _NodesFollower:
         self, watch: _NodeWatch, failure: NodeFailure, *, others: bool = True
     ) -> None:
         """Said at once: which node failed with what; the first one also says what every
-        other node is doing at this moment."""
+        other node is doing at this moment. (One node's crash panel and closing word
+        say it all.)"""
+        if not names_nodes(self.nodes):
+            return
         with self._lock:
             first = others and not any(w.reported and w is not watch for w in self._watches)
-        out = self.notices()
         what = failure.describe()
         role = ""
         if failure.consequence:
@@ -427,7 +379,7 @@ class _NodesFollower:
         with OUTPUT_LOCK:
             # One print: the report and what the others do stay together, whatever
             # another node's follower prints meanwhile.
-            out.print("\n".join(block), soft_wrap=True)
+            terminal.err.print("\n".join(block), soft_wrap=True)
 
     # -- the answer --------------------------------------------------------------------
 
@@ -436,7 +388,7 @@ class _NodesFollower:
         for watch in self._watches:
             failure = None
             result = watch.result
-            if result is not None and result.status == "crashed":
+            if result is not None and result.status in ("crashed", "hung"):
                 event = result.crashes[0] if result.crashes else watch.first_crash
                 failure = _failure_of(watch, event)
                 failures.append(failure)

@@ -1,7 +1,8 @@
 """How a run stands on its fleet once following stopped (FleetResult: each node's
 FollowResult or error, the root cause across nodes and its consequences), and the
-closing word printed for it. One node says it as report.py always did (its JSON
-object, its words); several add each node's line and the root cause."""
+closing word printed for it. The result and its JSON are the same for one node and
+several; only the words differ (prefixed.names_nodes): one node says it as report.py
+always did, several add each node's line and the root cause."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from rich.markup import escape
 
 from dflashctl import hints
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK
-from dflashctl.follow.report import FollowResult, report_result
+from dflashctl.follow.prefixed import names_nodes
+from dflashctl.follow.report import FollowResult, say_outcome
 from dflashctl.follow.root_cause import NodeFailure
 from dflashctl.ui import terminal
 
@@ -49,35 +51,26 @@ class FleetResult:
     interrupted: bool = False
 
     @property
-    def lone(self) -> FollowResult | None:
-        """The one node's result, for a fleet of one (its errors were raised)."""
-        return self.nodes[0].result if len(self.nodes) == 1 else None
-
-    @property
     def status(self) -> str:
-        """crashed (any node), unreachable (a node lost), running (following stopped
-        early), stopped (by a dflashctl command), finished (every node)."""
+        """crashed or hung (any node), unreachable (a node lost), running (following
+        stopped early), stopped (by a dflashctl command), finished (every node)."""
         statuses = [n.result.status if n.result else "unreachable" for n in self.nodes]
-        for status in ("crashed", "unreachable", "running", "stopped"):
+        for status in ("crashed", "hung", "unreachable", "running", "stopped"):
             if status in statuses:
                 return status
         return "finished"
 
     @property
     def cli_exit_code(self) -> int:
-        if self.lone is not None:
-            return self.lone.cli_exit_code
         if self.interrupted:
             return EXIT_INTERRUPTED
-        if self.status == "crashed":
+        if self.status in ("crashed", "hung"):
             return EXIT_CRASH
         errors = [getattr(n.error, "exit_code", EXIT_CRASH) for n in self.nodes if n.error]
         return max(errors) if errors else EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
-        """schemas/logs.json's object for one node; its `nodes` form for several."""
-        if self.lone is not None:
-            return self.lone.to_json()
+        """schemas/logs.json's object, the same keys for one node and several."""
         data: dict[str, Any] = {
             "run": self.run_id,
             "status": self.status,
@@ -95,25 +88,31 @@ class FleetResult:
 
 def report_fleet(result: FleetResult, *, json_mode: bool = False) -> int:
     """Print the closing word (or the JSON object on stdout); return the exit code."""
-    if result.lone is not None:
-        return report_result(result.lone, json_mode=json_mode, node=result.nodes[0].name)
     run = result.run_id
+    several = names_nodes(result.nodes)
     if json_mode:
         terminal.print_json(result.to_json(), command="logs")
     if result.interrupted:
+        on = f" on its {len(result.nodes)} nodes" if several else ""
         terminal.info(
-            f"stopped following; run {run} keeps running on its {len(result.nodes)} nodes. "
+            f"stopped following; run {run} keeps running{on}. "
             f"Resume with {hints.command(f'logs -f {run}')}"
         )
-        return result.cli_exit_code
-    if json_mode:
-        return result.cli_exit_code
+    elif not json_mode and several:
+        _say_fleet_outcome(result)
+    elif not json_mode and result.nodes[0].result is not None:
+        say_outcome(result.nodes[0].result)  # (one node's error was said as it came)
+    return result.cli_exit_code
+
+
+def _say_fleet_outcome(result: FleetResult) -> None:
+    run = result.run_id
     status = result.status
-    if status == "crashed":
+    if status in ("crashed", "hung"):
         cause = result.root_cause
         said = f": {escape(cause.describe())}" if cause else ""
         terminal.err.print(
-            f"[bold red]✗[/bold red] run {run} crashed; root cause (the first failure in "
+            f"[bold red]✗[/bold red] run {run} {status}; root cause (the first failure in "
             f"time){said}",
             soft_wrap=True,
         )
@@ -145,10 +144,9 @@ def report_fleet(result: FleetResult, *, json_mode: bool = False) -> int:
             f"{hints.command(f'logs -f {run}')}"
         )
     first = result.nodes[0].result
-    if first is not None and status != "crashed":
+    if first is not None and status not in ("crashed", "hung"):
         for line in first.summary.describe():
             terminal.info(f"  {line}")
-    return result.cli_exit_code
 
 
 def _node_words(node: NodeFollow) -> str:
@@ -157,8 +155,8 @@ def _node_words(node: NodeFollow) -> str:
         return f"unreachable: {node.error}"
     result = node.result
     assert result is not None
-    if result.status == "crashed" and node.failure is not None:
-        words = f"crashed: {node.failure.what()}"
+    if result.status in ("crashed", "hung") and node.failure is not None:
+        words = f"{result.status}: {node.failure.what()}"
     elif result.status == "finished":
         words = f"finished (exit code {result.exit_code})"
     elif result.status == "stopped" and result.stop:

@@ -1,5 +1,5 @@
-"""Output of several nodes' followers on one terminal: every line prefixed with its
-node (`gpu-a | `, aligned, a colour per node), written whole under one lock so that
+"""Output of the nodes' followers on one terminal: with several nodes every line prefixed
+with its node (`gpu-a | `, aligned, a colour per node), written whole under one lock so that
 threads never interleave within a line (nor within a crash panel: rich writes a
 panel in one piece).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 
 from rich.console import Console
 from rich.text import Text
@@ -19,10 +19,24 @@ NODE_COLOURS = ("cyan", "magenta", "green", "blue", "yellow", "bright_cyan", "br
 MIN_WIDTH = 40
 
 
-def node_prefixes(names: list[str]) -> list[str]:
-    """`gpu-a   | `: aligned on the longest name."""
+def names_nodes(nodes: Sized) -> bool:
+    """Whether what following prints names the node it is about: a prefix on each line,
+    the node in notices, errors and closing words, a report when a node fails. Only in a
+    fleet of several: one node's output reads as it did before fleets. The one place the
+    number of nodes decides anything in following; what is followed, and the --json
+    answer's keys, are the same for one node and several."""
+    return len(nodes) > 1
+
+
+def node_consoles(base: Callable[[], Console], names: list[str]) -> list[Console]:
+    """A console per node: `base()` itself for one node, else one prefixing each line
+    with its node (`gpu-a   | `, aligned on the longest name)."""
+    if not names_nodes(names):
+        return [base()]
     width = max(len(name) for name in names)
-    return [f"{name.ljust(width)} | " for name in names]
+    return [
+        prefixed_console(base, f"{name.ljust(width)} | ", index) for index, name in enumerate(names)
+    ]
 
 
 class _PrefixedFile(io.TextIOBase):

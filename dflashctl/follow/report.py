@@ -158,17 +158,13 @@ def stopped_cleanly(stop: dict[str, Any] | None) -> bool:
 # --------------------------------------------------------------------------- the report
 
 
-def report_result(result: FollowResult, *, json_mode: bool = False, node: str | None = None) -> int:
-    """Print the closing word (or the JSON object on stdout); return the exit code."""
-    run = result.run_id
+def report_result(result: FollowResult, *, json_mode: bool = False) -> int:
+    """A classified log file's closing word (or the JSON object on stdout); return the
+    exit code. (A followed run's is fleet_report.report_fleet's.)"""
     if json_mode:
-        terminal.print_json(result.to_json(), command="logs", node=node)
-    if result.interrupted:
-        terminal.info(
-            f"stopped following; run {run} keeps running. Resume with {hints.command(f'logs -f {run}')}"
-        )
-    elif not json_mode:
-        _say_outcome(result)
+        terminal.print_json(result.to_json(), command="logs")
+    else:
+        say_outcome(result)
     return result.cli_exit_code
 
 
@@ -184,7 +180,8 @@ def _say_where_and_what(result: FollowResult) -> None:
         terminal.info(f"  {line}")
 
 
-def _say_outcome(result: FollowResult) -> None:
+def say_outcome(result: FollowResult) -> None:
+    """How the run (or log) ended, in words on stderr."""
     what = f"run {result.run_id}" if result.run_id else (result.source or "the log")
     if result.status == "finished" and result.source is not None and result.exit_code is None:
         # A copied log alone cannot prove the run ended well (it may be cut off).

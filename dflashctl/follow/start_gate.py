@@ -6,7 +6,7 @@ reports the crash when the run died before that, the way following it would have
     outcome.status   # "started", "died", "ended", "timeout" or "interrupted"
     code = outcome.report()   # the closing word; the CLI's exit code
 
-It is the follower of `logs -f` (follow_fleet: one node or several, one path), with
+It is the follower of `logs -f` (follow_fleet, for one node as for several), with
 the lines not shown: it stops following once every node showed the line (or any
 node's run ended before it did, or `timeout_s` passed). A node whose run died first
 ends the wait at once, whatever the other nodes still do (under torchrun they wait
@@ -27,6 +27,7 @@ from dflashctl import hints
 from dflashctl.crash.ranks import split_prefix
 from dflashctl.follow.fleet import follow_fleet
 from dflashctl.follow.fleet_report import FleetResult, report_fleet
+from dflashctl.follow.prefixed import names_nodes
 from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
@@ -102,9 +103,10 @@ class StartOutcome:
         code when the run died or ended before its start line."""
         run, result = self.run_id, self.result
         follow = hints.command(f"logs -f {run}")
-        where = "" if len(self.nodes) == 1 else f" on all {len(self.nodes)} nodes"
+        several = names_nodes(self.nodes)
+        where = f" on all {len(self.nodes)} nodes" if several else ""
         if self.status == "started":
-            last = "" if len(self.nodes) == 1 else "the last "
+            last = "the last " if several else ""
             terminal.success(
                 f"run {run} started{where}: its start line came {last}{self.seconds:.1f} s "
                 "after the launch"
@@ -113,7 +115,7 @@ class StartOutcome:
             return 0
         if self.status == "timeout":
             names = ", ".join(self.waiting)
-            on = f" on {names}" if len(self.nodes) > 1 else ""
+            on = f" on {names}" if several else ""
             terminal.warning(
                 f"run {run} is still running but has not shown its start line{on} after "
                 f"{self.timeout_s:g} s (run.start_timeout_s): waited for {WAITING_FOR}, a line "
