@@ -194,12 +194,8 @@ FLEET_NAMES = re.compile(r"nodes|targets|fleet|outcomes", re.IGNORECASE)
 COUNT_MAY_BE_ASKED = {
     ("dflashctl/remote/nodes.py", "names_each_node"),
     ("dflashctl/ops/launch_command.py", "*"),
-    # Following a run across nodes (follow/, crash/ranks.py) is being made one path
-    # elsewhere; it leaves this list once it no longer forks.
+    # not the fleet: the node ids torchrun wrote into one log (one id: the log is that node's)
     ("dflashctl/crash/ranks.py", "node_of"),
-    ("dflashctl/follow/fleet.py", "*"),
-    ("dflashctl/follow/fleet_report.py", "lone"),
-    ("dflashctl/follow/start_gate.py", "report"),
 }
 
 

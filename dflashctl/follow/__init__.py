@@ -40,7 +40,7 @@ How it works:
 Every node of the fleet (one, or a `nodes:` list in dflash.yaml) is followed the same
 way: follow_fleet runs one follow_run per node, each in its own thread, and report_fleet
 says how the run ended (on each node, and its root cause across nodes, the first failure
-in time). Only the printing depends on the number of nodes (prefixed.names_nodes: one
+in time). Only the printing depends on the number of nodes (prefixed.names_each_node: one
 node's lines carry no prefix); the result and its --json keys do not:
 
     with node_sessions(config) as nodes:
@@ -53,7 +53,7 @@ the end of the run), report.py (FollowResult, the closing word, classify_log for
 log), fleet.py (follow_fleet: every node at once, the report when a node fails),
 fleet_report.py (FleetResult and its closing word),
 root_cause.py (the first failure across nodes; torchrun's failure summary), prefixed.py
-(names_nodes; several nodes' lines prefixed, whole, under one lock).
+(names_each_node; several nodes' lines prefixed, whole, under one lock).
 """
 
 from dflashctl.follow.fleet import follow_fleet, resolve_run

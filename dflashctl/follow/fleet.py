@@ -7,7 +7,7 @@ behind `logs` and the following of deploy and restart.
     sys.exit(report_fleet(result, json_mode=False))   # fleet_report.py
 
 One follower (follow_run, with its own reconnecting) per node, each in a thread of its
-own. Only what is printed depends on how many nodes there are (prefixed.names_nodes):
+own. Only what is printed depends on how many nodes there are (prefixed.names_each_node):
 several nodes' lines go out prefixed with the node (`gpu-a | `), whole, under one lock,
 and the moment a node fails (a crash certain in its log, or its run ending badly), a
 report says so on stderr, with what every other node is doing right then; following
@@ -31,7 +31,7 @@ from dflashctl import hints
 from dflashctl.errors import DflashError, UsageError
 from dflashctl.follow.fleet_report import FleetResult, NodeFollow
 from dflashctl.follow.follower import follow_run
-from dflashctl.follow.prefixed import OUTPUT_LOCK, names_nodes, node_consoles
+from dflashctl.follow.prefixed import OUTPUT_LOCK, names_each_node, node_consoles
 from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure, named_rank
 from dflashctl.ui import terminal
 
@@ -67,7 +67,7 @@ def resolve_run(nodes: list[Node], run_id: str | None) -> str:
                 first.target, first.config.container.workdir, python=first.config.container.python
             )
         if active is None:
-            where = first.describe() if names_nodes(nodes) else first.target.describe()
+            where = first.describe() if names_each_node(nodes) else first.target.describe()
             raise UsageError(
                 f"no runs in {first.config.container.workdir} on {where} yet",
                 hint=f"start one with {hints.command('deploy')}",
@@ -97,7 +97,7 @@ def _every_node_has(nodes: list[Node], asked: list[Node], run_id: str, *, named:
     )
     for node, (run, active_id) in zip(asked, found, strict=True):
         if run is None:
-            where = f"{node.describe()} has " if names_nodes(nodes) else ""
+            where = f"{node.describe()} has " if names_each_node(nodes) else ""
             raise UsageError(
                 f"{where}no run {run_id} in {node.config.container.workdir}/runs",
                 hint=f"list the runs with {hints.command('runs')}",
@@ -156,7 +156,7 @@ def follow_fleet(
     """Follow run `run_id` on every node until every node's run has ended (or, with
     follow=False, read what each log holds now). Each node has its own follower thread;
     what one node's lines, crashes and errors print is said as it comes (prefixed with
-    the node when there are several: prefixed.names_nodes).
+    the node when there are several: prefixed.names_each_node).
 
     Never raises for one node's trouble: a node that cannot be reached within
     `reconnect_timeout_s` (or that lacks the run) is said at once and ends with its
@@ -190,7 +190,7 @@ def follow_fleet(
             reconnect_timeout_s=reconnect_timeout_s,
             state_poll_s=state_poll_s,
             # A live notice per node would fight over the terminal.
-            waiting_notice=waiting_notice and not names_nodes(nodes),
+            waiting_notice=waiting_notice and not names_each_node(nodes),
         )
     )
 
@@ -256,13 +256,13 @@ class _FleetFollower:
                     state_of=partial(self._state_of, watch),
                     hang=(config.run.hang.factor, config.run.hang.min_s),
                     progress_of=lambda: getattr(getattr(watch, "info", None), "progress", None),
-                    node=node.name if names_nodes(self.nodes) else None,
+                    node=node.name if names_each_node(self.nodes) else None,
                     cancel=self.cancel,
                     **kwargs,
                 )
         except Exception as exc:  # this node's; the others are followed on
             watch.error = exc
-            named = names_nodes(self.nodes)
+            named = names_each_node(self.nodes)
             if named and isinstance(exc, DflashError) and not exc.message.startswith("node "):
                 exc.message = f"{node.describe()}: {exc.message}"
                 exc.args = (exc.message,)
@@ -361,7 +361,7 @@ class _FleetFollower:
         """Said at once: which node failed with what; the first one also says what every
         other node is doing at this moment. (One node's crash panel and closing word
         say it all.)"""
-        if not names_nodes(self.nodes):
+        if not names_each_node(self.nodes):
             return
         with self._lock:
             first = others and not any(w.reported and w is not watch for w in self._watches)

@@ -1,7 +1,7 @@
 """How a run stands on its fleet once following stopped (FleetResult: each node's
 FollowResult or error, the root cause across nodes and its consequences), and the
 closing word printed for it. The result and its JSON are the same for one node and
-several; only the words differ (prefixed.names_nodes): one node says it as report.py
+several; only the words differ (prefixed.names_each_node): one node says it as report.py
 always did, several add each node's line and the root cause."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from rich.markup import escape
 
 from dflashctl import hints
 from dflashctl.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK
-from dflashctl.follow.prefixed import names_nodes
 from dflashctl.follow.report import FollowResult, say_outcome
 from dflashctl.follow.root_cause import NodeFailure
+from dflashctl.remote.nodes import names_each_node
 from dflashctl.ui import terminal
 
 # --------------------------------------------------------------------------- results
@@ -89,7 +89,7 @@ class FleetResult:
 def report_fleet(result: FleetResult, *, json_mode: bool = False) -> int:
     """Print the closing word (or the JSON object on stdout); return the exit code."""
     run = result.run_id
-    several = names_nodes(result.nodes)
+    several = names_each_node(result.nodes)
     if json_mode:
         terminal.print_json(result.to_json(), command="logs")
     if result.interrupted:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.text import Text
+
+from dflashctl.remote.nodes import names_each_node  # noqa: F401 (followers import it from here)
 
 # One lock for everything the followers of one command print.
 OUTPUT_LOCK = threading.RLock()
@@ -19,19 +21,10 @@ NODE_COLOURS = ("cyan", "magenta", "green", "blue", "yellow", "bright_cyan", "br
 MIN_WIDTH = 40
 
 
-def names_nodes(nodes: Sized) -> bool:
-    """Whether what following prints names the node it is about: a prefix on each line,
-    the node in notices, errors and closing words, a report when a node fails. Only in a
-    fleet of several: one node's output reads as it did before fleets. The one place the
-    number of nodes decides anything in following; what is followed, and the --json
-    answer's keys, are the same for one node and several."""
-    return len(nodes) > 1
-
-
 def node_consoles(base: Callable[[], Console], names: list[str]) -> list[Console]:
     """A console per node: `base()` itself for one node, else one prefixing each line
     with its node (`gpu-a   | `, aligned on the longest name)."""
-    if not names_nodes(names):
+    if not names_each_node(names):
         return [base()]
     width = max(len(name) for name in names)
     return [

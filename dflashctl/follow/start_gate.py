@@ -27,7 +27,7 @@ from dflashctl import hints
 from dflashctl.crash.ranks import split_prefix
 from dflashctl.follow.fleet import follow_fleet
 from dflashctl.follow.fleet_report import FleetResult, report_fleet
-from dflashctl.follow.prefixed import names_nodes
+from dflashctl.remote.nodes import names_each_node
 from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class StartOutcome:
         code when the run died or ended before its start line."""
         run, result = self.run_id, self.result
         follow = hints.command(f"logs -f {run}")
-        several = names_nodes(self.nodes)
+        several = names_each_node(self.nodes)
         where = f" on all {len(self.nodes)} nodes" if several else ""
         if self.status == "started":
             last = "the last " if several else ""
