@@ -55,9 +55,11 @@ VARIANTS = {
 }
 VARIANTS.update(
     {
-        # the target forward compiled (measured slower: off by default), and with FP8 matmuls
+        # the target forward: transformers' own (before target.fused), compiled, FP8
+        "hf-target": ["target.fused=false"],
         "target-compiled": ["target.compile=true"],
         "fp8": ["target.fp8=true"],
+        "fp8-compiled": ["target.fp8=true", "target.compile=true"],
     }
 )
 # Each measurement the trainer makes while it trains, and how to switch it off:

@@ -292,6 +292,53 @@ def recipe_config(scale: str, target_dir: Path, data: Path, evals: Path, out: Pa
     }
 
 
+REGENERATED = "regenerated.done"  # written once a target's regeneration is complete
+
+
+def run_fp8_twin(name: str, scale: str, out: Path, wait_s: float = 900.0) -> dict:
+    """The recipe with target.fp8 on `name`'s own target and regenerated data (made by
+    the bf16 row's process, waited for): the drafter trains on FP8 context and is
+    evaluated, like every row, served against the bf16 target."""
+    from bench_quality import prompt_lookup_tau, train_drafter_from
+    from dflash.pipeline.train_config import config_from_dict
+
+    twin, r = out.parent / name, RECIPE[scale]
+    began = time.perf_counter()
+    while not (twin / REGENERATED).exists():
+        if time.perf_counter() - began > wait_s:
+            raise SystemExit(f"{name}'s regeneration did not finish within {wait_s:.0f} s")
+        time.sleep(2)
+    out.mkdir(parents=True, exist_ok=True)
+    results = json.loads((twin / REGENERATED).read_text())
+    results["target"] = f"{name}+fp8"
+    cfg = recipe_config(scale, twin / "target", twin / "regenerated.jsonl", twin / "eval.jsonl",
+                        out / "drafter")  # fmt: skip
+    cfg["target"]["fp8"] = True
+    measured = time.perf_counter()
+    results["drafter"] = train_drafter_from(
+        results["target"], config_from_dict(cfg), out / "drafter"
+    )
+    results["budget_seconds"] = round(results["regen_seconds"] + time.perf_counter() - measured, 1)
+    s_lookup = lookup_settings(cfg, r)
+    results["prompt_lookup"] = prompt_lookup_tau(twin / "target", twin / "eval.jsonl", s_lookup)
+    results["eval_cost"] = eval_cost(
+        twin / "target", results["drafter"]["checkpoint"], twin, s_lookup
+    )
+    results["seconds"] = round(time.perf_counter() - began, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def lookup_settings(drafter_cfg: dict, r: dict) -> dict:
+    return {
+        "device": drafter_cfg["runtime"]["drafter_devices"][0],
+        "dtype": r["dtype"],
+        "eval_prompts": r["eval"]["num_prompts"],
+        "eval_tokens": r["eval"]["max_new_tokens"],
+        "block": r["drafter"]["block_size"],
+    }
+
+
 def run_target(name: str, scale: str, out: Path) -> dict:
     from bench_quality import prompt_lookup_tau, train_drafter_from
     from dflash.pipeline.train_config import config_from_dict
@@ -330,15 +377,11 @@ def run_target(name: str, scale: str, out: Path) -> dict:
     cfg = config_from_dict(drafter_cfg)
     cfg.regenerate.input, cfg.regenerate.output = str(out / "regen-prompts.jsonl"), str(regen)
     results["regenerate"] = regenerate(cfg, log=lambda x: log(f"[{name}] {x}"))
+    results["regen_seconds"] = round(time.perf_counter() - measured, 1)
+    (out / REGENERATED).write_text(json.dumps(results) + "\n")  # for an FP8 twin
     results["drafter"] = train_drafter_from(name, config_from_dict(drafter_cfg), out / "drafter")
     results["budget_seconds"] = round(time.perf_counter() - measured, 1)
-    s_lookup = {
-        "device": drafter_cfg["runtime"]["drafter_devices"][0],
-        "dtype": r["dtype"],
-        "eval_prompts": r["eval"]["num_prompts"],
-        "eval_tokens": r["eval"]["max_new_tokens"],
-        "block": r["drafter"]["block_size"],
-    }
+    s_lookup = lookup_settings(drafter_cfg, r)
     results["prompt_lookup"] = prompt_lookup_tau(target_dir, out / "eval.jsonl", s_lookup)
     results["eval_cost"] = eval_cost(target_dir, results["drafter"]["checkpoint"], out, s_lookup)
     results["seconds"] = round(time.perf_counter() - began, 1)
@@ -425,7 +468,7 @@ def goals_of(r: dict) -> dict:
 
 def table(rows: list[dict]) -> list[str]:
     lines = [
-        f"{'target':<7}{'params':>7}{'vocab':>6}{'eval tau':>9}{'tau~':>6}{'eval/tau~':>10}"
+        f"{'target':<9}{'params':>7}{'vocab':>6}{'eval tau':>9}{'tau~':>6}{'eval/tau~':>10}"
         f"{'lookup':>7}{'x lookup':>9}{'steps':>6}{'regen':>6}{'budget s':>9}"
         f"{'eval s':>7}{'b1 x':>6}  lossless / goals"
     ]
@@ -434,7 +477,7 @@ def table(rows: list[dict]) -> list[str]:
         lookup = r["prompt_lookup"]["tau"]
         met = sum(v["met"] for v in g.values())
         lines.append(
-            f"{r['target']:<7}{r['target_model']['params_M']:>6.1f}M{r['shape']['vocab']:>6}"
+            f"{r['target']:<9}{r['target_model']['params_M']:>6.1f}M{r['shape']['vocab']:>6}"
             f"{d['eval_tau']:>9.2f}{d['train_tau']:>6.2f}{d['eval_tau'] / d['train_tau']:>10.2f}"
             f"{lookup:>7.2f}{d['eval_tau'] / lookup:>9.2f}{d['steps']:>6}"
             f"{r['regenerate']['answered']:>6}{r['budget_seconds']:>9.0f}{c['eval_seconds']:>7.1f}"
@@ -468,25 +511,39 @@ def main(argv=None) -> int:
     parser.add_argument("--target", choices=sorted(CORPORA), help="one target, in this process")
     parser.add_argument("--only", action="append", choices=sorted(CORPORA), help="a subset")
     parser.add_argument(
+        "--fp8-twin",
+        action="append",
+        default=[],
+        choices=sorted(CORPORA),
+        help="also train this target's drafter with target.fp8 on the same target and data",
+    )
+    parser.add_argument("--fp8", action="store_true", help=argparse.SUPPRESS)  # a twin's process
+    parser.add_argument(
         "--deadline", type=float, default=3600.0, help="seconds before unfinished targets stop"
     )
     args = parser.parse_args(argv)
+    if args.target and args.fp8:
+        run_fp8_twin(args.target, args.scale, args.out / f"{args.target}+fp8")
+        return 0
     if args.target:
         run_target(args.target, args.scale, args.out / args.target)
         return 0
     names = args.only or sorted(CORPORA)
+    twins = [n for n in args.fp8_twin if n in names]
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     # On the GPU the targets run side by side (small models leave most of an H200
     # idle); on CPU one after the other (two cores).
     parallel = args.scale == "gpu"
     procs = {}
-    for name in names:
+    jobs = [(name, ["--target", name]) for name in names]
+    jobs += [(f"{name}+fp8", ["--target", name, "--fp8"]) for name in twins]
+    for job, flags in jobs:
         cmd = [sys.executable, __file__, "--scale", args.scale, "--out", str(args.out)]
-        handle = (args.out / f"{name}.log").open("w")
-        procs[name] = subprocess.Popen(cmd + ["--target", name], stdout=handle, stderr=handle)
-        if not parallel:
-            procs[name].wait()
+        handle = (args.out / f"{job}.log").open("w")
+        procs[job] = subprocess.Popen(cmd + flags, stdout=handle, stderr=handle)
+        if not parallel and not flags[-1] == "--fp8":
+            procs[job].wait()
     failed = []
     for name, proc in procs.items():
         try:
@@ -498,7 +555,7 @@ def main(argv=None) -> int:
             failed.append(name)
             print((args.out / f"{name}.log").read_text()[-3000:], file=sys.stderr)
     rows = []
-    for name in names:
+    for name, _ in jobs:
         if name in failed:
             continue
         r = json.loads((args.out / name / "results.json").read_text())
