@@ -20,6 +20,7 @@ from dflashctl.follow import waiting
 from dflashctl.follow.reader import FrameParser, ReaderBroken
 from dflashctl.follow.report import FollowResult, classify_log, report_result
 from dflashctl.follow.start_gate import StartGate
+from dflashctl.remote.agent_messages import RunRecord, RunsAnswer
 from dflashctl.ui import terminal
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -93,6 +94,9 @@ def test_the_agents_entry_streams_the_log_and_answers_json(tmp_path, capsysbinar
     answer = json.loads(capsysbinary.readouterr().out)
     assert answer["ok"] and [run["id"] for run in answer["runs"]] == ["R1"]
     assert answer["runs"][0]["status"] == "exited"
+    # the answer has every key the client's message types say it always has
+    assert RunsAnswer.__required_keys__ <= answer.keys()
+    assert RunRecord.__required_keys__ <= answer["runs"][0].keys()
 
 
 def classify(name: str, exit_code: int | None) -> FollowResult:
