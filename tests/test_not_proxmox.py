@@ -81,11 +81,11 @@ def test_every_command_says_the_host_is_not_a_proxmox_node(not_proxmox, argv):
 )
 def test_each_shell_saying_pct_is_missing_is_understood(stderr):
     result = CommandResult(["pct", "exec", "200"], 127, b"", stderr.encode())
-    error = pct.container_error(result, 200, "exec", "root@pve:22")
+    error = pct.container_error(result, 200, "root@pve:22")
     assert isinstance(error, pct.NotProxmoxNode)
     assert error.message.startswith("pct is not installed on root@pve:22")
 
 
 def test_a_command_missing_inside_the_container_is_not_taken_for_pct():
     result = CommandResult(["pct", "exec", "200"], 127, b"", b"exec: python3: not found\n")
-    assert pct.container_error(result, 200, "exec") is None
+    assert pct.container_error(result, 200) is None

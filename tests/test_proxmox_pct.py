@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from dflashctl.config.schema import HostConfig
-from dflashctl.errors import EXIT_HOST
 from dflashctl.remote import pct
 from dflashctl.remote.deploy_target import Target
 from dflashctl.remote.transport import CommandFailed, LocalTransport, open_transport
@@ -15,21 +14,11 @@ from dflashctl.remote.transport.base import CommandResult
 
 
 def test_argv_builders():
-    assert pct.raw_exec_argv(200, ["python3", "-V"]) == [
-        "pct",
-        "exec",
-        "200",
-        "--",
-        "python3",
-        "-V",
-    ]
     # With a root login's environment instead of the SSH session's, plus the given env.
     argv = pct.exec_argv(200, ["python3", "-V"], {"A": "1"})
     assert argv[:6] == ["pct", "exec", "200", "--", "env", "-i"]
     assert f"PATH={pct.LOGIN_PATH}" in argv and "/usr/local/bin" in pct.LOGIN_PATH
     assert argv[-4:] == ["env", "A=1", "python3", "-V"]
-    assert pct.push_argv(200, "/tmp/a", "/root/b") == ["pct", "push", "200", "/tmp/a", "/root/b"]
-    assert pct.push_argv(200, "/tmp/a", "/root/b", 0o755)[-2:] == ["--perms", "755"]
 
 
 def failed(argv, stderr: str, status: int = 255) -> CommandResult:
@@ -44,7 +33,6 @@ def test_missing_config_means_no_such_container():
             2,
         ),
         999,
-        "exec",
     )
     assert isinstance(error, pct.ContainerNotFound)
     assert error.message == "container 999 does not exist on node pve"
@@ -56,31 +44,13 @@ def test_exec_separates_pct_failures_from_the_commands_own_status():
         "lxc-attach: 200: ../src/lxc/attach.c: get_attach_context: 405 Connection refused - "
         "Failed to get init pid\n"
     )
-    error = pct.container_error(failed(pct.exec_argv(200, ["true"]), lxc, 1), 200, "exec")
+    error = pct.container_error(failed(pct.exec_argv(200, ["true"]), lxc, 1), 200)
     assert isinstance(error, pct.ContainerNotRunning)
     assert (
         error.hint == "start it with `pct start 200` on the host, or deploy with --start-container"
     )
     own = failed(pct.exec_argv(200, ["grep", "x"]), "grep: not running anything\n", 1)
-    assert pct.container_error(own, 200, "exec") is None
-
-
-def test_push_errors():
-    push = pct.push_argv(200, "/tmp/s", "/root/no/dir/f")
-    error = pct.container_error(
-        failed(push, "failed to create file: /root/no/dir/f: No such file or directory\n"),
-        200,
-        "push",
-    )
-    assert isinstance(error, pct.ContainerPathMissing)
-    assert (
-        error.message == "cannot write /root/no/dir/f in container 200: its folder does not exist"
-    )
-    stopped = pct.container_error(
-        failed(push, "can only push files to a running CT\n"), 200, "push"
-    )
-    assert isinstance(stopped, pct.ContainerNotRunning)
-    assert error.exit_code == stopped.exit_code == EXIT_HOST
+    assert pct.container_error(own, 200) is None
 
 
 # -- Target on the test host --------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_pct_exec_on_a_stopped_container_is_container_not_running(prefix):
     result = CommandResult(
         pct.exec_argv(200, ["true"]), 255, b"", f"{prefix}container '200' not running!\n".encode()
     )
-    error = pct.container_error(result, 200, "exec")
+    error = pct.container_error(result, 200)
     assert isinstance(error, pct.ContainerNotRunning)
     assert "pct start 200" in error.hint
 

@@ -20,7 +20,7 @@ def stacks(
     wait: Annotated[
         float,
         typer.Option("--wait", help="Seconds to wait for every rank to answer."),
-    ] = 10.0,
+    ] = 10.0,  # a rank busy in a long C call (a CPU step) answers once its GIL is free
     json_output: JsonOption = False,
 ) -> None:
     """Ask a live run for every thread's stack (each rank under torchrun), and show what

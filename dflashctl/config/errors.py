@@ -124,13 +124,6 @@ def key_path(loc: KeyPath) -> str:
     return text
 
 
-def translate(
-    exc: ValidationError, model: type[BaseModel], path: Path, source: YamlSource
-) -> ConfigError:
-    """Every mistake pydantic found as one ConfigError."""
-    return config_error(path, problems(exc, model, source))
-
-
 def problems(exc: ValidationError, model: type[BaseModel], source: YamlSource) -> list[Problem]:
     return [_problem(error, model, source) for error in exc.errors(include_url=False)]
 

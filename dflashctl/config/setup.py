@@ -6,30 +6,23 @@ in the container before the trainer starts (dflashctl/ops/setup_env.py does it).
       pip_args: [--no-index, --find-links, wheels]
       commands: ["python -m pip install -e ."]   # shell lines, run in the venv
 
-Kept out of config.py so that the config's main module stays small; the model follows
-the same rules (strict types, unknown keys refused).
+Kept out of schema.py so that the config's main module stays small; a Section like the
+others (strict types, unknown keys refused).
 """
 
 from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from dflashctl.config.base import Section
 from dflashctl.config.errors import invalid
 
 DEFAULT_REQUIREMENTS = "requirements.txt"
 
 
-class SetupConfig(BaseModel):
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        validate_default=True,
-        allow_inf_nan=False,
-        defer_build=True,
-    )
-
+class SetupConfig(Section):
     # A pip requirements file inside trainer.source (travels with the release);
     # null: none. The default is used only when the file exists.
     requirements: str | None = DEFAULT_REQUIREMENTS

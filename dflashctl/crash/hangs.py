@@ -46,7 +46,6 @@ class Silence:
     threads: list[str] = field(default_factory=list)  # the stuck ones, the first the likeliest
     waiting: dict[str, str] = field(default_factory=dict)  # thread -> "file:line in function"
     stacks_file: str | None = None
-    stuck_after_stop: bool = False  # "threads still running ... after the stop"
     said: list[str] = field(default_factory=list)  # the lines that told it
 
     def where(self) -> str:
@@ -123,7 +122,6 @@ class HangLines:
             silence = self.silences.setdefault(
                 rank, Silence(rank=rank, line=line_no, before_first_step=not self.stepped)
             )
-            silence.stuck_after_stop = True
             silence.said.append(line)
             # The stop names the threads that never ended: the stuck ones, first.
             silence.threads = stuck + [t for t in silence.threads if t not in stuck]

@@ -92,12 +92,6 @@ class RankBook:
             return None
         return self.own_rank
 
-    def rank_of_pid(self, pid: int | None) -> int | None:
-        for info in self.ranks.values():
-            if pid is not None and info.pid == pid:
-                return info.rank
-        return None
-
     def info(self, rank: int | None) -> RankInfo | None:
         return self.ranks.get(rank) if rank is not None else None
 

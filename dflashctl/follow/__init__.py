@@ -40,7 +40,7 @@ How it works:
 Every node of the fleet (one, or a `nodes:` list in dflash.yaml) is followed the same
 way: follow_fleet runs one follow_run per node, each in its own thread, and report_fleet
 says how the run ended (on each node, and its root cause across nodes, the first failure
-in time). Only the printing depends on the number of nodes (prefixed.names_each_node: one
+in time). Only the printing depends on the number of nodes (nodes.names_each_node: one
 node's lines carry no prefix); the result and its --json keys do not:
 
     with node_sessions(config) as nodes:

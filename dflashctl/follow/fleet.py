@@ -7,7 +7,7 @@ behind `logs` and the following of deploy and restart.
     sys.exit(report_fleet(result, json_mode=False))   # fleet_report.py
 
 One follower (follow_run, with its own reconnecting) per node, each in a thread of its
-own. Only what is printed depends on how many nodes there are (prefixed.names_each_node):
+own. Only what is printed depends on how many nodes there are (nodes.names_each_node):
 several nodes' lines go out prefixed with the node (`gpu-a | `), whole, under one lock,
 and the moment a node fails (a crash certain in its log, or its run ending badly), a
 report says so on stderr, with what every other node is doing right then; following
@@ -31,8 +31,9 @@ from dflashctl import hints
 from dflashctl.errors import DflashError, UsageError
 from dflashctl.follow.fleet_report import FleetResult, NodeFollow
 from dflashctl.follow.follower import follow_run
-from dflashctl.follow.prefixed import OUTPUT_LOCK, names_each_node, node_consoles
-from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure, named_rank
+from dflashctl.follow.prefixed import OUTPUT_LOCK, node_consoles
+from dflashctl.follow.root_cause import NodeFailure, TorchrunWatch, first_failure
+from dflashctl.remote.nodes import names_each_node
 from dflashctl.ui import terminal
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def follow_fleet(
     """Follow run `run_id` on every node until every node's run has ended (or, with
     follow=False, read what each log holds now). Each node has its own follower thread;
     what one node's lines, crashes and errors print is said as it comes (prefixed with
-    the node when there are several: prefixed.names_each_node).
+    the node when there are several: nodes.names_each_node).
 
     Never raises for one node's trouble: a node that cannot be reached within
     `reconnect_timeout_s` (or that lacks the run) is said at once and ends with its
@@ -435,7 +436,6 @@ def _failure_of(watch: _NodeWatch, event: CrashEvent | None) -> NodeFailure:
         ended_at=ended_at,
         state=state,
         torchrun=watch.torchrun.failure,
-        names_rank=named_rank(event),
     )
 
 

@@ -1,7 +1,7 @@
 """How a run stands on its fleet once following stopped (FleetResult: each node's
 FollowResult or error, the root cause across nodes and its consequences), and the
 closing word printed for it. The result and its JSON are the same for one node and
-several; only the words differ (prefixed.names_each_node): one node says it as report.py
+several; only the words differ (nodes.names_each_node): one node says it as report.py
 always did, several add each node's line and the root cause."""
 
 from __future__ import annotations

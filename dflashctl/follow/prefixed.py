@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.text import Text
 
-from dflashctl.remote.nodes import names_each_node  # noqa: F401 (followers import it from here)
+from dflashctl.remote.nodes import names_each_node
 
 # One lock for everything the followers of one command print.
 OUTPUT_LOCK = threading.RLock()

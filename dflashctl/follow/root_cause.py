@@ -19,23 +19,16 @@ Ordering, most telling first:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dflashctl.crash.ordering import PEER_CATEGORIES, is_consequence
+from dflashctl.crash.ordering import is_consequence
 from dflashctl.crash.torchrun import TorchrunFailure, TorchrunWatch
 
 if TYPE_CHECKING:
     from dflashctl.crash import CrashEvent
 
-__all__ = ["NodeFailure", "TorchrunFailure", "TorchrunWatch", "first_failure", "named_rank"]
-
-# The trainer's own word that another rank failed first or fell silent.
-CONSEQUENCE_CATEGORIES = PEER_CATEGORIES
-_PEER_NAMED = re.compile(
-    r"PeerFailure: .*?rank (\d+)(?: on host (\S+))? (?:failed|stopped answering)"
-)
+__all__ = ["NodeFailure", "TorchrunFailure", "TorchrunWatch", "first_failure"]
 
 
 @dataclass
@@ -50,8 +43,6 @@ class NodeFailure:
     ended_at: float | None = None  # the node's run ended then (its supervisor's clock)
     state: str | None = None  # the run's end in words: "crashed (killed by SIGKILL)"
     torchrun: TorchrunFailure | None = None
-    # Consequence of another node's failure, as the trainer or torchrun said it.
-    names_rank: int | None = None  # the rank a PeerFailure names as failing first
 
     @property
     def consequence(self) -> bool:
@@ -131,17 +122,6 @@ def first_failure(
 def _order(failure: NodeFailure) -> tuple[bool, bool, float, int]:
     when = failure.when
     return (failure.consequence, when is None, when or 0.0, failure.index)
-
-
-def named_rank(event: CrashEvent | None) -> int | None:
-    """The rank a PeerFailure names as the one that failed first or fell silent."""
-    if event is None or event.category not in CONSEQUENCE_CATEGORIES:
-        return None
-    for text in [f"PeerFailure: {event.message or ''}", *event.excerpt]:
-        found = _PEER_NAMED.search(text)
-        if found:
-            return int(found[1])
-    return None
 
 
 def _says_only_torchrun(event: CrashEvent) -> bool:

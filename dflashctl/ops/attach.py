@@ -78,7 +78,7 @@ def run_attached(config: Config, target: Target, argv: list[str], *, tty: bool) 
         status, tail = _pump(transport, full, tty)
     if target.vmid is not None and status != 0:
         # pct's own failure (a stopped or missing container), not the command's.
-        pct.raise_for_pct(CommandResult(full, status, b"", tail), target.vmid, "exec")
+        pct.raise_for_pct(CommandResult(full, status, b"", tail), target.vmid)
     return status
 
 

@@ -84,9 +84,6 @@ from dflashctl.runs import records as runs
 # How long a `--wait` deploy may queue behind another before the call gives up.
 QUEUED_WAIT_S = 24 * 3600
 
-# An upload nobody has written to for this long was abandoned by an interrupted deploy.
-ABANDONED_UPLOAD_MIN = 1
-
 # --------------------------------------------------------------------------- uploading
 
 
@@ -156,7 +153,7 @@ def upload_and_deploy(
     if target.vmid is not None and pct.pct_missing(result):
         raise pct.not_a_proxmox_node("pct", target.transport.description)
     if target.vmid is not None:
-        pct.raise_for_pct(result, target.vmid, "exec")
+        pct.raise_for_pct(result, target.vmid)
     answer = agent_client.parse_agent_answer(result, python, verb, target.describe())
     return cast(LaunchAnswer, answer)
 

@@ -19,9 +19,6 @@ from dflashctl.remote.nodes import NodeOutcome, node_sessions, on_every_node
 
 _LIBRARY = re.compile(r"[/\\]lib[/\\]python\d[\d.]*[/\\]|[/\\](site|dist)-packages[/\\]|^<frozen ")
 DUMP_FILES, DUMP_ERRORS = "_dump_files", "_dump_errors"  # never printed: see ask_stacks
-# The trainer polls for a request every 0.2 s; a rank busy in a long C call (a whole
-# step on the CPU) answers once its GIL is free again.
-DEFAULT_WAIT_S = 10.0
 
 
 def ask_stacks(target: Any, config: Any, run_id: str | None, wait_s: float) -> dict[str, Any]:

@@ -42,8 +42,6 @@ BUNDLED_NAME = "dflash_agent"
 # The commit barrier runs in the run's interpreter, which has torch (dflashctl/commit.py
 # sends it along).
 NOT_BUNDLED = frozenset({"supervisor", "commit_barrier"})
-# The answer of a bootstrap that has no agent to run (exit status 3).
-AGENT_MISSING = "agent_missing"
 
 # Installs an importer for SOURCES; `run` is what the bootstrap calls. Python 3.6+.
 _BUNDLE_BODY = '''

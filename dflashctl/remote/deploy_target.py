@@ -34,7 +34,7 @@ class ContainerStream(Stream):
             status = self._inner.exit_status
             if status:
                 result = CommandResult(self._argv, status, b"", self._inner.stderr)
-                pct.raise_for_pct(result, self._vmid, "exec", self._where)
+                pct.raise_for_pct(result, self._vmid, self._where)
         return data
 
     @property
@@ -93,7 +93,7 @@ class Target:
             outer = self.transport.run(
                 pct.exec_argv(self.vmid, argv, env), stdin=stdin, timeout=timeout, check=False
             )
-            pct.raise_for_pct(outer, self.vmid, "exec", self.transport.description)
+            pct.raise_for_pct(outer, self.vmid, self.transport.description)
             result = CommandResult(argv, outer.exit_status, outer.stdout, outer.stderr)
         if check and result.exit_status != 0:
             raise CommandFailed(result, self.describe())

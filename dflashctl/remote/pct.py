@@ -1,7 +1,7 @@
 """`pct` on the Proxmox node: argv builders and the parsing of its answers and errors.
 
 The Proxmox API cannot run commands in a container or copy files into one, so these
-travel over SSH as `pct exec` and `pct push`. The error texts matched here are pct's own
+travel over SSH as `pct exec` (files on its stdin). The error texts matched here are pct's own
 (pve-container src/PVE/CLI/pct.pm, src/PVE/AbstractConfig.pm) and lxc-attach's.
 """
 
@@ -11,18 +11,15 @@ import re
 from collections.abc import Mapping, Sequence
 
 from dflashctl.errors import HostError
-from dflashctl.remote.transport.base import CommandResult, command_text
+from dflashctl.remote.transport.base import CommandResult
 
 _MISSING_CONFIG = re.compile(r"Configuration file 'nodes/([^/']+)/lxc/(\d+)\.conf' does not exist")
 _NOT_RUNNING = re.compile(
-    r"can only push files to a running CT"  # pct push
-    r"|can only pull files from a running VM"  # pct pull (sic)
-    r"|^(?:Error: )?container '\d+' not running!"  # pct exec's own check (pct.pm ~244)
+    r"^(?:Error: )?container '\d+' not running!"  # pct exec's own check (pct.pm ~244)
     r"|^lxc-attach: .*Failed to get init pid"  # lxc-attach, when the container stops meanwhile
     r"|^CT \d+ not running",  # pct's own check (pct stop, some pct exec releases)
     re.MULTILINE,
 )
-_CREATE_FAILED = re.compile(r"failed to create file: (.+?): (.+)$", re.MULTILINE)
 # A shell's answer for a missing pct: sh ("sh: 1: pct: not found"), bash ("bash: pct:
 # command not found"), `exec pct` ("exec: pct: not found"), our local transport.
 _PCT_MISSING = re.compile(r"(?:^|[\s:])pct: (?:command )?not found", re.MULTILINE)
@@ -55,10 +52,6 @@ class ContainerNotFound(HostError):
 
 class ContainerNotRunning(HostError):
     """The container exists but is stopped."""
-
-
-class ContainerPathMissing(HostError):
-    """The folder a file is pushed into does not exist."""
 
 
 # A root login's PATH in a Debian container (/etc/profile). `pct exec` keeps the SSH
@@ -95,29 +88,15 @@ def exec_argv(vmid: int, argv: Sequence[str], env: Mapping[str, str] | None = No
     return ["pct", "exec", str(vmid), "--", *login_argv(argv, env)]
 
 
-def raw_exec_argv(vmid: int, argv: Sequence[str]) -> list[str]:
-    """`pct exec` as is: the session's environment, PATH=/sbin:/bin:/usr/sbin:/usr/bin."""
-    return ["pct", "exec", str(vmid), "--", *argv]
-
-
-def push_argv(vmid: int, src: str, dst: str, perms: int | None = None) -> list[str]:
-    argv = ["pct", "push", str(vmid), src, dst]
-    if perms is not None:
-        argv += ["--perms", format(perms, "o")]  # pct reads it as octal
-    return argv
-
-
 def not_running_hint(vmid: int) -> str:
     """The one hint for a stopped container, wherever it is found stopped; only deploy
     can start it (--start-container)."""
     return f"start it with `pct start {vmid}` on the host, or deploy with --start-container"
 
 
-def container_error(
-    result: CommandResult, vmid: int, action: str, where: str = "the host"
-) -> HostError | None:
-    """The container-level error in a failed pct call, or None when pct itself was fine
-    (for `pct exec`, a non-zero status then belongs to the command that ran)."""
+def container_error(result: CommandResult, vmid: int, where: str = "the host") -> HostError | None:
+    """The container-level error in a failed `pct exec`, or None when pct itself was fine
+    (a non-zero status then belongs to the command that ran)."""
     if result.exit_status == 0:
         return None
     if pct_missing(result):
@@ -133,30 +112,13 @@ def container_error(
         )
     if _NOT_RUNNING.search(stderr):
         return ContainerNotRunning(f"container {vmid} is not running", hint=not_running_hint(vmid))
-    if action == "push":
-        created = _CREATE_FAILED.search(stderr)
-        if created:
-            path, reason = created.groups()
-            if "No such file" in reason:
-                return ContainerPathMissing(
-                    f"cannot write {path} in container {vmid}: its folder does not exist",
-                    hint="create the folder first (pct push copies one file and makes no folders)",
-                )
-            return HostError(f"cannot write {path} in container {vmid}: {reason}")
-    if action == "exec":
-        return None
-    return HostError(
-        f"`{command_text(result.argv)}` failed with exit status {result.exit_status}: "
-        f"{result.last_error_line() or 'no message'}"
-    )
+    return None
 
 
-def raise_for_pct(
-    result: CommandResult, vmid: int, action: str, where: str = "the host"
-) -> CommandResult:
-    """Raise the clear error for a failed pct call; return the result when it succeeded.
+def raise_for_pct(result: CommandResult, vmid: int, where: str = "the host") -> CommandResult:
+    """Raise the clear error for a failed `pct exec`; return the result when it succeeded.
     `where`: the host, for messages."""
-    error = container_error(result, vmid, action, where)
+    error = container_error(result, vmid, where)
     if error is not None:
         raise error
     return result

@@ -8,7 +8,7 @@ needs it, so the CLI starts fast.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dflashctl.remote.transport.base import (
     CommandFailed,
@@ -23,7 +23,6 @@ from dflashctl.remote.transport.local import LocalTransport
 
 if TYPE_CHECKING:
     from dflashctl.config.schema import HostConfig
-    from dflashctl.remote.transport.ssh import SSHTransport
 
 __all__ = [
     "CommandFailed",
@@ -32,7 +31,6 @@ __all__ = [
     "ConnectFailed",
     "ConnectionLost",
     "LocalTransport",
-    "SSHTransport",
     "Stream",
     "Transport",
     "open_transport",
@@ -46,11 +44,3 @@ def open_transport(host: HostConfig) -> Transport:
     from dflashctl.remote.transport.remote import RemoteTransport
 
     return RemoteTransport(host)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SSHTransport":
-        from dflashctl.remote.transport.ssh import SSHTransport
-
-        return SSHTransport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 import secrets
 import shlex
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,49 @@ def stdin_pieces(stdin: Stdin) -> Iterator[bytes]:
         yield bytes(stdin)
     else:
         yield from stdin
+
+
+# A pipe's own: the command exited without reading all of its stdin.
+PIPE_GONE = (BrokenPipeError, ConnectionResetError)
+
+
+class StdinFeeder(threading.Thread):
+    """Sends a command's stdin piece by piece through `send` (how many bytes it took;
+    0: the far end has gone), then `end` (EOF). Each piece goes as a memoryview, so that
+    resending a partly sent piece copies nothing. `gone`: the exceptions that mean the
+    command exited without reading everything; any other is the input's own failure,
+    kept in `error` for the caller to raise once the command has ended."""
+
+    def __init__(
+        self,
+        name: str,
+        stdin: Stdin,
+        send: Callable[[memoryview], int],
+        end: Callable[[], object],
+        gone: tuple[type[BaseException], ...] = PIPE_GONE,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.stdin, self.send, self.end, self.gone = stdin, send, end, gone
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for piece in stdin_pieces(self.stdin):
+                view = memoryview(piece)
+                while view:
+                    sent = self.send(view)
+                    if not sent:
+                        return  # the command has gone
+                    view = view[sent:]
+        except self.gone:
+            pass
+        except Exception as exc:  # the input failed: end it here, say why afterwards
+            self.error = exc
+        try:
+            self.end()
+        except self.gone:
+            pass
 
 
 @dataclass

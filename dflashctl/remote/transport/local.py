@@ -16,10 +16,10 @@ from dflashctl.remote.transport.base import (
     CommandResult,
     CommandTimeout,
     Stdin,
+    StdinFeeder,
     Stream,
     Transport,
     read_local,
-    stdin_pieces,
     temp_name_for,
     trace,
 )
@@ -40,32 +40,6 @@ def _not_found(argv: Sequence[str], exc: OSError) -> CommandResult:
     status = 127 if isinstance(exc, FileNotFoundError) else 126
     reason = "command not found" if status == 127 else exc.strerror
     return CommandResult(list(argv), status, b"", f"{argv[0]}: {reason}\n".encode())
-
-
-class _PipeFeeder(threading.Thread):
-    """Writes a command's stdin piece by piece, then closes it (EOF)."""
-
-    def __init__(self, proc: subprocess.Popen, stdin: Stdin) -> None:
-        super().__init__(name="local-stdin", daemon=True)
-        assert proc.stdin is not None
-        self.pipe = proc.stdin
-        proc.stdin = None  # ours now: communicate() must not close it under us
-        self.stdin = stdin
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            for piece in stdin_pieces(self.stdin):
-                self.pipe.write(piece)
-        except OSError:
-            pass  # the command exited without reading everything
-        except Exception as exc:  # the input failed: end it here, say why afterwards
-            self.error = exc
-        try:
-            self.pipe.close()
-        except OSError:
-            pass
 
 
 class LocalStream(Stream):
@@ -143,8 +117,10 @@ class LocalTransport(Transport):
         feeder = None
         if stdin is not None and not isinstance(stdin, bytes):
             # Pieces produced while they are sent: a writer thread of our own, and
-            # communicate() only reads.
-            feeder = _PipeFeeder(proc, stdin)
+            # communicate() only reads (and must not close the pipe under it).
+            pipe, proc.stdin = proc.stdin, None
+            assert pipe is not None
+            feeder = StdinFeeder("local-stdin", stdin, pipe.write, pipe.close)
             stdin = None
         try:
             # communicate() feeds stdin and reads both pipes concurrently.

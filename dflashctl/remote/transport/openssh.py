@@ -42,7 +42,7 @@ from dflashctl.remote.transport.base import (
     CommandTimeout,
     ConnectionLost,
     Stdin,
-    stdin_pieces,
+    StdinFeeder,
 )
 from dflashctl.remote.transport.ssh_config import SSH_CONFIG_ENV, SSHDestination, ssh_config_path
 
@@ -216,7 +216,9 @@ class OpenSSH:
             process = None
         process = process or self._popen(argv)
         outputs = [bytearray(), bytearray()]
-        feeder = _Feeder(process, stdin)
+        to_ssh = process.stdin
+        assert to_ssh is not None
+        feeder = StdinFeeder("openssh-stdin", stdin, to_ssh.write, to_ssh.close)
         readers = [
             threading.Thread(target=_drain, args=(pipe, into), daemon=True)
             for pipe, into in zip((process.stdout, process.stderr), outputs, strict=True)
@@ -252,34 +254,6 @@ class OpenSSH:
             return not self.master_running()
         except (OSError, subprocess.SubprocessError):
             return True
-
-
-class _Feeder(threading.Thread):
-    """Writes the command's stdin to ssh, then closes it (EOF on the host)."""
-
-    def __init__(self, process: subprocess.Popen, stdin: Stdin) -> None:
-        super().__init__(name="openssh-stdin", daemon=True)
-        self.process = process
-        self.stdin = stdin
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        pipe = self.process.stdin
-        assert pipe is not None
-        try:
-            for piece in stdin_pieces(self.stdin):
-                view = memoryview(piece)
-                while view:
-                    view = view[pipe.write(view) :]
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # ssh or the command ended without reading everything
-        except Exception as exc:  # the input failed: end it here, say why afterwards
-            self.error = exc
-        try:
-            pipe.close()
-        except OSError:
-            pass
 
 
 def _drain(pipe, into: bytearray) -> None:

@@ -28,11 +28,11 @@ from dflashctl.remote.transport.base import (
     ConnectFailed,
     ConnectionLost,
     Stdin,
+    StdinFeeder,
     Stream,
     Transport,
     command_text,
     read_local,
-    stdin_pieces,
     temp_name_for,
     trace,
 )
@@ -56,6 +56,10 @@ CHUNK = 65536
 PID_PREFIX = "echo dflashctl-pid=$$ >&2; exec "
 _PID_LINE = re.compile(rb"(?m)^dflashctl-pid=(\d+)\n")
 _PID_SEARCH_LIMIT = 65536  # shell start-up noise (a chatty .bashrc) may come first
+
+
+# The channel's own: the command exited without reading all of its stdin.
+_GONE = (OSError, EOFError, paramiko.SSHException)
 
 
 class _StderrReader(threading.Thread):
@@ -95,37 +99,6 @@ class _StderrReader(threading.Thread):
             self.pid_known.set()
         elif len(self.data) > _PID_SEARCH_LIMIT:
             self.pid_known.set()  # not coming: the command cannot be killed by pid
-
-
-class _StdinFeeder(threading.Thread):
-    """Sends a command's stdin piece by piece, each as a memoryview so that paramiko's
-    per-packet slicing costs nothing (`Channel.sendall` copies the rest of its bytes
-    on every packet: quadratic in the size of one call), then sends EOF."""
-
-    def __init__(self, chan: paramiko.Channel, stdin: Stdin) -> None:
-        super().__init__(name="ssh-stdin", daemon=True)
-        self.chan = chan
-        self.stdin = stdin
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            for piece in stdin_pieces(self.stdin):
-                view = memoryview(piece)
-                while view:
-                    sent = self.chan.send(view)
-                    if not sent:
-                        return  # the channel is closed: the command has gone
-                    view = view[sent:]
-        except (OSError, EOFError, paramiko.SSHException):
-            return  # the command exited without reading everything
-        except Exception as exc:  # the input failed: end it here, say why afterwards
-            self.error = exc
-        try:
-            self.chan.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
 
 
 class SSHStream(Stream):
@@ -360,7 +333,9 @@ class SSHTransport(Transport):
         feeder = None
         if stdin:
             # A writer thread: the command may print before it has read all its input.
-            feeder = _StdinFeeder(chan, stdin)
+            # Channel.send of a memoryview, not sendall: sendall copies the rest of its
+            # bytes on every packet (quadratic in the size of one call).
+            feeder = StdinFeeder("ssh-stdin", stdin, chan.send, chan.shutdown_write, _GONE)
         else:
             chan.shutdown_write()  # like </dev/null: a command reading stdin sees EOF
 
