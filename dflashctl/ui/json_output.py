@@ -43,6 +43,8 @@ def document(command: str, data: dict[str, Any], node: str | None = None) -> dic
     shape; `node`: the one node's name of a follow result written flat."""
     if not isinstance(data.get("nodes"), list):
         data = _follow_nodes(data, node)
+        if command == "logs":  # a classified log file's: the keys a followed run's has
+            data = {**FOLLOW_DEFAULTS, **data}
     top = {k: v for k, v in data.items() if k != "nodes"}
     nodes = [{"error": None, **entry} for entry in data["nodes"]]
     if isinstance(top.get("result"), dict):  # a deploy's or restart's follow result
@@ -55,7 +57,7 @@ def document(command: str, data: dict[str, Any], node: str | None = None) -> dic
 def _follow_nodes(data: dict[str, Any], node: str | None) -> dict[str, Any]:
     entry = {k: v for k, v in data.items() if k not in FOLLOW_RUN_KEYS}
     run = {k: v for k, v in data.items() if k in FOLLOW_RUN_KEYS}
-    return {**FOLLOW_DEFAULTS, **run, "nodes": [{"node": node, **entry}]}
+    return {**run, "nodes": [{"node": node, **entry}]}
 
 
 def error_document(
