@@ -1,5 +1,6 @@
 """Reading a `--json` answer (dflashctl/ui/json_output.py's shape) in tests: `flat` gives
-one node's answer as one dict, its node's keys beside the run-level ones."""
+one node's answer as one dict, its node's keys beside the run-level ones; `one_node` reads
+the summary deploy() and restart() return (the same shape, without the envelope) so."""
 
 from __future__ import annotations
 
@@ -28,3 +29,10 @@ def flat(answer: dict[str, Any]) -> dict[str, Any]:
             entry.pop("error", None)
         return {**entry, **top}
     return {**top, "nodes": nodes}
+
+
+def one_node(summary: dict[str, Any]) -> dict[str, Any]:
+    """A one-node deploy's or restart's own summary (ops' return value, not --json):
+    its node's entry beside the run's keys, as `flat` reads an answer."""
+    assert len(summary["nodes"]) == 1, summary
+    return flat({"schema_version": 1, **summary})

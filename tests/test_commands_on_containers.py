@@ -16,7 +16,7 @@ import pytest
 from dflashctl.config.schema import load_config
 from dflashctl.ops.deploy import DeployOptions, deploy
 from tests.host.fixtures import CONTAINER_KIND
-from tests.json_answers import flat
+from tests.json_answers import flat, one_node
 from tests.test_deploy_container import ct_pid_alive
 from tests.test_deploy_support import write_trainer
 
@@ -69,7 +69,7 @@ def deploy_each(path: Path) -> list[dict]:
     for index in range(len(config.nodes)):
         code, summary = deploy(config.for_node(index), DeployOptions(detach=True))
         assert code == 0
-        summaries.append(summary)
+        summaries.append(one_node(summary))
     return summaries
 
 
@@ -108,7 +108,7 @@ def test_stop_and_status_on_both_containers_then_with_one_stopped(two_cts):
     assert row_b.split()[0] == "b" and " stopped " in row_b
     assert row_b.endswith("unknown while the container is stopped")
     # ... while stop cannot reach its runs: node a is still stopped, b is named.
-    again = deploy(load_config(path).for_node(0), DeployOptions(detach=True))[1]
+    again = one_node(deploy(load_config(path).for_node(0), DeployOptions(detach=True))[1])
     done = cli(path, "stop")
     assert done.returncode == 3
     assert f"a: stopped run {again['run_id']}" in done.stderr

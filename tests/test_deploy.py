@@ -21,8 +21,9 @@ from dflashctl.ops.deploy import DeployOptions, deploy
 from dflashctl.ops.restart import restart
 from dflashctl.remote import connect as connect_mod
 from dflashctl.remote.connect import open_target
+from dflashctl.remote.nodes import NodesFailed
 from dflashctl.runs.records import list_runs, run_state
-from tests.json_answers import flat
+from tests.json_answers import flat, one_node
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,
@@ -35,7 +36,8 @@ DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 
 
 def detached(config, **options):
-    return deploy(config, DeployOptions(detach=True, **options))
+    code, summary = deploy(config, DeployOptions(detach=True, **options))
+    return code, one_node(summary)
 
 
 def target(project):
@@ -182,9 +184,10 @@ def test_dry_run_prints_the_plan_and_changes_nothing(project, capsys):
     wait_for(lambda: "hello" in log.read_text(), what="the run's first line")  # then it is quiet
     before = snapshot(project.workdir)
     capsys.readouterr()
-    code, plan = deploy(project.config(), DeployOptions(dry_run=True))
+    code, summary = deploy(project.config(), DeployOptions(dry_run=True))
     assert capsys.readouterr().out == ""  # the logic prints nothing: the command draws it
-    show_plan(plan)
+    show_plan(summary)
+    plan = one_node(summary)
     out = capsys.readouterr().out
     assert code == 0 and plan["dry_run"] is True
     assert snapshot(project.workdir) == before
@@ -307,8 +310,10 @@ def test_meta_records_the_git_commit_and_dirty_flag(project):
 
 def test_a_missing_interpreter_is_a_host_error_naming_it(project):
     config = project.config(container__python="/nonexistent/python3")
-    with pytest.raises(HostError, match="/nonexistent/python3: cannot run it") as info:
+    with pytest.raises(NodesFailed, match="^/nonexistent/python3: cannot run it") as info:
         detached(config)
+    # A fleet of one says its node's own error: its words, hint and exit code.
+    assert isinstance(info.value.cause, HostError) and info.value.exit_code == HostError.exit_code
     assert "container.python" in info.value.hint
 
 
@@ -340,8 +345,8 @@ def test_a_redeploy_from_the_same_machine_is_one_round_trip(project, monkeypatch
     deploy(project.config(), DeployOptions(detach=True))
     assert len(opened[0]) == 2  # inspect, then send + build + launch
     (project.source / "helpers.py").write_text("def greeting():\n    return 'one trip'\n")
-    _, changed = deploy(project.config(), DeployOptions(detach=True))
-    _, unchanged = deploy(project.config(), DeployOptions(detach=True))
+    _, changed = detached(project.config())
+    _, unchanged = detached(project.config())
     assert [len(calls) for calls in opened[1:]] == [1, 1]
     assert changed["files_sent"] == 1 and unchanged["files_sent"] == 0
 

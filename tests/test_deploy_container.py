@@ -19,8 +19,9 @@ from dflashctl.config.schema import load_config
 from dflashctl.errors import HostError
 from dflashctl.ops.deploy import DeployOptions, deploy
 from dflashctl.remote.connect import open_target
+from dflashctl.remote.nodes import NodesFailed
 from dflashctl.runs.records import RunState, run_state
-from tests.json_answers import flat
+from tests.json_answers import flat, one_node
 from tests.test_deploy_support import snapshot, write_trainer
 from tests.test_stop import stop
 
@@ -54,7 +55,7 @@ def setup(tmp_path, container, write_config, monkeypatch):
 def detached(path: Path, **options) -> dict:
     code, summary = deploy(load_config(path), DeployOptions(detach=True, **options))
     assert code == 0
-    return summary
+    return one_node(summary)
 
 
 def ct_pid_alive(container, pid: int) -> bool:
@@ -166,8 +167,9 @@ def test_dry_run_changes_nothing_in_the_container(setup, capsys):
     (source / "helpers.py").write_text("def greeting():\n    return 'planned'\n")
     before = snapshot(container.root), snapshot(container.tmp)
     capsys.readouterr()
-    code, plan = deploy(load_config(path), DeployOptions(dry_run=True))
-    show_plan(plan)
+    code, summary = deploy(load_config(path), DeployOptions(dry_run=True))
+    show_plan(summary)
+    plan = one_node(summary)
     out = capsys.readouterr().out
     assert code == 0
     assert (snapshot(container.root), snapshot(container.tmp)) == before
@@ -237,8 +239,8 @@ def test_stopped_container_is_an_error_unless_asked_to_start_it(
 
     # Stopped again: a redeploy (which would skip asking the container) starts it too.
     container.stop()
-    code, again = deploy(load_config(path), DeployOptions(detach=True, start_container=True))
-    assert code == 0 and container.is_running()
+    again = detached(path, start_container=True)
+    assert container.is_running()
     assert again["files_sent"] == 0 and again["release"] == first["release"]
 
 
@@ -272,8 +274,9 @@ def test_upload_cut_by_a_dropped_connection_leaves_the_previous_release_running(
     # A file big enough that the upload is still going when the connection drops.
     (source / "weights.bin").write_bytes(os.urandom(48 << 20))
     dropped = drop_once_partial(container, pve_host.drop_connections)
-    with pytest.raises(HostError) as info:
+    with pytest.raises(NodesFailed) as info:
         detached(path)
+    assert isinstance(info.value.cause, HostError)  # one node: its own error's words and hint
     assert "dropped" in info.value.message and "dflashctl runs" in info.value.hint
     assert dropped
     workdir = container.host_path(WORKDIR)

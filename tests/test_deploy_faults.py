@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from dflashctl.ops.deploy import DeployOptions, deploy
-from tests.json_answers import flat
+from tests.json_answers import flat, one_node
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,
@@ -30,6 +30,7 @@ DFLASHCTL = [sys.executable, "-m", "dflashctl"]
 def launch(project) -> dict:
     code, summary = deploy(project.config(), DeployOptions(detach=True))
     assert code == 0
+    summary = one_node(summary)
     log = project.run_dir(summary["run_id"]) / "train.log"
     wait_for(lambda: "hello" in log.read_text(), what="the trainer to start")
     return summary

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from dflashctl.ops.deploy import DeployOptions, deploy
-from tests.json_answers import flat
+from tests.json_answers import flat, one_node
 from tests.test_deploy_support import project, wait_for, write_local_config  # noqa: F401
 
 DFLASHCTL = [sys.executable, "-m", "dflashctl"]
@@ -35,6 +35,7 @@ def test_a_second_deploy_is_refused_naming_the_holder_and_wait_queues(project):
     write_local_config(project.root, args=["--sleep", "60", "--on-term", "ignore"])
     code, first = deploy(project.config(), DeployOptions(detach=True))
     assert code == 0
+    first = one_node(first)
     wait_for(lambda: "hello" in (project.run_dir(first["run_id"]) / "train.log").read_text())
     write_local_config(project.root, args=["--sleep", "60"], stop_grace_s=120)
 

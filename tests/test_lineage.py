@@ -25,6 +25,7 @@ import yaml
 from dflashctl.agent import lineage
 from dflashctl.ops.deploy import DeployOptions, deploy
 from dflashctl.ops.restart import restart
+from tests.json_answers import one_node
 from tests.test_deploy_support import project, wait_for  # noqa: F401
 from tests.test_runs import state_of
 
@@ -84,7 +85,7 @@ def deploy_holding(project, hold: int | None, **options) -> dict:
         project.config(), DeployOptions(detach=True, extra_args=extra, **options)
     )
     assert code == 0
-    return summary
+    return one_node(summary)
 
 
 @pytest.fixture(scope="module")

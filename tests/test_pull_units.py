@@ -20,7 +20,7 @@ from dflashctl.errors import HostError, UsageError
 from dflashctl.ops import pull
 from dflashctl.remote import agent_client
 from dflashctl.remote.deploy_target import Target
-from dflashctl.remote.nodes import Node
+from dflashctl.remote.nodes import Node, NodesFailed
 from dflashctl.remote.transport.local import LocalTransport
 from dflashctl.reporting import Reporter
 
@@ -256,8 +256,11 @@ def test_an_unreachable_node_is_a_warning_unless_every_node_is(tmp_path, agents)
     assert len(said.warnings) == 1 and said.warnings[0].startswith("node b (")
     assert "connection refused" in said.warnings[0]
     agents.down = {"a", "b"}
-    with pytest.raises(HostError, match="connection refused"):
+    with pytest.raises(
+        NodesFailed, match=r"^node a \(.*connection refused \(also failed: b\)$"
+    ) as info:
         pull.plans(nodes, RUN, None, said)
+    assert info.value.exit_code == HostError.exit_code
 
 
 def test_the_wanted_lists_join_runs_of_whole_files_and_split_when_too_long(monkeypatch):

@@ -16,8 +16,9 @@ from dflashctl.errors import HostError
 from dflashctl.ops.deploy import DeployOptions, deploy
 from dflashctl.ops.restart import restart
 from dflashctl.remote.connect import open_target
+from dflashctl.remote.nodes import NodesFailed
 from dflashctl.runs.records import RunState, active_run, get_run, list_runs, new_id, run_state
-from tests.json_answers import flat
+from tests.json_answers import flat, one_node
 from tests.test_deploy_support import (  # noqa: F401
     pid_alive,
     project,
@@ -30,7 +31,7 @@ def launch(project, *args: str) -> dict:
     config = project.config()
     code, summary = deploy(config, DeployOptions(detach=True, extra_args=list(args)))
     assert code == 0
-    return summary
+    return one_node(summary)
 
 
 def state_of(project, run_id: str) -> RunState:
@@ -126,6 +127,7 @@ def test_restart_relaunches_the_current_release_without_sync(project):
     (project.source / "helpers.py").write_text("def greeting():\n    return 'not deployed'\n")
     code, summary = restart(project.config(), detach=True)
     assert code == 0
+    summary = one_node(summary)
     assert summary["release"] == first["release"]
     assert summary["run_id"] != first["run_id"]
     assert [s["run_id"] for s in summary["runs_stopped"]] == [first["run_id"]]
@@ -134,8 +136,9 @@ def test_restart_relaunches_the_current_release_without_sync(project):
 
 
 def test_restart_with_nothing_deployed_says_so(project):
-    with pytest.raises(HostError, match="nothing is deployed"):
+    with pytest.raises(NodesFailed, match="^nothing is deployed") as info:
         restart(project.config(), detach=True)
+    assert isinstance(info.value.cause, HostError)  # one node: its own error's words
 
 
 def test_cli_runs_table_and_json(quick):

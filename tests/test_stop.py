@@ -17,7 +17,7 @@ import pytest
 from dflashctl.agent import processes
 from dflashctl.ops.deploy import DeployOptions, deploy
 from dflashctl.ops.stop import stop_every_node, stuck_error
-from tests.json_answers import flat
+from tests.json_answers import flat, one_node
 from tests.test_deploy_support import (  # noqa: F401
     LocalProject,
     kill_runs,
@@ -77,7 +77,7 @@ def children_of(pid: int) -> list[int]:
 def launch(project) -> dict:
     code, summary = deploy(project.config(), DeployOptions(detach=True))
     assert code == 0
-    return summary
+    return one_node(summary)
 
 
 def wait_started(project, summary) -> None:
@@ -193,7 +193,7 @@ def test_a_second_deploy_stops_the_first_run_and_a_hand_started_one(project, spa
     )
     unrelated = spawned(["sleep", "60"])
     wait_for(lambda: "train.py" in open(f"/proc/{stale.pid}/cmdline").read(), what="exec")
-    _, second = deploy(project.config(), DeployOptions(detach=True))
+    second = launch(project)
     assert {s["pid"] for s in second["runs_stopped"]} == {first["pid"], stale.pid}
     wait_for(lambda: stale.poll() is not None, what="the hand-started trainer to end")
     assert not pid_alive(first["pid"]) and pid_alive(second["pid"])

@@ -131,6 +131,8 @@ class _NodeWatch:
     error: BaseException | None = None
     reported: bool = False
     failing_since: float | None = None  # time.time() of the first sign of a failure (live)
+    # Set when its thread is done with it (result or error in place).
+    done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def ended(self) -> bool:
@@ -221,16 +223,19 @@ class _FleetFollower:
         ]
         for thread in threads:
             thread.start()
+        # Each node's `done`, not Thread.join: a Ctrl-C landing inside join() can leave
+        # CPython (3.11) taking a thread that still runs for ended, and its result was
+        # then read before its follower had written it (the node said "unreachable").
         interrupted = False
         try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.1)  # short: Ctrl-C reaches the main thread between joins
+            for watch in self._watches:
+                while not watch.done.wait(0.1):  # short: Ctrl-C reaches the main thread
+                    pass
         except KeyboardInterrupt:
             interrupted = True
             self.cancel.set()
-            for thread in threads:
-                thread.join()
+            for watch in self._watches:
+                watch.done.wait()
         return self._result(interrupted)
 
     # -- one node (its own thread) -------------------------------------------------------
@@ -272,8 +277,11 @@ class _FleetFollower:
         else:
             self._ended(watch)
         finally:
-            if self.on_end is not None:
-                self.on_end(watch.node.index)
+            try:
+                if self.on_end is not None:
+                    self.on_end(watch.node.index)
+            finally:
+                watch.done.set()
 
     def _state_of(self, watch: _NodeWatch, target: Target, workdir: str, run_id: str) -> RunState:
         from dflashctl.runs.records import get_run

@@ -113,6 +113,11 @@ def launch_everywhere(
     errors = {n.index: futures[n.index].exception() for n in nodes}
     if not any(errors.values()):
         return [futures[n.index].result() for n in nodes]
+    # An interrupt raised in a node's thread is an interrupt, as on_every_node lets it
+    # through (the others were told to abort above), not a node's failure to report.
+    interrupt = next((e for e in errors.values() if isinstance(e, KeyboardInterrupt)), None)
+    if interrupt is not None:
+        raise interrupt
     raise _failure(nodes, run_id, futures, errors)
 
 

@@ -31,10 +31,11 @@ COMMANDS = (
     "pull",
     "stacks",
 )
-# The run's keys of one node's follow result (follow/report.py writes it flat, beside
-# the node's own; a fleet's comes with `nodes`), and what a fleet's lacks of them.
+# The run's keys of a classified log file's result (follow/report.py writes it flat,
+# beside the file's own), and the fleet's keys such a result lacks. A followed run's
+# (follow/fleet_report.py) comes with `nodes`, every node's exit code in its entry.
 FOLLOW_RUN_KEYS = ("run", "status", "exit_code", "interrupted", "root_cause", "consequences")
-FOLLOW_DEFAULTS: dict[str, Any] = {"exit_code": None, "root_cause": None, "consequences": []}
+FOLLOW_DEFAULTS: dict[str, Any] = {"root_cause": None, "consequences": []}
 
 
 def document(command: str, data: dict[str, Any], node: str | None = None) -> dict[str, Any]:
@@ -42,10 +43,10 @@ def document(command: str, data: dict[str, Any], node: str | None = None) -> dic
     shape; `node`: the one node's name of a follow result written flat."""
     if not isinstance(data.get("nodes"), list):
         data = _follow_nodes(data, node)
+        if command == "logs":  # a classified log file's: the keys a followed run's has
+            data = {**FOLLOW_DEFAULTS, **data}
     top = {k: v for k, v in data.items() if k != "nodes"}
     nodes = [{"error": None, **entry} for entry in data["nodes"]]
-    if command == "logs":
-        top = {**FOLLOW_DEFAULTS, **top}
     if isinstance(top.get("result"), dict):  # a deploy's or restart's follow result
         top["result"] = document("logs", top["result"], nodes[0]["node"])
         top["result"].pop("schema_version", None)
