@@ -55,8 +55,9 @@ VARIANTS = {
 }
 VARIANTS.update(
     {
-        # the target forward: transformers' own (before target.fused), compiled, FP8
-        "hf-target": ["target.fused=false"],
+        # the target forward: written out (target.fused), compiled, FP8
+        "fused": ["target.fused=true"],
+        "fused-compiled": ["target.fused=true", "target.compile=true"],
         "target-compiled": ["target.compile=true"],
         "fp8": ["target.fp8=true"],
         "fp8-compiled": ["target.fp8=true", "target.compile=true"],

@@ -22,7 +22,7 @@ adds fuse into the matmuls' neighbours. With target.fp8 the fused matmuls run as
 
 Only decoders whose layers are plain pre-norm attention + SwiGLU with RMSNorm
 (transformers' llama, mistral without a sliding window, qwen2, qwen3) are written out;
-any other target runs its own transformers forward. `matches_reference` compares both on
+any other target runs its own transformers forward. `relative_error` compares both on
 a short input before training relies on it.
 """
 
@@ -237,13 +237,6 @@ class ContextDecoder:
         return torch.cat([outputs[i] for i in self.layer_ids], dim=-1)
 
 
-def matches_reference(got: torch.Tensor, reference: torch.Tensor, tolerance: float) -> float:
-    """Relative error of the written-out forward against transformers' (raises past
-    `tolerance`: a target that passed the shape checks but computes something else)."""
-    error = float((got.float() - reference.float()).norm() / reference.float().norm())
-    if not error <= tolerance:
-        raise RuntimeError(
-            f"the written-out target forward differs from transformers' by {error:.3g} "
-            f"(relative; at most {tolerance:g} expected): set target.fused: false"
-        )
-    return error
+def relative_error(got: torch.Tensor, reference: torch.Tensor) -> float:
+    """How far the written-out forward's output is from transformers' (relative L2)."""
+    return float((got.float() - reference.float()).norm() / reference.float().norm())
