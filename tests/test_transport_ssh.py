@@ -13,9 +13,9 @@ from dflashctl.remote.transport import (
     CommandFailed,
     CommandTimeout,
     ConnectionLost,
-    SSHTransport,
     open_transport,
 )
+from dflashctl.remote.transport.ssh import SSHTransport
 from tests.ssh_support import host_config
 
 

@@ -36,15 +36,32 @@ def key_type(key: paramiko.PKey) -> str:
 
 
 def load_known_hosts(path: Path) -> paramiko.HostKeys:
-    """The keys in `path`; a missing file is an empty list (nothing is trusted yet)."""
+    """The keys in `path`; a missing file is an empty list (nothing is trusted yet).
+
+    Read line by line rather than with paramiko's `HostKeys.load`, which raises on the
+    first line it cannot parse: OpenSSH's `@cert-authority` and `@revoked` marker lines
+    (certificates are not checked here, so such lines trust nothing) and a damaged line
+    are skipped, as `ssh` skips what it cannot use, instead of ending in a traceback."""
     keys = paramiko.HostKeys()
-    if path.is_file():
+    if not path.is_file():
+        return keys
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ConnectFailed(
+            "host_key_unknown", f"cannot read the known_hosts file {path}: {exc.strerror}"
+        ) from exc
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith(("#", "@")):
+            continue
         try:
-            keys.load(str(path))
-        except OSError as exc:
-            raise ConnectFailed(
-                "host_key_unknown", f"cannot read the known_hosts file {path}: {exc.strerror}"
-            ) from exc
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
+            continue
+        if entry is not None and entry.key is not None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
     return keys
 
 
