@@ -39,7 +39,8 @@ def test_a_stall_between_windows_counts_in_the_throughput():
     for r in stalled[2:]:
         r["elapsed_s"] += 1.5  # a 1.5 s walk in the second window
     tok_s, mfu = bench._throughput(stalled)
-    assert tok_s == pytest.approx(100 * 15 / 3.0) and mfu == pytest.approx(25.0)
+    # the second half: steps 10 to 20, 1 s of training and the 1.5 s walk
+    assert tok_s == pytest.approx(100 * 10 / 2.5) and mfu == pytest.approx(20.0)
     assert bench._throughput(steady[:2]) == (None, None)  # too few windows
 
 
@@ -50,3 +51,16 @@ def test_every_measurement_can_be_switched_off_alone():
     assert "eval.every=7" in on_sets and on_env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
     overrides, env = bench.MEASUREMENTS["flight-recorder"]
     assert overrides == [] and all(value is None for value in env.values())
+
+
+def test_the_queue_drained_after_a_first_window_stall_is_not_counted_as_speed():
+    """A walk in the first window lets the target threads fill the queue; the windows
+    right after drain it faster than the trainer can keep up. The second half is read."""
+    bench = _bench()
+    gaps = [5.0, 0.25, 0.25, 0.5, 0.5, 0.5, 0.5, 0.5]  # stall, drain, drain, steady...
+    elapsed, records = 0.0, []
+    for i, gap in enumerate(gaps, 1):
+        elapsed += gap
+        records.append(_record(5 * i, elapsed))
+    tok_s, _ = bench._throughput(records)
+    assert tok_s == pytest.approx(1000.0)  # the steady 10 steps/s, 100 tokens a step

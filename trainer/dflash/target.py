@@ -198,9 +198,12 @@ class ContextForward:
     weight row and per token (`Fp8Linear`); the target itself (evaluation, the drafter's
     embedding and LM head) stays as it is."""
 
-    # relative error allowed against transformers' forward at the first call: bf16
-    # rounding of a fused matmul is ~1e-2 at most; FP8 (3 mantissa bits) more
-    TOLERANCE = {False: 0.03, True: 0.15}
+    # Relative error allowed against transformers' forward (FP8 against transformers' with
+    # the same FP8 matmuls) at the first call. Summation order alone (fused matmuls,
+    # compiled kernels) moves bf16 hidden states by up to ~0.04 through the 34 layers of
+    # a random 8B target (measured on an H100); a written-out forward that computes
+    # something else (a norm, the rotary layout, a head split) is off by 0.3 and more.
+    TOLERANCE = 0.1
 
     def __init__(
         self,
@@ -259,13 +262,19 @@ class ContextForward:
         else goes back to transformers' forward, with a warning that says why: training
         goes on, on the hidden states serving will see."""
         ids = input_ids[:1, : min(128, input_ids.shape[1])]
-        reference = target_context(self.target, ids, None, self.layer_ids)
+        if self.fp8:  # like for like: the check is of the writing-out, not of FP8
+            out = with_fp8_linears(self.body)(
+                input_ids=ids, output_hidden_states=True, use_cache=False
+            )
+            reference = select_layers(out.hidden_states, self.layer_ids)
+        else:
+            reference = target_context(self.target, ids, None, self.layer_ids)
         self.checked_error = relative_error(self.decoder(ids), reference)
-        if self.checked_error <= self.TOLERANCE[self.fp8]:
+        if self.checked_error <= self.TOLERANCE:
             return
         self.why_not_fused = (
             f"it differs from transformers' forward by {self.checked_error:.3g} (relative; at "
-            f"most {self.TOLERANCE[self.fp8]:g} expected)"
+            f"most {self.TOLERANCE:g} expected)"
         )
         warnings.warn(
             f"target forward: not written out: {self.why_not_fused}; running transformers' "
