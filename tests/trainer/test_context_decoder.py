@@ -119,3 +119,42 @@ def test_other_shapes_fall_back_to_transformers_and_say_why():
     assert forward.decoder is None and forward.plain
     off = ContextForward(build_tiny_target(), [1], compile=True, fp8=False, fused=False)
     assert off.decoder is None and off.describe() == "transformers, compiled"
+
+
+def test_compile_auto_compiles_the_written_out_forward_only():
+    """target.compile: auto (the default) compiles where the forward is written out and
+    keeps transformers' forward eager (compiled, it measured slower than eager), also
+    where the written-out forward falls back at its first call."""
+    written = ContextForward(build_tiny_target(), [1, 3], compile="auto", fp8=False, fused=True)
+    assert written.compiled and written.describe().endswith(", compiled")
+    kept = ContextForward(build_tiny_target(), [1, 3], compile="auto", fp8=False, fused=False)
+    assert not kept.compiled and kept.plain and kept.describe() == ""
+    gelu = _llama()
+    gelu.model.config.hidden_act = "gelu"
+    unsupported = ContextForward(gelu, [1], compile="auto", fp8=False, fused=True)
+    assert not unsupported.compiled and unsupported.plain
+
+    target = build_tiny_target(seed=2)
+    falls_back = ContextForward(target, [1, 3], compile="auto", fp8=False, fused=True)
+    falls_back.decoder.layers[0].q_norm = None
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(5))
+    with pytest.warns(UserWarning, match="not written out"):
+        got = falls_back(ids, None)  # eager: no compile was started for a forward dropped
+    assert not falls_back.compiled and falls_back.plain
+    torch.testing.assert_close(got, target_context(target, ids, None, [1, 3]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"), [("auto", "auto"), ("true", True), ("False", False), (True, True)]
+)
+def test_target_compile_takes_true_false_or_auto(given, kept):
+    from dflash.pipeline.train_config import TargetSection
+
+    assert TargetSection(compile=given).compile == kept
+
+
+def test_a_wrong_target_compile_says_what_it_takes():
+    from dflash.pipeline.train_config import load_train_config
+
+    with pytest.raises(Exception, match="true, false or auto"):
+        load_train_config(None, ["target.compile=sometimes"])

@@ -368,14 +368,23 @@ class DFlashWorkload(Workload):
         return forward(batch.input_ids, batch.attention_mask).to(self.drafter_dtype)
 
     def _context_forward(self, target: nn.Module, device: torch.device) -> ContextForward:
-        fp8, compiled = self.cfg.target.fp8, self.target_compiled(device)
-        fused = self.cfg.target.fused and torch.device(device).type == "cuda"  # CPU: exact
+        t, on_gpu = self.cfg.target, torch.device(device).type == "cuda"
         return context_forward(
-            target, self.drafter_cfg.target_layer_ids, compile=compiled, fp8=fp8, fused=fused
+            target,
+            self.drafter_cfg.target_layer_ids,
+            compile=t.compile if on_gpu else False,  # CPU: eager
+            fp8=t.fp8,
+            fused=t.fused and on_gpu,  # CPU: exactly transformers' forward
         )
 
     def target_compiled(self, device: torch.device) -> bool:
-        return self.cfg.target.compile and torch.device(device).type == "cuda"  # CPU: eager
+        """Whether the target forward on `device` compiles (its thread warms it at the
+        gate). "auto" counts where the forward may be written out; a target that is not
+        runs eager after all, its warm-up then two plain forwards."""
+        t = self.cfg.target
+        if torch.device(device).type != "cuda":
+            return False
+        return t.compile is True or (t.compile == "auto" and t.fused)
 
     def target_forward_text(self, target: nn.Module, device: torch.device) -> str:
         return self._context_forward(target, device).describe()

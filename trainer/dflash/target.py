@@ -189,7 +189,9 @@ class ContextForward:
     and fused off, run the cut transformers decoder.
     compile: torch.compile with static shapes and no CUDA graphs, so it needs no CUDA Graph
     Trees state in the thread that runs it and holds no graph-owned outputs that a later
-    call would overwrite while the drafter still reads them from the queue.
+    call would overwrite while the drafter still reads them from the queue. "auto"
+    compiles the written-out forward only: transformers' forward compiled measured slower
+    than eager (0.93x on an H100), the written-out one faster (1.30x).
     Both are called without the attention mask: batches are right-padded
     (`data.collate`), and under a causal mask a real token never sees the padding after
     it, so every real token gets the same hidden states (the drafter reads only context
@@ -210,7 +212,7 @@ class ContextForward:
         target: nn.Module,
         layer_ids: list[int],
         *,
-        compile: bool,
+        compile: bool | str,
         fp8: bool,
         fused: bool = False,
     ):
@@ -222,10 +224,11 @@ class ContextForward:
             self.decoder = ContextDecoder(_decoder(target), self.layer_ids, fp8=fp8)
         elif fp8:
             self.body = with_fp8_linears(self.body)
-        self.plain = not (compile or fp8 or self.decoder)
-        self.compiled = compile
+        self.compile_auto = compile == "auto"
+        self.compiled = compile is True or (self.compile_auto and self.decoder is not None)
+        self.plain = not (self.compiled or fp8 or self.decoder)
         self.checked_error: float | None = None
-        self._run = torch.compile(self._forward, dynamic=False) if compile else self._forward
+        self._run = torch.compile(self._forward, dynamic=False) if self.compiled else self._forward
 
     def describe(self) -> str:
         """What runs the target forward, for the run's log ("" for the plain forward)."""
@@ -284,6 +287,8 @@ class ContextForward:
         self.decoder = None
         if self.fp8:
             self.body = with_fp8_linears(self.body)
+        if self.compile_auto:  # only the written-out forward gains from a compile
+            self.compiled, self._run = False, self._forward
         self.plain = not (self.compiled or self.fp8)
 
     def warm(self, batch_size: int, seq_len: int, device) -> None:
@@ -299,7 +304,7 @@ _context_forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def context_forward(
-    target: nn.Module, layer_ids: list[int], *, compile: bool, fp8: bool, fused: bool = False
+    target: nn.Module, layer_ids: list[int], *, compile: bool | str, fp8: bool, fused: bool = False
 ) -> ContextForward:
     """The target's ContextForward for these settings, made once (a compile is kept)."""
     key = (tuple(layer_ids), compile, fp8, fused)
