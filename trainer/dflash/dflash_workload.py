@@ -470,14 +470,8 @@ class DFlashWorkload(Workload):
         counts causal (target) and the average visible context (drafter), not masked work.
         The target counts the layers it runs (up to the deepest one the drafter reads).
         """
-        t, d = self.target_config, self.drafter_cfg
-        n, s = self.batch_size, self.seq_len
-        h, L = int(t.hidden_size), self._target_layers_run()
-        heads, kv = int(t.num_attention_heads), int(t.num_key_value_heads)
-        hd = int(getattr(t, "head_dim", None) or h // heads)
-        ffn = int(t.intermediate_size)
-        layer_params = h * heads * hd * 2 + h * kv * hd * 2 + 3 * h * ffn
-        target = 2 * layer_params * L * n * s + 2 * L * n * s * s * heads * hd  # causal QK^T + AV
+        d, n, s = self.drafter_cfg, self.batch_size, self.seq_len
+        target = self.target_flops_per_batch()
         blocks = n * self.num_anchors * d.block_size
         dh, dheads, dkv, dhd, dffn = (
             d.hidden_size,
@@ -495,6 +489,16 @@ class DFlashWorkload(Workload):
         trained_fwd = d.num_hidden_layers * (per_layer + attention) + fuse
         head_fwd = 2 * dh * d.vocab_size * n * self.num_anchors * (d.block_size - 1)
         return float(target + 3 * trained_fwd + 2 * head_fwd)
+
+    def target_flops_per_batch(self) -> float:
+        """The target forward (no LM head, the layers it runs, causal attention)."""
+        t, n, s = self.target_config, self.batch_size, self.seq_len
+        h, L = int(t.hidden_size), self._target_layers_run()
+        heads, kv = int(t.num_attention_heads), int(t.num_key_value_heads)
+        hd = int(getattr(t, "head_dim", None) or h // heads)
+        ffn = int(t.intermediate_size)
+        layer_params = h * heads * hd * 2 + h * kv * hd * 2 + 3 * h * ffn
+        return float(2 * layer_params * L * n * s + 2 * L * n * s * s * heads * hd)
 
     # -- end of run
 

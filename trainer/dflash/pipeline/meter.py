@@ -95,6 +95,7 @@ class StepMeter:
         total_steps: int,
         log_every: int,
         flops_per_step: float = 0.0,
+        target_flops_per_step: float = 0.0,
         peak_flops: float | None = None,
         writer: MetricsWriter | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -106,7 +107,9 @@ class StepMeter:
         self.total_steps = total_steps
         self.log_every = log_every
         self.flops_per_step = flops_per_step
+        self.target_flops_per_step = target_flops_per_step
         self.peak_flops = peak_flops
+        self._queue_depth = 0  # at the last step line
         self.writer = writer
         self.final_loss: float | None = None  # mean loss of the last logged window
         self.last_step = 0
@@ -191,7 +194,14 @@ class StepMeter:
         eta_s = (self.total_steps - step) * recent_seconds / max(1, recent_steps)
         mfu = None
         if self.peak_flops:
-            mfu = self.flops_per_step * steps_per_s / self.peak_flops
+            flops = self.flops_per_step * timed_steps
+            if step == self.total_steps and queue_depth < self._queue_depth:
+                # The last window drains the queue: those batches' target forwards ran in
+                # earlier windows (and were counted there), so they are not counted again.
+                drained = min(timed_steps, self._queue_depth - queue_depth)
+                flops -= self.target_flops_per_step * drained
+            mfu = flops / seconds / self.peak_flops
+        self._queue_depth = queue_depth
         record = {
             "kind": "step",
             "step": step,

@@ -283,6 +283,7 @@ def _train(
             log_every=cfg.train.log_every,
             # every rank's drafters and devices alike: this process's times the ranks
             flops_per_step=workload.flops_per_batch() * num_drafters * world.size,
+            target_flops_per_step=workload.target_flops_per_batch() * num_drafters * world.size,
             peak_flops=(peak_flops(cfg) or 0.0) * world.size or None,
             writer=metrics,
             walk_budget=cfg.train.tau_walk_budget,

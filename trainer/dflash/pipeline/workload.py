@@ -187,6 +187,10 @@ class Workload:
         """Target forward plus drafter forward+backward FLOPs for one drafter's batch."""
         return 0.0
 
+    def target_flops_per_batch(self) -> float:
+        """The target forward's share of `flops_per_batch`."""
+        return 0.0
+
     # -- end of run
 
     def evaluate(self, drafter: torch.nn.Module) -> EvalReport | None:
