@@ -250,12 +250,17 @@ def train_drafter_from(name: str, cfg, out: Path) -> dict:
     # Each step line walks a few rows; the last quarter of the run's lines (at least
     # three) average out which rows a line happened to draw.
     last = steps[-max(3, len(steps) // 4) :]
+    # The walks on held-out samples (train.tau_walk_heldout), the later half of them.
+    held = [r["tau_walk"] for r in steps if r.get("tau_walk_heldout") and r.get("tau_walk")]
+    held = held[len(held) // 2 :]
     return {
         "steps": steps[-1]["step"],
         "headline": result.eval_line.split(" | ")[2],
         "accepted_by_position": evals_[-1].get("accepted_by_position"),
         "train_tau": sum(r["tau"] for r in last) / len(last),
         "train_tau_anchors": sum(r.get("tau_anchors", r["tau"]) for r in last) / len(last),
+        "heldout_tau": sum(held) / len(held) if held else None,
+        "heldout_walks": len(held),
         "train_curve": [(r["step"], round(r["tau"], 3)) for r in steps],
         "eval_tau": evals_[-1]["tau"],
         "eval_curve": [(e["step"], round(e["tau"], 3)) for e in evals_],

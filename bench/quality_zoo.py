@@ -55,7 +55,12 @@ RECIPE = {
         "drafter": {"num_layers": 3, "block_size": 16, "attention": "sdpa_chunked"},
         "data": {"seq_len": 1024, "batch_size": 16, "num_anchors": 512, "fit": True},
         "optim": {"lr": 6e-4, "warmup_ratio": 0.04, "min_lr_ratio": 0.1},
-        "train": {"budget_minutes": 3.5, "log_every": 100, "tau_walk_rows": 8},
+        "train": {
+            "budget_minutes": 3.5,
+            "log_every": 100,
+            "tau_walk_rows": 8,
+            "tau_walk_heldout": 64,
+        },
         "eval": {"num_prompts": 32, "max_new_tokens": 256, "every": 0, "batch_size": 32},
         "regenerate": {"budget_minutes": 1.25, "max_new_tokens": 256, "batch_size": 512},
         "dtype": "bfloat16",
@@ -65,7 +70,12 @@ RECIPE = {
         "drafter": {"num_layers": 1, "block_size": 4, "attention": "sdpa_dense"},
         "data": {"seq_len": 256, "batch_size": 4, "num_anchors": 64, "fit": True},
         "optim": {"lr": 1e-2, "warmup_ratio": 0.04, "min_lr_ratio": 0.1},
-        "train": {"budget_minutes": 0.25, "log_every": 2, "tau_walk_rows": 2},
+        "train": {
+            "budget_minutes": 0.25,
+            "log_every": 2,
+            "tau_walk_rows": 2,
+            "tau_walk_heldout": 4,
+        },
         "eval": {"num_prompts": 2, "max_new_tokens": 12, "every": 0, "batch_size": 2},
         "regenerate": {"budget_minutes": 0.2, "max_new_tokens": 16, "batch_size": 16},
         "dtype": "float32",
@@ -453,13 +463,20 @@ def eval_cost(target_dir: Path, checkpoint: str, out: Path, s: dict) -> dict:
 
 
 # -- the table ----------------------------------------------------------------------------------
+def _tau_estimate(d: dict) -> float:
+    """The trainer's estimate of serving tau: the held-out walk's where there is one."""
+    return d.get("heldout_tau") or d["train_tau"]
+
+
 def goals_of(r: dict) -> dict:
     d, lookup = r["drafter"], r["prompt_lookup"]["tau"]
-    ratio, times = d["eval_tau"] / d["train_tau"], d["eval_tau"] / lookup
+    ratio, times = d["eval_tau"] / _tau_estimate(d), d["eval_tau"] / lookup
     goals = {
         "eval tau >= 3.0": (round(d["eval_tau"], 2), d["eval_tau"] >= 3.0),
         ">= 1.5x prompt lookup": (round(times, 2), times >= 1.5),
-        "eval within 15% of tau~": (f"{ratio - 1:+.0%}", abs(ratio - 1) <= 0.15),
+        # against the held-out walk where the recipe keeps samples for it; the training
+        # rows' tau~ (printed beside it) also measures what many epochs memorised
+        "eval within 15% of tau~ (held-out)": (f"{ratio - 1:+.0%}", abs(ratio - 1) <= 0.15),
         "lossless (near-ties counted)": (bool(d["lossless"]), bool(d["lossless"])),
         "regen + drafter <= 10 min (s)": (r["budget_seconds"], r["budget_seconds"] <= 600),
     }
@@ -468,7 +485,8 @@ def goals_of(r: dict) -> dict:
 
 def table(rows: list[dict]) -> list[str]:
     lines = [
-        f"{'target':<9}{'params':>7}{'vocab':>6}{'eval tau':>9}{'tau~':>6}{'eval/tau~':>10}"
+        f"{'target':<9}{'params':>7}{'vocab':>6}{'eval tau':>9}{'tau~':>6}{'held':>6}"
+        f"{'eval/held':>10}"
         f"{'lookup':>7}{'x lookup':>9}{'steps':>6}{'regen':>6}{'budget s':>9}"
         f"{'eval s':>7}{'b1 x':>6}  lossless / goals"
     ]
@@ -478,7 +496,8 @@ def table(rows: list[dict]) -> list[str]:
         met = sum(v["met"] for v in g.values())
         lines.append(
             f"{r['target']:<9}{r['target_model']['params_M']:>6.1f}M{r['shape']['vocab']:>6}"
-            f"{d['eval_tau']:>9.2f}{d['train_tau']:>6.2f}{d['eval_tau'] / d['train_tau']:>10.2f}"
+            f"{d['eval_tau']:>9.2f}{d['train_tau']:>6.2f}{d.get('heldout_tau') or 0:>6.2f}"
+            f"{d['eval_tau'] / _tau_estimate(d):>10.2f}"
             f"{lookup:>7.2f}{d['eval_tau'] / lookup:>9.2f}{d['steps']:>6}"
             f"{r['regenerate']['answered']:>6}{r['budget_seconds']:>9.0f}{c['eval_seconds']:>7.1f}"
             f"{c['batch1_speedup']:>6.2f}  {d['headline']} / {met} of {len(g)} goals met"

@@ -44,6 +44,7 @@ from dflash.target import (
     layers_run_for_context,
     load_target,
 )
+from dflash.target import target_context as target_layers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -160,6 +161,8 @@ class DFlashWorkload(Workload):
         # does not fit it fails here, not after an 8B model has been loaded.
         self.target_config = target_shape(cfg.target)
         self.heldout: list[Sample] = []  # data-file samples kept out of training for eval
+        self.walk_samples: list[Sample] = []  # ... and for the tau walk (tau_walk_heldout)
+        self._walk_next = 0
         self.tokenizer = self._tokenizer()
         self._check_vocabulary()
         self.drafter_cfg = self._drafter_config()
@@ -266,6 +269,9 @@ class DFlashWorkload(Workload):
             samples, self.heldout = self._split_holdout(samples)
             if self.heldout:
                 what += f", {len(self.heldout)} of them held out for eval"
+            samples, self.walk_samples = self._split_walk_rows(samples)
+            if self.walk_samples:
+                what += f", {len(self.walk_samples)} held out for the tau walk"
         self._notes.append(f"data: {what} in {time.perf_counter() - started:.1f} s")
         if self.cfg.eval.enabled and data.source not in ("synthetic", "random"):
             overlap = prompts_in_training(self.eval_prompts(), samples)
@@ -311,6 +317,26 @@ class DFlashWorkload(Workload):
         chosen = set(torch.randperm(len(samples), generator=gen)[:count].tolist())
         keep = [s for i, s in enumerate(samples) if i not in chosen]
         return keep, [s for i, s in enumerate(samples) if i in chosen]
+
+    def _split_walk_rows(self, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+        """(training samples, the tau walk's held-out samples): the last ones of a seeded
+        order, the same in every process; none where train.tau_walk_heldout is 0."""
+        count = min(self.cfg.train.tau_walk_heldout, len(samples) // 10)
+        if self.cfg.train.tau_walk_heldout and not count:
+            self._notes.append(
+                f"warning: train.tau_walk_heldout {self.cfg.train.tau_walk_heldout}: "
+                f"{len(samples)} samples are too few to keep a tenth from training; the "
+                "tau walk runs on training batches"
+            )
+        if not count or not self.cfg.train.tau_walk_rows:
+            return samples, []
+        gen = torch.Generator().manual_seed(self.cfg.seed * 7_919 + 29)
+        order = torch.randperm(len(samples), generator=gen).tolist()
+        held = set(order[-count:])
+        return (
+            [s for i, s in enumerate(samples) if i not in held],
+            [s for i, s in enumerate(samples) if i in held],
+        )
 
     def describe(self) -> list[str]:
         cfg = self.drafter_cfg
@@ -447,16 +473,42 @@ class DFlashWorkload(Workload):
         rows = self.cfg.train.tau_walk_rows
         if not rows:
             return None
+        context, input_ids, loss_mask = inputs.context, inputs.input_ids, inputs.loss_mask
+        if self.walk_samples:
+            context, input_ids, loss_mask = self._heldout_walk_inputs(rows, inputs.context)
         # The eager drafter, as it is (no dropout to switch off; a mode switch would
         # change what the compiled loss was guarded on).
         return walk_tau(
             drafter,
-            inputs.context,
-            inputs.input_ids,
-            inputs.loss_mask,
+            context,
+            input_ids,
+            loss_mask,
             rows=rows,
             head_chunk=self.cfg.train.loss_chunk or 64,
         )
+
+    @property
+    def walks_heldout(self) -> bool:
+        """Does the tau walk run on held-out samples (train.tau_walk_heldout)?"""
+        return bool(self.walk_samples) and bool(self.cfg.train.tau_walk_rows)
+
+    @torch.no_grad()
+    def _heldout_walk_inputs(self, rows: int, like: torch.Tensor):
+        """The next `rows` held-out samples (in turn, so the walks cover all of them) with
+        their target context, made here with transformers' eager forward one row at a time
+        (the target thread's compiled forward is not called from another thread)."""
+        n = len(self.walk_samples)
+        picked = [self.walk_samples[(self._walk_next + i) % n] for i in range(min(rows, n))]
+        self._walk_next = (self._walk_next + len(picked)) % n
+        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
+        collated = collate(picked, self.seq_len, len(picked), pad or 0)
+        device = torch.device(self.cfg.runtime.target_devices[0])
+        target, layers = self.target_for(device), self.drafter_cfg.target_layer_ids
+        parts = [
+            target_layers(target, ids[None].to(device), None, layers) for ids in collated.input_ids
+        ]
+        context = torch.cat(parts).to(like.device, like.dtype)
+        return context, collated.input_ids.to(like.device), collated.loss_mask.to(like.device)
 
     def _target_layers_run(self) -> int:
         first = torch.device(self.cfg.runtime.target_devices[0])

@@ -287,6 +287,7 @@ def _train(
             peak_flops=(peak_flops(cfg) or 0.0) * world.size or None,
             writer=metrics,
             walk_budget=cfg.train.tau_walk_budget,
+            walk_heldout=workload.walks_heldout,
         ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
         hang_point=parse_fail_in(cfg.debug.hang_in, "debug.hang_in") if cfg.debug.hang_in else None,

@@ -230,6 +230,10 @@ class TrainSection(Section):
     # steps while it takes at most tau_walk_budget of the training time; 0: never.
     tau_walk_rows: Amount = 4
     tau_walk_budget: Number = 0.01  # share of the training time
+    # Data-file samples kept from training for the walk: > 0, it walks them instead of the
+    # batch (held-out tau, which memorising the data cannot raise: what serving will see);
+    # 0: the batch about to be trained on (unseen only in the first epoch).
+    tau_walk_heldout: Amount = 0
     checkpoint_every: Amount = 0  # 0 -> only at the end (and on SIGTERM)
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: Amount = 3  # stop after more than this many non-finite losses

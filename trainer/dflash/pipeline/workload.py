@@ -187,6 +187,11 @@ class Workload:
         """Target forward plus drafter forward+backward FLOPs for one drafter's batch."""
         return 0.0
 
+    @property
+    def walks_heldout(self) -> bool:
+        """Does the tau walk run on held-out samples rather than the batch?"""
+        return False
+
     def target_flops_per_batch(self) -> float:
         """The target forward's share of `flops_per_batch`."""
         return 0.0
