@@ -158,3 +158,28 @@ def test_a_wrong_target_compile_says_what_it_takes():
 
     with pytest.raises(Exception, match="true, false or auto"):
         load_train_config(None, ["target.compile=sometimes"])
+
+
+@pytest.mark.parametrize(
+    ("mode", "target_compile", "compiled"),
+    [
+        ("eager", "auto", False),
+        ("default", "auto", True),
+        ("eager", True, True),
+        ("default", False, False),
+    ],
+)
+def test_auto_compiles_the_target_only_where_the_drafter_compiles(mode, target_compile, compiled):
+    from dflash.dflash_workload import DFlashWorkload
+    from dflash.pipeline.train_config import config_from_dict
+
+    cfg = config_from_dict(
+        {
+            "runtime": {"compile": mode},
+            "target": {"compile": target_compile},
+            "eval": {"enabled": False},
+        }
+    )
+    workload = DFlashWorkload(cfg)
+    assert workload.target_compiled(torch.device("cuda:0")) is compiled
+    assert workload.target_compiled(torch.device("cpu")) is False  # CPU: always eager

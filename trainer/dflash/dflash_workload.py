@@ -398,19 +398,26 @@ class DFlashWorkload(Workload):
         return context_forward(
             target,
             self.drafter_cfg.target_layer_ids,
-            compile=t.compile if on_gpu else False,  # CPU: eager
+            compile=self._target_compile() if on_gpu else False,  # CPU: eager
             fp8=t.fp8,
             fused=t.fused and on_gpu,  # CPU: exactly transformers' forward
         )
+
+    def _target_compile(self) -> bool | str:
+        # auto: only where the drafter compiles too (runtime.compile: eager asks for no
+        # compile time; a small target's forward gains less than its compile costs)
+        if self.cfg.target.compile == "auto" and self.cfg.runtime.compile == "eager":
+            return False
+        return self.cfg.target.compile
 
     def target_compiled(self, device: torch.device) -> bool:
         """Whether the target forward on `device` compiles (its thread warms it at the
         gate). "auto" counts where the forward may be written out; a target that is not
         runs eager after all, its warm-up then two plain forwards."""
-        t = self.cfg.target
+        compile = self._target_compile()
         if torch.device(device).type != "cuda":
             return False
-        return t.compile is True or (t.compile == "auto" and t.fused)
+        return compile is True or (compile == "auto" and self.cfg.target.fused)
 
     def target_forward_text(self, target: nn.Module, device: torch.device) -> str:
         return self._context_forward(target, device).describe()

@@ -154,9 +154,9 @@ class TargetSection(Section):
     # The training forward on GPUs. fused: Llama-shaped targets (llama, qwen2, qwen3) run
     # their layers written out (context_decoder.py: one q/k/v and one gate/up matmul, SDPA's
     # causal kernel), checked against transformers' forward at the first call. compile:
-    # torch.compile with static shapes; auto compiles the written-out forward only (on an
-    # H100 at the 8B shape: 52.7% MFU against 45.0% eager; transformers' forward compiled
-    # was 0.93x its eager one). fp8: FP8 matmuls in its decoder layers (evaluation and the
+    # torch.compile with static shapes; auto compiles the written-out forward only, and
+    # only where the drafter compiles (runtime.compile not eager). On an H100 at the 8B
+    # shape: 52.7% MFU against 45.0% eager; transformers' forward compiled was 0.93x. fp8: FP8 matmuls in its decoder layers (evaluation and the
     # drafter's embedding/LM head stay as loaded).
     compile: TriState = "auto"
     fp8: bool = False
