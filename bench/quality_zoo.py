@@ -62,7 +62,7 @@ RECIPE = {
             "tau_walk_heldout": 64,
         },
         "eval": {"num_prompts": 32, "max_new_tokens": 256, "every": 0, "batch_size": 32},
-        "regenerate": {"budget_minutes": 1.25, "max_new_tokens": 256, "batch_size": 512},
+        "regenerate": {"budget_minutes": 1.75, "max_new_tokens": 256, "batch_size": 512},
         "dtype": "bfloat16",
         "compile": "eager",
     },
