@@ -56,7 +56,7 @@ RECIPE = {
         "data": {"seq_len": 1024, "batch_size": 16, "num_anchors": 512, "fit": True},
         "optim": {"lr": 6e-4, "warmup_ratio": 0.04, "min_lr_ratio": 0.1},
         "train": {
-            "budget_minutes": 3.5,
+            "budget_minutes": 4.0,
             "log_every": 100,
             "tau_walk_rows": 8,
             "tau_walk_heldout": 64,
