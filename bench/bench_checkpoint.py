@@ -44,11 +44,11 @@ sys.path.insert(0, str(ROOT / "trainer"))
 
 from dflash.checkpoint import save_drafter_weights  # noqa: E402
 from dflash.config import DrafterConfig  # noqa: E402
-from dflash.dflash_workload import PRESETS  # noqa: E402
 from dflash.model import DFlashDrafter  # noqa: E402
 from dflash.pipeline import checkpointing as ckpt  # noqa: E402
 from dflash.pipeline.optim import MasterWeightAdamW  # noqa: E402
 from dflash.pipeline.train_config import OptimSection  # noqa: E402
+from dflash.target_presets import PRESETS  # noqa: E402
 
 SHAPES = {
     # Qwen3-8B target shape, 5-layer block-16 drafter: about 1.05B trainable parameters.

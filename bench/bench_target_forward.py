@@ -77,7 +77,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    from dflash.dflash_workload import build_random_target
+    from dflash.target_presets import build_random_target
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda:0" if cuda else "cpu")
