@@ -105,7 +105,9 @@ def test_every_node_arriving_commits_everywhere(barrier):
 
 def test_an_abort_marker_on_one_node_aborts_every_node(barrier):
     b = barrier(3)
-    b.start(0)
+    # Node b decides (it sees its marker) before node a reads the decision, and c never
+    # comes: node a need not keep the store up for anyone.
+    b.start(0, ack_wait_s=0)
     b.start(1)
     b.marker(1).write_text("node c failed: no space left on device\n")
     answers = [b.answer(rank) for rank in (0, 1)]
@@ -154,7 +156,7 @@ def test_a_client_without_the_secret_cannot_move_the_barrier(barrier):
     import torch.distributed as dist
 
     b = barrier(2, deadline_s=8)
-    b.start(0)
+    b.start(0, ack_wait_s=0)  # node b never comes to read the decision
     deadline = time.monotonic() + 60
     store = None
     while store is None:
@@ -233,7 +235,7 @@ def test_a_failed_node_telling_the_barrier_aborts_the_others_at_once(barrier):
 
 # -- the agent's side (agent/commit.py): started ahead, the commit, the stop gate ---------
 def agent_params(b: Barrier, rank: int, workdir: Path) -> dict:
-    keys = ("world", "rank", "names", "address", "port", "run_id", "deadline_s")
+    keys = ("world", "rank", "names", "address", "port", "run_id", "deadline_s", "ack_wait_s")
     commit = {k: v for k, v in b.params(rank).items() if k in keys}
     return {
         "workdir": str(workdir),

@@ -4,7 +4,8 @@ previous release launched again everywhere, so no node runs the new run alone.
 
 On two local workdirs (tests/test_deploy_nodes.py's project). Node b's interpreter for
 the new run is taken away while node b waits at the stop gate for node a, whose old
-run takes 15 s to stop: node b cannot start the new run, node a can.
+run takes 6 s to stop: node b cannot start the new run, node a can. (The test takes
+node b's interpreter away the moment node b's old run has stopped: 6 s are room enough.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def interpreter(path: Path) -> Path:
 
 
 def slow_stops(project) -> None:
-    """Room for the trainer's checkpoint on SIGTERM (15 s on node a) before SIGKILL."""
+    """Room for the trainer's checkpoint on SIGTERM (6 s on node a) before SIGKILL."""
     config = yaml.safe_load(project.config_path.read_text())
     config["run"]["stop_grace_s"] = 60
     project.config_path.write_text(yaml.safe_dump(config))
@@ -56,7 +57,7 @@ def test_a_node_that_cannot_launch_after_the_stop_takes_the_run_down_everywhere(
     slow_stops(nodes)
     first = deployed(nodes)
     wait_for(lambda: running(nodes, "a") == [first["run_id"]], what="the first run on node a")
-    (nodes.workdir("a") / "slow_stop").write_text("15")
+    (nodes.workdir("a") / "slow_stop").write_text("6")
     # The new run's interpreter on node b: there for the build and the barrier, gone by
     # the launch. The previous release's run keeps its own (python-b-1).
     new_python = interpreter(tmp_path / "python-b-2")

@@ -86,8 +86,11 @@ def op_abort(p):
 
 def barrier_params(p, mode, **more):
     c = p["commit"]
+    given = {k: c[k] for k in ("world", "rank", "names", "address", "port", "run_id", "deadline_s")}
+    if "ack_wait_s" in c:  # tests only (ops/launch_command.py's ACK_WAIT_ENV)
+        given["ack_wait_s"] = c["ack_wait_s"]
     return dict(
-        {k: c[k] for k in ("world", "rank", "names", "address", "port", "run_id", "deadline_s")},
+        given,
         same_release=bool(c.get("same_release")),
         mode=mode,
         marker=marker_path(p["workdir"], c["run_id"]),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 from collections.abc import Sized
 from dataclasses import dataclass
@@ -137,6 +138,12 @@ def nproc_per_node(config: Config) -> int | str:
     return nproc
 
 
+# For tests only: how long the first node keeps the commit store up for the others to
+# read its decision (the barrier's ACK_WAIT_S, 15 s, where unset). A test whose node
+# never arrives waits all of it out at each deploy.
+ACK_WAIT_ENV = "DFLASH_TEST_COMMIT_ACK_WAIT_S"
+
+
 @cache
 def barrier_program() -> str:
     """The commit barrier's program, run by each node's agent in the run's interpreter."""
@@ -224,6 +231,8 @@ def node_launch_params(
         "program": barrier_program(),
         "secret": barrier_secret(run_id),
     }
+    if os.environ.get(ACK_WAIT_ENV):
+        params["commit"]["ack_wait_s"] = float(os.environ[ACK_WAIT_ENV])
     return params
 
 
