@@ -250,9 +250,12 @@ def train_drafter_from(name: str, cfg, out: Path) -> dict:
     # Each step line walks a few rows; the last quarter of the run's lines (at least
     # three) average out which rows a line happened to draw.
     last = steps[-max(3, len(steps) // 4) :]
-    # The walks on held-out samples (train.tau_walk_heldout), the later half of them.
-    held = [r["tau_walk"] for r in steps if r.get("tau_walk_heldout") and r.get("tau_walk")]
-    held = held[len(held) // 2 :]
+    # The walks on text never trained on (train.tau_walk_eval: the eval prompts answered
+    # by the target; train.tau_walk_heldout: samples kept from training): the last walks
+    # that take each of its rows once, the drafter nearest the one evaluated.
+    walked = [r for r in steps if r.get("tau_walk_heldout") and r.get("tau_walk")]
+    cover = (walked[-1].get("tau_walk_cover") or 1) if walked else 1
+    held = [r["tau_walk"] for r in walked[-cover:]]
     return {
         "steps": steps[-1]["step"],
         "headline": result.eval_line.split(" | ")[2],
@@ -261,6 +264,8 @@ def train_drafter_from(name: str, cfg, out: Path) -> dict:
         "train_tau_anchors": sum(r.get("tau_anchors", r["tau"]) for r in last) / len(last),
         "heldout_tau": sum(held) / len(held) if held else None,
         "heldout_walks": len(held),
+        "heldout_set": walked[-1].get("tau_walk_set") if walked else None,
+        "heldout_step": walked[-1]["step"] if walked else None,
         "train_curve": [(r["step"], round(r["tau"], 3)) for r in steps],
         "eval_tau": evals_[-1]["tau"],
         "eval_curve": [(e["step"], round(e["tau"], 3)) for e in evals_],

@@ -94,8 +94,9 @@ def test_the_tiny_zoo_runs_the_one_recipe_and_judges_every_goal(tmp_path):
     # The recipe sized the run to its budget and fitted the shapes to the data.
     log = (tmp_path / "chat.log").read_text()
     assert "train.budget_minutes 0.25:" in log and "data.fit: seq_len" in log
-    # The recipe keeps samples from training for the tau walk; the tiny regeneration's 4
-    # usable answers cannot spare a tenth, which the run says (the GPU zoo can).
-    assert "warning: train.tau_walk_heldout 4: 4 samples are too few" in log
-    assert row["drafter"]["heldout_tau"] is None
+    # The recipe walks the eval prompts, answered by the target before training: the
+    # table's tau~ is that walk's, the last one (2 rows: both eval prompts at once).
+    assert "tau walk: 2 eval prompts answered by the target" in log
+    assert "| eval prompts" in log and row["drafter"]["heldout_set"] == "eval prompts"
+    assert row["drafter"]["heldout_tau"] >= 1.0 and row["drafter"]["heldout_walks"] == 1
     assert "chat goals: eval tau >= 3.0" in done.stdout and "target    params" in done.stdout

@@ -1,8 +1,10 @@
-"""train.tau_walk_heldout: the exact serving walk on samples kept from training.
+"""The tau walk on text never trained on: samples kept from training
+(train.tau_walk_heldout) or the eval prompts answered by the target (train.tau_walk_eval).
 
 Over many epochs the walk on training batches measures what the drafter memorised (a
 docstring target's tau~ read 15.5 against an eval tau of 5.2 after 62 epochs); on
-held-out samples it measures what serving will see."""
+held-out samples it measures what serving will see, and on the eval prompts what the
+eval will measure."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import io
 import json
 
 import pytest
+import torch
 from dflash.dflash_workload import DFlashWorkload
 from dflash.pipeline.logging import RunLog
 from dflash.pipeline.run import train
 from dflash.pipeline.train_config import config_from_dict
+from dflash.target import greedy_generate, target_context
 
 
 def _chat_file(tmp_path, count: int):
@@ -54,20 +58,22 @@ def test_held_out_samples_are_kept_from_training_the_same_way_in_every_process(t
     source = _chat_file(tmp_path, 40)
     first = DFlashWorkload(_config(tmp_path, source, tau_walk_heldout=4))
     again = DFlashWorkload(_config(tmp_path, source, tau_walk_heldout=4))
-    assert len(first.walk_samples) == 4 and len(first.samples) == 36
-    assert [s.input_ids for s in first.walk_samples] == [s.input_ids for s in again.walk_samples]
+    held, held_again = first.walk_set.samples, again.walk_set.samples
+    assert len(held) == 4 and len(first.samples) == 36
+    assert [s.input_ids for s in held] == [s.input_ids for s in held_again]
     trained = {tuple(s.input_ids) for s in first.samples}
-    assert not any(tuple(s.input_ids) in trained for s in first.walk_samples)
+    assert not any(tuple(s.input_ids) in trained for s in held)
     assert "4 held out for the tau walk" in "\n".join(first.describe())
+    assert first.walk_set_label == "held-out samples"
     plain = DFlashWorkload(_config(tmp_path, source))
-    assert plain.walk_samples == [] and len(plain.samples) == 40 and not plain.walks_heldout
+    assert plain.walk_set is None and len(plain.samples) == 40 and plain.walk_set_label == ""
 
 
 def test_too_few_samples_to_hold_out_warn_and_walk_training_batches(tmp_path):
     workload = DFlashWorkload(_config(tmp_path, _chat_file(tmp_path, 12), tau_walk_heldout=8))
-    assert len(workload.walk_samples) == 1  # a tenth of 12, not 8
+    assert len(workload.walk_set.samples) == 1  # a tenth of 12, not 8
     few = DFlashWorkload(_config(tmp_path, _chat_file(tmp_path, 9), tau_walk_heldout=8))
-    assert few.walk_samples == [] and len(few.samples) == 9
+    assert few.walk_set is None and len(few.samples) == 9
     assert "warning: train.tau_walk_heldout 8" in "\n".join(few.describe())
 
 
@@ -83,4 +89,91 @@ def test_the_walk_line_and_record_say_which_samples_were_walked(tmp_path, heldou
     walked = [r for r in records if r["kind"] == "step" and r["tau_walk"] is not None]
     assert walked and all(r["tau_walk_heldout"] is bool(heldout) for r in walked)
     if heldout:  # in turn: the second walk starts where the first stopped
-        assert workload._walk_next == (3 * len(walked)) % len(workload.walk_samples)
+        assert workload.walk_set._next == (3 * len(walked)) % len(workload.walk_set.samples)
+
+
+# -- train.tau_walk_eval --------------------------------------------------------------------
+def _eval_config(tmp_path, **eval_):
+    return config_from_dict(
+        {
+            "output_dir": str(tmp_path / "out"),
+            "target": {"preset": "tiny", "dtype": "float32"},
+            "drafter": {"num_layers": 1, "block_size": 4, "dtype": "float32"},
+            "data": {"source": "synthetic", "num_samples": 16, "seq_len": 48, "batch_size": 2,
+                     "num_anchors": 4, "prompt_len": 8},
+            "train": {"steps": 4, "log_every": 2, "tau_walk_budget": 1.0, "tau_walk_eval": True,
+                      "tau_walk_rows": 3},
+            "runtime": {"compile": "eager", "threads": 2, "warmup_iters": 1},
+            "eval": {"num_prompts": 3, "max_new_tokens": 20, "batch_size": 2, **eval_},
+        }
+    )  # fmt: skip
+
+
+def _fit(drafter, target, samples, layer_ids, block, steps=40):
+    """Fit the drafter to the walked text so that it accepts varying lengths (an untrained
+    drafter accepts nothing anywhere, where any two measures agree)."""
+    from dflash import drafter_loss
+
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    for _ in range(steps):
+        for sample in samples:
+            ids = torch.tensor([sample.input_ids])
+            context = target_context(target, ids, None, layer_ids)
+            first = sample.loss_mask.index(True)
+            anchors = torch.arange(first, len(sample.input_ids) - block + 1)[None]
+            loss, _ = drafter_loss(drafter, context, ids, anchors, torch.ones_like(anchors).bool())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return drafter
+
+
+def test_the_eval_walk_walks_the_eval_prompts_answered_by_the_target(tmp_path):
+    workload = DFlashWorkload(_eval_config(tmp_path))
+    assert workload.walk_set_label == "eval prompts" and workload.walks_to_cover == 1
+    line = workload.prepare_walk()
+    assert line.startswith("tau walk: 3 eval prompts answered by the target")
+    target = workload.target_for("cpu")
+    samples = workload.walk_set.samples
+    for prompt, sample in zip(workload.eval_prompts(), samples, strict=True):
+        answer, _ = greedy_generate(target, torch.tensor([prompt]), 20)
+        assert sample.input_ids == prompt + answer  # the eval's own reference text
+        assert sample.loss_mask == [False] * len(prompt) + [True] * len(answer)
+    assert workload.prepare_walk() is None  # answered once
+
+
+def test_the_eval_walk_measures_the_tau_the_eval_measures(tmp_path):
+    """The point of walking the eval prompts: the walk's tau is the eval's, for a drafter
+    that accepts varying lengths, at a walk's cost."""
+    workload = DFlashWorkload(_eval_config(tmp_path))
+    workload.prepare_walk()
+    target = workload.target_for("cpu")
+    drafter = workload.build_drafter(torch.device("cpu"))
+    cfg = workload.drafter_cfg
+    torch.manual_seed(0)
+    _fit(drafter, target, workload.walk_set.samples, cfg.target_layer_ids, cfg.block_size)
+    walked = workload.serving_tau(drafter, workload.example_inputs(torch.device("cpu")))
+    result = workload.evaluate_drafter(drafter.eval(), target)
+    assert result.is_identical
+    assert 1.5 < result.tau < cfg.block_size  # the drafter accepts some, not all
+    assert walked == pytest.approx(result.tau, rel=1e-9)  # float32: the very same blocks
+
+
+def test_the_eval_walk_in_a_run_says_so(tmp_path):
+    cfg = _eval_config(tmp_path)
+    log = RunLog(io.StringIO())
+    assert train(cfg, DFlashWorkload(cfg), log, handle_signals=False).exit_code == 0
+    assert any(x.startswith("tau walk: 3 eval prompts answered by the target") for x in log.lines)
+    walks = [x for x in log.lines if x.startswith("tau walk |")]
+    assert walks and all(x.endswith("| eval prompts") for x in walks)
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    walked = [r for r in records if r["kind"] == "step" and r["tau_walk"] is not None]
+    assert walked and all(r["tau_walk_set"] == "eval prompts" for r in walked)
+
+
+def test_no_eval_prompts_to_walk_warns_and_walks_the_batch(tmp_path):
+    source = _chat_file(tmp_path, 40)
+    cfg = _config(tmp_path, source, tau_walk_eval=True)  # eval off, nothing held out
+    workload = DFlashWorkload(cfg)
+    assert workload.walk_set is None
+    assert "warning: train.tau_walk_eval: no eval prompts" in "\n".join(workload.describe())

@@ -98,12 +98,22 @@ def trained(tiny_target):
 @torch.no_grad()
 def _reference_dense_acceptance(drafter, context, input_ids, loss_mask, chunk=64):
     """The walk's lengths as they were first computed: every chunk of anchors a whole
-    training forward (context keys recomputed, the full context masked)."""
+    training forward (context keys recomputed, the full context masked), on the rows
+    padded by B - 1 so that every token can be an anchor; a block commits no more than
+    the answer has left (counted here one position at a time)."""
     block = drafter.cfg.block_size
-    n, seq_len = input_ids.shape
-    count = seq_len - block + 1
+    n, count = input_ids.shape
+    input_ids = torch.nn.functional.pad(input_ids, (0, block - 1))
+    mask = torch.nn.functional.pad(loss_mask.to(torch.bool), (0, block - 1))
+    context = torch.nn.functional.pad(context, (0, 0, 0, block - 1))
+    left = torch.zeros(n, count, dtype=torch.long)
+    for row in range(n):
+        run = 0
+        for p in range(mask.shape[1] - 2, -1, -1):
+            run = run + 1 if mask[row, p + 1] else 0
+            if p < count:
+                left[row, p] = run
     every = torch.arange(count).expand(n, count)
-    mask = loss_mask.to(torch.bool)
     answer = mask[:, :count] & mask[:, 1 : count + 1]
     lengths = torch.zeros(n, count, dtype=torch.long)
     for start in range(0, count, chunk):
@@ -115,9 +125,10 @@ def _reference_dense_acceptance(drafter, context, input_ids, loss_mask, chunk=64
             drafter, context, input_ids, anchors, valid, attention="sdpa_dense"
         )
         guess = drafter.logits(hidden[:, :, 1:]).argmax(-1)
-        labels, counts = block_labels(input_ids, anchors, valid, block, loss_mask)
+        labels, counts = block_labels(input_ids, anchors, valid, block, mask)
         prefix = torch.cumprod(((guess == labels) & counts).long(), dim=2).sum(2)
-        lengths[:, start : start + chunk] = torch.where(valid, 1 + prefix, 0)
+        committed = torch.minimum(1 + prefix, left[:, start : start + chunk])
+        lengths[:, start : start + chunk] = torch.where(valid, committed, 0)
     return lengths
 
 

@@ -31,6 +31,7 @@ from dflash.data import (
     prompts_in_training,
     synthetic_samples,
 )
+from dflash.flops import drafter_flops, target_flops
 from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
@@ -42,8 +43,15 @@ from dflash.target import (
     layers_run_for_context,
     load_target,
 )
-from dflash.target import target_context as target_layers
 from dflash.target_presets import QWEN3_MASK_ID, build_random_target, target_shape
+from dflash.walk_set import (
+    EVAL_PROMPTS,
+    HELDOUT,
+    WalkSet,
+    answered_prompts,
+    split_heldout,
+    walk_inputs,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -89,8 +97,7 @@ class DFlashWorkload(Workload):
         # does not fit it fails here, not after an 8B model has been loaded.
         self.target_config = target_shape(cfg.target)
         self.heldout: list[Sample] = []  # data-file samples kept out of training for eval
-        self.walk_samples: list[Sample] = []  # ... and for the tau walk (tau_walk_heldout)
-        self._walk_next = 0
+        self.walk_set: WalkSet | None = None  # what the tau walk walks (None: the batch)
         self.tokenizer = self._tokenizer()
         self._check_vocabulary()
         self.drafter_cfg = self._drafter_config()
@@ -197,9 +204,9 @@ class DFlashWorkload(Workload):
             samples, self.heldout = self._split_holdout(samples)
             if self.heldout:
                 what += f", {len(self.heldout)} of them held out for eval"
-            samples, self.walk_samples = self._split_walk_rows(samples)
-            if self.walk_samples:
-                what += f", {len(self.walk_samples)} held out for the tau walk"
+        samples, self.walk_set = self._walk_set(samples)
+        if self.walk_set is not None and self.walk_set.label == HELDOUT:
+            what += f", {self.walk_set.size} held out for the tau walk"
         self._notes.append(f"data: {what} in {time.perf_counter() - started:.1f} s")
         if self.cfg.eval.enabled and data.source not in ("synthetic", "random"):
             overlap = prompts_in_training(self.eval_prompts(), samples)
@@ -246,25 +253,40 @@ class DFlashWorkload(Workload):
         keep = [s for i, s in enumerate(samples) if i not in chosen]
         return keep, [s for i, s in enumerate(samples) if i in chosen]
 
-    def _split_walk_rows(self, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
-        """(training samples, the tau walk's held-out samples): the last ones of a seeded
-        order, the same in every process; none where train.tau_walk_heldout is 0."""
-        count = min(self.cfg.train.tau_walk_heldout, len(samples) // 10)
-        if self.cfg.train.tau_walk_heldout and not count:
+    def _walk_set(self, samples: list[Sample]) -> tuple[list[Sample], WalkSet | None]:
+        """(training samples, what the tau walk walks where not the batch): samples kept
+        from training (train.tau_walk_heldout) or the eval prompts (train.tau_walk_eval)."""
+        train = self.cfg.train
+        if not train.tau_walk_rows:
+            return samples, None
+        if train.tau_walk_eval:
+            prompts = self.eval_prompts()
+            if prompts:
+                answer = lambda: answered_prompts(  # noqa: E731
+                    self.target_for(self.cfg.runtime.target_devices[0]),
+                    prompts,
+                    max_new_tokens=self.cfg.eval.max_new_tokens,
+                    stop_token_ids=self._eval_stops(),
+                    pad_id=self._pad_id(),
+                    batch_size=self.cfg.eval.batch_size,
+                )
+                return samples, WalkSet(EVAL_PROMPTS, answer=answer, size=len(prompts))
             self._notes.append(
-                f"warning: train.tau_walk_heldout {self.cfg.train.tau_walk_heldout}: "
+                "warning: train.tau_walk_eval: no eval prompts (set eval.source, or keep "
+                "eval.holdout samples); the tau walk runs on training batches"
+            )
+            return samples, None
+        count = min(train.tau_walk_heldout, len(samples) // 10)
+        if train.tau_walk_heldout and not count:
+            self._notes.append(
+                f"warning: train.tau_walk_heldout {train.tau_walk_heldout}: "
                 f"{len(samples)} samples are too few to keep a tenth from training; the "
                 "tau walk runs on training batches"
             )
-        if not count or not self.cfg.train.tau_walk_rows:
-            return samples, []
-        gen = torch.Generator().manual_seed(self.cfg.seed * 7_919 + 29)
-        order = torch.randperm(len(samples), generator=gen).tolist()
-        held = set(order[-count:])
-        return (
-            [s for i, s in enumerate(samples) if i not in held],
-            [s for i, s in enumerate(samples) if i in held],
-        )
+        if not count:
+            return samples, None
+        samples, held = split_heldout(samples, count, self.cfg.seed)
+        return samples, WalkSet(HELDOUT, held)
 
     def describe(self) -> list[str]:
         cfg = self.drafter_cfg
@@ -409,8 +431,15 @@ class DFlashWorkload(Workload):
         if not rows:
             return None
         context, input_ids, loss_mask = inputs.context, inputs.input_ids, inputs.loss_mask
-        if self.walk_samples:
-            context, input_ids, loss_mask = self._heldout_walk_inputs(rows, inputs.context)
+        if self.walk_set is not None:
+            target = self.target_for(self.cfg.runtime.target_devices[0])
+            context, input_ids, loss_mask = walk_inputs(
+                self.walk_set.take(rows),
+                target,
+                self.drafter_cfg.target_layer_ids,
+                self._pad_id(),
+                like=inputs.context,
+            )
         # The eager drafter, as it is (no dropout to switch off; a mode switch would
         # change what the compiled loss was guarded on).
         return walk_tau(
@@ -422,70 +451,35 @@ class DFlashWorkload(Workload):
             head_chunk=self.cfg.train.loss_chunk or 64,
         )
 
-    @property
-    def walks_heldout(self) -> bool:
-        """Does the tau walk run on held-out samples (train.tau_walk_heldout)?"""
-        return bool(self.walk_samples) and bool(self.cfg.train.tau_walk_rows)
+    def prepare_walk(self) -> str | None:
+        return None if self.walk_set is None else self.walk_set.prepare()
 
-    @torch.no_grad()
-    def _heldout_walk_inputs(self, rows: int, like: torch.Tensor):
-        """The next `rows` held-out samples (in turn, so the walks cover all of them) with
-        their target context, made here with transformers' eager forward one row at a time
-        (the target thread's compiled forward is not called from another thread)."""
-        n = len(self.walk_samples)
-        picked = [self.walk_samples[(self._walk_next + i) % n] for i in range(min(rows, n))]
-        self._walk_next = (self._walk_next + len(picked)) % n
-        pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
-        collated = collate(picked, self.seq_len, len(picked), pad or 0)
-        device = torch.device(self.cfg.runtime.target_devices[0])
-        target, layers = self.target_for(device), self.drafter_cfg.target_layer_ids
-        parts = [
-            target_layers(target, ids[None].to(device), None, layers) for ids in collated.input_ids
-        ]
-        context = torch.cat(parts).to(like.device, like.dtype)
-        return context, collated.input_ids.to(like.device), collated.loss_mask.to(like.device)
+    @property
+    def walk_set_label(self) -> str:
+        return "" if self.walk_set is None else self.walk_set.label
+
+    @property
+    def walks_to_cover(self) -> int:
+        rows = self.cfg.train.tau_walk_rows
+        return 1 if self.walk_set is None else self.walk_set.walks_to_cover(rows)
+
+    def _pad_id(self) -> int:
+        return (self.tokenizer.pad_token_id if self.tokenizer is not None else 0) or 0
 
     def _target_layers_run(self) -> int:
         first = torch.device(self.cfg.runtime.target_devices[0])
         return layers_run_for_context(self.target_for(first), self.drafter_cfg.target_layer_ids)
 
     def flops_per_batch(self) -> float:
-        """Useful FLOPs of one drafter batch: target forward (no LM head) + drafter fwd+bwd.
-
-        Matmuls count 2 FLOPs per multiply-add; backward counts twice the forward for
-        trained weights and once for the frozen LM head (input gradient only); attention
-        counts causal (target) and the average visible context (drafter), not masked work.
-        The target counts the layers it runs (up to the deepest one the drafter reads).
-        """
-        d, n, s = self.drafter_cfg, self.batch_size, self.seq_len
-        target = self.target_flops_per_batch()
-        blocks = n * self.num_anchors * d.block_size
-        dh, dheads, dkv, dhd, dffn = (
-            d.hidden_size,
-            d.num_attention_heads,
-            d.num_key_value_heads,
-            d.head_dim,
-            d.intermediate_size,
-        )
-        q_o = dh * dheads * dhd * 2
-        k_v = dh * dkv * dhd * 2
-        per_layer = 2 * (q_o + 3 * dh * dffn) * blocks + 2 * k_v * (blocks + n * s)
-        avg_visible = s / 2 + d.block_size
-        attention = 4 * blocks * avg_visible * dheads * dhd
-        fuse = 2 * d.num_context_layers * dh * dh * n * s
-        trained_fwd = d.num_hidden_layers * (per_layer + attention) + fuse
-        head_fwd = 2 * dh * d.vocab_size * n * self.num_anchors * (d.block_size - 1)
-        return float(target + 3 * trained_fwd + 2 * head_fwd)
+        """Useful FLOPs of one drafter batch: target forward (no LM head) + drafter fwd+bwd."""
+        drafter = drafter_flops(self.drafter_cfg, self.batch_size, self.seq_len, self.num_anchors)
+        return self.target_flops_per_batch() + drafter
 
     def target_flops_per_batch(self) -> float:
         """The target forward (no LM head, the layers it runs, causal attention)."""
-        t, n, s = self.target_config, self.batch_size, self.seq_len
-        h, L = int(t.hidden_size), self._target_layers_run()
-        heads, kv = int(t.num_attention_heads), int(t.num_key_value_heads)
-        hd = int(getattr(t, "head_dim", None) or h // heads)
-        ffn = int(t.intermediate_size)
-        layer_params = h * heads * hd * 2 + h * kv * hd * 2 + 3 * h * ffn
-        return float(2 * layer_params * L * n * s + 2 * L * n * s * s * heads * hd)
+        return target_flops(
+            self.target_config, self._target_layers_run(), self.batch_size, self.seq_len
+        )
 
     # -- end of run
 
@@ -502,19 +496,20 @@ class DFlashWorkload(Workload):
         prompts = self.eval_prompts()
         if not prompts:
             return None
-        stops = (
-            [self.tokenizer.eos_token_id]
-            if self.tokenizer is not None and self.cfg.data.source not in ("synthetic", "random")
-            else None
-        )
         return evaluate(
             drafter,
             target,
             prompts,
             max_new_tokens=ev.max_new_tokens,
-            stop_token_ids=stops,
+            stop_token_ids=self._eval_stops(),
             batch_size=ev.batch_size,
         )
+
+    def _eval_stops(self) -> list[int] | None:
+        """A data file's answers end at the tokenizer's EOS; synthetic ones run to length."""
+        if self.tokenizer is None or self.cfg.data.source in ("synthetic", "random"):
+            return None
+        return [self.tokenizer.eos_token_id]
 
     def eval_prompts(self) -> list[list[int]]:
         """Prompts never trained on: another seed (synthetic data), the held-out samples of a

@@ -17,6 +17,7 @@ checks the per-anchor lengths against both decoders).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .masks import dense_block_mask, sdpa_attend
 from .model import DFlashDrafter
@@ -33,8 +34,9 @@ def dense_acceptance(
     chunk: int = 64,
     head_chunk: int = 64,
 ) -> torch.Tensor:
-    """1 + accepted drafted tokens at every anchor p of each row ([N, S - B + 1] long;
-    0 where p is no answer token followed by another).
+    """The tokens a server's block anchored at p commits (1 + accepted drafted tokens, no
+    more than the answer has left) at every position p of each row ([N, S] long; 0 where
+    p is no answer token followed by another).
 
     The fused context and its per-layer keys and values are computed once for the rows
     (they do not depend on the anchor); the block rows then go through the drafter body
@@ -43,15 +45,22 @@ def dense_acceptance(
     through the LM head `head_chunk` anchors at a time, so the [anchors x slots x vocab]
     logits stay small with a large vocabulary."""
     block = drafter.cfg.block_size
-    n, seq_len = input_ids.shape
-    count = seq_len - block + 1
-    if count < 1:
-        return torch.zeros(n, 0, dtype=torch.long, device=input_ids.device)
+    n, count = input_ids.shape
+    # Every token can be an anchor, up to the last: the rows go on B - 1 positions outside
+    # the loss, where a block reaching past the text drafts into nothing.
+    input_ids = F.pad(input_ids, (0, block - 1))
+    mask = F.pad(loss_mask.to(torch.bool), (0, block))
+    context = F.pad(context, (0, 0, 0, block - 1))
+    seq_len = count + block - 1
     every = torch.arange(count, device=input_ids.device).expand(n, count)
     # An anchor drafts the tokens after it: an answer token with more answer after it
     # (at an answer's last token, decoding has ended).
-    mask = loss_mask.to(torch.bool)
     answer = mask[:, :count] & mask[:, 1 : count + 1]
+    # The answer tokens left after each anchor, up to B: a server's block commits its
+    # accepted tokens and the target's next one, but never past the answer's end (the
+    # stop token, or max_new_tokens).
+    left = torch.cumprod(mask[:, 1:].unfold(1, block, 1)[:, :count].long(), dim=2).sum(2)
+    loss_mask = mask[:, :seq_len]
     lengths = torch.zeros(n, count, dtype=torch.long, device=input_ids.device)
     if not bool(answer.any()):
         return lengths
@@ -83,7 +92,8 @@ def dense_acceptance(
             hits = (guess == labels[:, part]) & counts[:, part]
             prefix = torch.cumprod(hits.long(), dim=2).sum(2)
             at = slice(start + head_start, start + head_start + guess.shape[1])
-            lengths[:, at] = torch.where(valid[:, part], 1 + prefix, 0)
+            committed = torch.minimum(1 + prefix, left[:, at])
+            lengths[:, at] = torch.where(valid[:, part], committed, 0)
     return lengths
 
 

@@ -100,11 +100,13 @@ class StepMeter:
         writer: MetricsWriter | None = None,
         clock: Callable[[], float] = time.perf_counter,
         walk_budget: float = WALK_BUDGET,
-        walk_heldout: bool = False,
+        walk_set: str = "",
+        walk_cover: int = 1,
     ) -> None:
         self.log = log
         self.walks = MeasurementBudget(walk_budget, clock)
-        self.walk_heldout = walk_heldout  # the walk runs on held-out samples
+        self.walk_set = walk_set  # what the walk runs on where not the batch ("": the batch)
+        self.walk_cover = walk_cover  # walks that take each row of that set once
         self.clock = clock
         self.total_steps = total_steps
         self.log_every = log_every
@@ -222,7 +224,9 @@ class StepMeter:
             ),
             "tau_anchors": window.tau / n,
             "tau_walk": serving_tau,
-            "tau_walk_heldout": self.walk_heldout if serving_tau is not None else None,
+            "tau_walk_heldout": bool(self.walk_set) if serving_tau is not None else None,
+            "tau_walk_set": (self.walk_set or "batch") if serving_tau is not None else None,
+            "tau_walk_cover": self.walk_cover if serving_tau is not None else None,
             "lr": lr,
             # total norm of the gradients before clipping (mean of the window, and its max)
             "grad_norm": window.grad_norm / window.grad_norm_steps
@@ -259,7 +263,7 @@ class StepMeter:
                 f"tau walk | step {step} | tau {serving_tau:.2f} (tau~ {record['tau']:.2f}) | "
                 f"{self.walks.last:.2f} s | {self.walks.count} walks, "
                 f"{100 * self.walks.share():.1f}% of the training time"
-                + (" | held-out samples" if self.walk_heldout else "")
+                + (f" | {self.walk_set}" if self.walk_set else "")
             )
         if self.writer is not None:
             self.writer.write(record)

@@ -257,6 +257,8 @@ def _train(
     if runtime.schedule == "pipelined":
         for device in target_devices:
             workload.target_for(device)
+    if cfg.train.tau_walk_rows and (walk_line := workload.prepare_walk()):
+        log.line(walk_line)
     if resume_state is not None:
         ckpt.restore_rng(resume_state.rng)
 
@@ -287,7 +289,8 @@ def _train(
             peak_flops=(peak_flops(cfg) or 0.0) * world.size or None,
             writer=metrics,
             walk_budget=cfg.train.tau_walk_budget,
-            walk_heldout=workload.walks_heldout,
+            walk_set=workload.walk_set_label,
+            walk_cover=workload.walks_to_cover,
         ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
         hang_point=parse_fail_in(cfg.debug.hang_in, "debug.hang_in") if cfg.debug.hang_in else None,

@@ -234,6 +234,9 @@ class TrainSection(Section):
     # batch (held-out tau, which memorising the data cannot raise: what serving will see);
     # 0: the batch about to be trained on (unseen only in the first epoch).
     tau_walk_heldout: Amount = 0
+    # true: walk the eval prompts instead, answered once by the target before training
+    # (greedy, eval.max_new_tokens): the walk's tau is what the eval will measure.
+    tau_walk_eval: bool = False
     checkpoint_every: Amount = 0  # 0 -> only at the end (and on SIGTERM)
     final_checkpoint: bool = True  # false: benchmarks skip writing the end-of-run checkpoint
     max_nonfinite: Amount = 3  # stop after more than this many non-finite losses

@@ -188,9 +188,19 @@ class Workload:
         return 0.0
 
     @property
-    def walks_heldout(self) -> bool:
-        """Does the tau walk run on held-out samples rather than the batch?"""
-        return False
+    def walk_set_label(self) -> str:
+        """What the tau walk walks where not the batch ("held-out samples"; "": the batch)."""
+        return ""
+
+    @property
+    def walks_to_cover(self) -> int:
+        """How many walks take every row of that set once."""
+        return 1
+
+    def prepare_walk(self) -> str | None:
+        """Make the walk's rows where they need the target (before the threads start);
+        a line for the run's log, None where nothing ran."""
+        return None
 
     def target_flops_per_batch(self) -> float:
         """The target forward's share of `flops_per_batch`."""
