@@ -487,8 +487,8 @@ def goals_of(r: dict) -> dict:
 
 def table(rows: list[dict]) -> list[str]:
     lines = [
-        f"{'target':<9}{'params':>7}{'vocab':>6}{'eval tau':>9}{'tau~':>6}{'held':>6}"
-        f"{'eval/held':>10}"
+        f"{'target':<9}{'params':>7}{'vocab':>6}{'eval tau':>9}{'tau~':>6}{'walk':>6}"
+        f"{'eval/walk':>10}"
         f"{'lookup':>7}{'x lookup':>9}{'steps':>6}{'regen':>6}{'budget s':>9}"
         f"{'eval s':>7}{'b1 x':>6}  lossless / goals"
     ]
