@@ -177,3 +177,17 @@ def test_no_eval_prompts_to_walk_warns_and_walks_the_batch(tmp_path):
     workload = DFlashWorkload(cfg)
     assert workload.walk_set is None
     assert "warning: train.tau_walk_eval: no eval prompts" in "\n".join(workload.describe())
+
+
+def test_the_eval_walk_also_walks_the_last_step_whatever_its_budget(tmp_path):
+    """The last walk is then the drafter the end-of-run eval measures (the walk's budget
+    alone may have left the last one far before the end)."""
+    cfg = _eval_config(tmp_path)
+    cfg.train.tau_walk_budget = 1e-9  # only the first walk is due by the budget
+    cfg.train.steps = 8
+    assert (
+        train(cfg, DFlashWorkload(cfg), RunLog(io.StringIO()), handle_signals=False).exit_code == 0
+    )
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    walked = [r["step"] for r in records if r["kind"] == "step" and r["tau_walk"] is not None]
+    assert walked == [2, 8]

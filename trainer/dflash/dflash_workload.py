@@ -459,6 +459,10 @@ class DFlashWorkload(Workload):
         return "" if self.walk_set is None else self.walk_set.label
 
     @property
+    def walks_at_the_end(self) -> bool:
+        return self.walk_set is not None and self.walk_set.label == EVAL_PROMPTS
+
+    @property
     def walks_to_cover(self) -> int:
         rows = self.cfg.train.tau_walk_rows
         return 1 if self.walk_set is None else self.walk_set.walks_to_cover(rows)

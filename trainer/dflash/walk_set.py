@@ -103,14 +103,18 @@ def answered_prompts(
     """Each prompt with the target's own greedy answer as the loss region: the reference
     the eval's speculative decoding must reproduce, token for token."""
     device = next(target.parameters()).device
-    samples = []
-    for start in range(0, len(prompts), max(1, batch_size)):
-        part = [torch.tensor(p, device=device) for p in prompts[start : start + batch_size]]
+    # Batched as the eval batches them (prompts of like length together, the same groups):
+    # in bf16 the padding a row shares its batch with can move a near-tie.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    found: dict[int, Sample] = {}
+    for start in range(0, len(order), max(1, batch_size)):
+        group = order[start : start + max(1, batch_size)]
+        part = [torch.tensor(prompts[i], device=device) for i in group]
         answers = greedy_generate_batch_padded(target, part, max_new_tokens, stop_token_ids, pad_id)
-        for prompt, (answer, _) in zip(part, answers, strict=True):
-            ids = prompt.tolist() + answer
-            samples.append(Sample(ids, [False] * len(prompt) + [True] * len(answer)))
-    return samples
+        for i, (answer, _) in zip(group, answers, strict=True):
+            mask = [False] * len(prompts[i]) + [True] * len(answer)
+            found[i] = Sample(list(prompts[i]) + answer, mask)
+    return [found[i] for i in range(len(prompts))]
 
 
 @torch.no_grad()

@@ -184,6 +184,12 @@ class StepMeter:
         """Does step `step` print a step line?"""
         return step % self.log_every == 0 or step == self.total_steps
 
+    def walk_due(self, step: int, at_the_end: bool = False) -> bool:
+        """Does step `step` walk? A logged step, while the walk budget allows; with
+        `at_the_end`, the last step too, whatever the budget."""
+        last = at_the_end and step == self.total_steps
+        return self.due(step) and (self.walks.due() or last)
+
     def _emit(
         self, step: int, lr: float, queue_depth: int, queue_size: int, serving_tau=None
     ) -> None:

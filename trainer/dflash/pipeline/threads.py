@@ -478,15 +478,15 @@ def _train_step(ctx: RunContext, replica: DrafterReplica, inputs: DrafterInputs)
     cfg = ctx.cfg
     step_number = inputs.step + 1
     serving_tau = None
-    walks = ctx.meter.walks
-    if replica.rank == 0 and ctx.is_lead and ctx.meter.due(step_number) and walks.due():
+    at_end = ctx.workload.walks_at_the_end
+    if replica.rank == 0 and ctx.is_lead and ctx.meter.walk_due(step_number, at_end):
         # Before this step trains on the batch: its text is measured as a server meets it,
         # exactly, while that fits its share of the training time (tau~ itself comes
         # from the step's anchors, on every line).
         started = time.perf_counter()
         serving_tau = ctx.workload.serving_tau(replica.model, inputs)
         if serving_tau is not None:
-            walks.record(time.perf_counter() - started)
+            ctx.meter.walks.record(time.perf_counter() - started)
     loss, metrics = replica.loss_fn(*inputs.tensors())
     if step_number in cfg.debug.nonfinite_at_steps:
         loss = loss * float("nan")

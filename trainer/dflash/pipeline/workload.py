@@ -197,6 +197,12 @@ class Workload:
         """How many walks take every row of that set once."""
         return 1
 
+    @property
+    def walks_at_the_end(self) -> bool:
+        """Does the last step walk too, whatever the walk budget (an estimate of the
+        end-of-run eval, which costs far more than the walk)?"""
+        return False
+
     def prepare_walk(self) -> str | None:
         """Make the walk's rows where they need the target (before the threads start);
         a line for the run's log, None where nothing ran."""
