@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import time
 
-from .errors import AgentError
+from .errors import AgentError, CommitAborted
 
 # How long past its deadline the barrier may take (importing torch, which takes tens of
 # seconds on a loaded machine; node 0 waiting for the others to read the decision)
@@ -42,15 +42,6 @@ GATE_SLACK_S = 60.0
 # How long a node that launched waits to hear whether every other node did (they
 # launch within moments of each other, once the gate opened).
 LAUNCH_WAIT_S = 120.0
-
-
-class CommitAborted(AgentError):
-    """The nodes decided not to launch: nothing was stopped anywhere (or, in doubt,
-    nothing here)."""
-
-    def __init__(self, message, hint=None, in_doubt=False):
-        AgentError.__init__(self, message, hint)
-        self.in_doubt = in_doubt
 
 
 def commit_dir(workdir):

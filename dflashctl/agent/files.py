@@ -6,6 +6,7 @@ import json
 import os
 import struct
 import time
+from contextlib import contextmanager
 
 from .errors import AgentError
 
@@ -19,6 +20,20 @@ def read_text(path, default=None):
             return f.read()
     except (OSError, UnicodeDecodeError):
         return default
+
+
+def read_json(path, default=None):
+    """The JSON in `path`; `default` when it is missing, unreadable or damaged."""
+    text = read_text(path)
+    try:
+        return json.loads(text) if text else default
+    except ValueError:
+        return default
+
+
+def utc(seconds=None):
+    """`2026-11-30T18:02:11Z`: now, or the time `seconds` (since the epoch)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def write_best_effort(path, text):
@@ -109,7 +124,7 @@ def lock_workdir(workdir, holder=None, wait=False):
                 "wait for it to finish (or pass --wait to queue behind it), then try again",
             ) from None
         fcntl.flock(fd, fcntl.LOCK_EX)  # queued: blocks until the holder is done
-    record = dict(holder or {}, since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    record = dict(holder or {}, since=utc())
     # Who holds it is only said to a refused caller: a full disk must not refuse the
     # lock (a stop on a full disk still stops). Written over the old record, then cut
     # to length, so the write needs no block the file does not already have, mostly.
@@ -123,6 +138,16 @@ def lock_workdir(workdir, holder=None, wait=False):
         except OSError:
             pass
     return fd
+
+
+@contextmanager
+def locked(p, wait=None):
+    """lock_workdir for a verb's parameters (workdir, holder, wait), released after."""
+    fd = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")) if wait is None else wait)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def describe_holder(raw):

@@ -18,6 +18,7 @@ from .processes import (
 from .runs import active_run_id, record_stop, run_ids, run_pid_alive, runs_dir, settle_exit_code
 
 KILL_WAIT_S = 5.0
+STUCK = "still running after SIGKILL"
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
 
@@ -94,6 +95,18 @@ def find_targets(workdir, entry, scope="container"):
     return targets
 
 
+def stop_runs(p, how):
+    """Stop what `find_targets` finds for a verb's parameters (workdir, entry, scope,
+    grace_s); `how` as for stop_targets."""
+    targets = find_targets(p["workdir"], p["entry"], p.get("scope", "container"))
+    return stop_targets(p["workdir"], targets, float(p["grace_s"]), how)
+
+
+def stuck(entry):
+    """Did this target of stop_targets' report outlive SIGKILL?"""
+    return entry["ended"] == STUCK
+
+
 def target_alive(target, table):
     if target["group"]:
         return any(alive(p) for p in table.values() if p.pgid == target["pgid"])
@@ -153,14 +166,14 @@ def stop_targets(workdir, targets, grace_s, how=None):
     for target in targets:
         entry = {k: v for k, v in target.items() if not k.startswith("_")}
         if target in still:
-            entry["ended"] = "still running after SIGKILL"
+            entry["ended"] = STUCK
         elif target in left:
             entry["ended"] = "killed"
             entry["seconds"] = round(target["_gone_at"] - started, 2)
         else:
             entry["ended"] = "terminated"
             entry["seconds"] = round(target["_gone_at"] - started, 2)
-        if target.get("run_id") and entry["ended"] != "still running after SIGKILL":
+        if target.get("run_id") and not stuck(entry):
             entry["exit_code"] = settle_exit_code(workdir, target["run_id"], target in left)
         report.append(entry)
     return report

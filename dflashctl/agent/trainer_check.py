@@ -29,7 +29,7 @@ from .errors import AgentError
 from .files import read_text
 from .lineage import fill_placeholders
 from .releases import releases_dir
-from .runs import bytecode_env
+from .runs import base_env, bytecode_env, run_env
 
 CHECK_ENV = "DFLASH_CHECK_CONFIG"
 TIMEOUT_S = 300
@@ -116,18 +116,9 @@ def check_argv(command, entry):
     return [command[0], entry, *fill_placeholders(command[at + 1 :], None)]
 
 
-def base_env():
-    """The agent's environment without what names a run: what a check's starts from."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
-
-
 def check_env(p):
     """The run's environment as start_run gives it (without what names the run)."""
-    env = base_env()
-    env.update(p.get("env") or {})
-    if p.get("venv"):
-        env["VIRTUAL_ENV"] = p["venv"]
-        env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
+    env = run_env(p)
     env.update({CHECK_ENV: "1", "PYTHONUNBUFFERED": "1"})
     env.update(bytecode_env(env, p["workdir"]))  # the run's bytecode cache: warm for it too
     return env

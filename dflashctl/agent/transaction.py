@@ -21,13 +21,12 @@ import shutil
 import signal
 
 from . import commit
-from .commit import CommitAborted
-from .errors import AgentError, RolledBack, StaleBase
+from .errors import AgentError, CommitAborted, RolledBack, StaleBase, error_answer
 from .files import read_text
 from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
 from .releases import current_release, swap_current
 from .runs import WRAPPER, runs_dir, start_run
-from .stopping import find_targets, stop_targets
+from .stopping import stop_runs
 
 # What launching needs on disk after the stop (pid, meta.json, active_run, the
 # `current` link, the first log lines); checked before anything is stopped.
@@ -137,12 +136,7 @@ def undo_launch(workdir, run_id, p, previous, previous_release, barrier, outcome
     wait until every node's is down, and launch the previous release again here too.
     Raises RolledBack with what this node left."""
     who = commit.failed_nodes(outcome)
-    stop_targets(
-        workdir,
-        find_targets(workdir, p["entry"], p.get("scope", "container")),
-        float(p["grace_s"]),
-        {"by": p.get("by") or "deploy", "replaced_by": None},
-    )
+    stop_runs(p, {"by": p.get("by") or "deploy", "replaced_by": None})
     if previous_release and current_release(workdir) != previous_release:
         try:
             swap_current(workdir, previous_release)
@@ -189,19 +183,8 @@ def detached(work):
                 os.dup2(devnull, fd)
             try:
                 answer = {"ok": True, "answer": work()}
-            except StaleBase as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint, "stale": True}
-            except CommitAborted as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint, "aborted": True}
-                answer["in_doubt"] = exc.in_doubt
-            except RolledBack as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint}
-                answer.update(rolled_back="here" if exc.here else "peer", relaunched=exc.relaunched)
-            except AgentError as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint}
-            except OSError as exc:
-                where = f" ({exc.filename})" if exc.filename else ""
-                answer = {"ok": False, "error": f"{exc.strerror or exc}{where}"}
+            except (AgentError, OSError) as exc:
+                answer = error_answer(exc)
             except BaseException as exc:  # noqa: BLE001 - whatever it was, say it
                 answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             try:

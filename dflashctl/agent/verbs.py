@@ -39,7 +39,7 @@ import time
 from . import commit
 from .errors import AgentError, RolledBack, StaleBase
 from .exec_env import op_exec_ticket
-from .files import lock_workdir, tree_bytes
+from .files import locked, tree_bytes
 from .lineage import latest_checkpoint
 from .manifest import real_manifest
 from .metrics import op_metrics
@@ -63,55 +63,38 @@ from .runs import (
     runs_dir,
 )
 from .stacks import op_stacks
-from .stopping import find_targets, stop_targets
+from .stopping import find_targets, stop_runs, stuck
 from .trainer_check import check_trainer_config, op_trainer_check
 from .transaction import detached, launch_run, prepare_run, relaunch_previous, undo_launch
 from .venvs import ensure_venv, gc_venvs, op_setup_check
 
 
 def op_inspect(p):
-    workdir, entry = p["workdir"], p["entry"]
+    workdir, active = p["workdir"], active_run_id(p["workdir"])
     release = current_release(workdir)
     manifest = real_manifest(os.path.join(releases_dir(workdir), release)) if release else None
     return {
         "python": platform.python_version(),
         "release": release,
         "manifest": manifest,
-        "active_run": active_run_id(workdir),
-        "to_stop": find_targets(workdir, entry, p.get("scope", "container")),
+        "active_run": active,
+        "to_stop": find_targets(workdir, p["entry"], p.get("scope", "container")),
         # What a launch now would continue (a running run's checkpoint may still move).
-        "continues": latest_checkpoint(workdir, active_run_id(workdir))
-        if active_run_id(workdir)
-        else None,
+        "continues": latest_checkpoint(workdir, active) if active else None,
     }
 
 
 def op_stop(p):
-    workdir = p["workdir"]
-    lock = lock_workdir(workdir, p.get("holder"), bool(p.get("wait")))
-    try:
-        stopped = stop_targets(
-            workdir,
-            find_targets(workdir, p["entry"], p.get("scope", "container")),
-            float(p["grace_s"]),
-            {"by": "stop", "replaced_by": None},
-        )
-    finally:
-        os.close(lock)
-    return {
-        "stopped": stopped,
-        "all_stopped": all(s["ended"] != "still running after SIGKILL" for s in stopped),
-    }
+    with locked(p):
+        stopped = stop_runs(p, {"by": "stop", "replaced_by": None})
+    return {"stopped": stopped, "all_stopped": not any(stuck(s) for s in stopped)}
 
 
 def op_launch(p):
     """Stop what runs, point `current` at the release, start the run, record it, clean up."""
     try:
-        lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
-        try:
+        with locked(p):
             return launch(p)
-        finally:
-            os.close(lock)
     except (AgentError, OSError) as exc:
         tell_barrier(p, exc)
         raise
@@ -129,22 +112,21 @@ def op_deploy(p):
     before anything is stopped; a failed build stops nothing, and no other deploy,
     restart or stop can come between the two."""
     try:
-        lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
-        # Across nodes: the barrier's interpreter imports torch while the release is built.
-        warm = commit.prestart(p)
-        try:
-            built = timed_build(p)
-            launch_params = {k: v for k, v in p.items() if k != "expect"}
+        with locked(p):
+            # Across nodes: the barrier's interpreter imports torch while the release is built.
+            warm = commit.prestart(p)
             try:
-                launched = launch(dict(launch_params, release=built["release"]), warm)
-            except AgentError:
-                # Refused (or undone) before it became current: no orphan release left.
-                if current_release(p["workdir"]) != built["release"]:
-                    remove_release(p["workdir"], built["release"])
-                raise
-        finally:
-            commit.cancel(warm)
-            os.close(lock)
+                built = timed_build(p)
+                launch_params = {k: v for k, v in p.items() if k != "expect"}
+                try:
+                    launched = launch(dict(launch_params, release=built["release"]), warm)
+                except AgentError:
+                    # Refused (or undone) before it became current: no orphan release left.
+                    if current_release(p["workdir"]) != built["release"]:
+                        remove_release(p["workdir"], built["release"])
+                    raise
+            finally:
+                commit.cancel(warm)
     except (AgentError, OSError) as exc:
         tell_barrier(p, exc)
         raise
@@ -155,11 +137,8 @@ def op_deploy(p):
 def op_build(p):
     """build only: a run across several nodes launches nowhere before the release is
     built and verified on every node (the client then calls `launch` on each)."""
-    lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
-    try:
+    with locked(p):
         built = timed_build(p)
-    finally:
-        os.close(lock)
     return {"build": built, "release": built["release"]}
 
 
@@ -175,13 +154,8 @@ def timed_build(p):
 def op_discard(p):
     """A built release that will not be launched (another node failed): removed unless
     it became current or a run uses it."""
-    workdir, release = p["workdir"], p["release"]
-    lock = lock_workdir(workdir, p.get("holder"), True)
-    try:
-        removed = discard_unused(workdir, release)
-    finally:
-        os.close(lock)
-    return {"removed": removed}
+    with locked(p, wait=True):
+        return {"removed": discard_unused(p["workdir"], p["release"])}
 
 
 def discard_unused(workdir, release):
@@ -289,17 +263,12 @@ def transaction(p, release, previous, previous_release, warm=None):
                 discard_unused(workdir, release)
             raise
     t0 = time.monotonic()
-    stopped = stop_targets(
-        workdir,
-        find_targets(workdir, p["entry"], p.get("scope", "container")),
-        float(p["grace_s"]),
-        {"by": p.get("by") or "deploy", "replaced_by": run_id},
-    )
+    stopped = stop_runs(p, {"by": p.get("by") or "deploy", "replaced_by": run_id})
     stop_s = time.monotonic() - t0
-    stuck = any(s["ended"] == "still running after SIGKILL" for s in stopped)
+    left = any(stuck(s) for s in stopped)
     # Across nodes, no node launches before every node stopped its old run (commit.py).
-    gate = commit.pass_gate(barrier, not stuck, p["grace_s"]) if barrier else None
-    if stuck:
+    gate = commit.pass_gate(barrier, not left, p["grace_s"]) if barrier else None
+    if left:
         raise AgentError(
             "a previous run did not exit after SIGKILL; not launching another",
             "check the container with `ps -ef`; the process may be stuck in I/O",
@@ -325,22 +294,14 @@ def transaction(p, release, previous, previous_release, warm=None):
         launched = commit.report_launch(barrier, True)
         if launched.get("launch") == "failed":
             undo_launch(workdir, run_id, p, previous, previous_release, barrier, launched)
-    protect = [release] + [
-        (r.get("meta") or {}).get("release")
-        for r in (run_record(workdir, rid) for rid in run_ids(workdir) if rid != run_id)
-        if r["status"] == "running"
-    ]
-    removed = gc_releases(workdir, int(p.get("keep_releases", 5)), protect)
+    keep = int(p.get("keep_releases", 5))
     running = [
-        r
+        r.get("meta") or {}
         for r in (run_record(workdir, rid) for rid in run_ids(workdir))
         if r["status"] == "running"
     ]
-    gc_venvs(
-        workdir,
-        int(p.get("keep_releases", 5)),
-        [p.get("venv")] + [(r.get("meta") or {}).get("venv") for r in running],
-    )
+    removed = gc_releases(workdir, keep, [release] + [m.get("release") for m in running])
+    gc_venvs(workdir, keep, [p.get("venv")] + [m.get("venv") for m in running])
     launch_s = time.monotonic() - launch_started
     answer = {
         "stopped": stopped,
