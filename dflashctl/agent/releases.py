@@ -273,10 +273,7 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
         if name not in manifest or is_link(manifest[name]):
             raise AgentError(f"archive member {member.name!r} is not a file of the manifest")
         dest = os.path.join(partial, name)
-        folder = os.path.dirname(dest)
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
+        make_folder(os.path.dirname(dest), folders)
         digest, st = write_member(member, member.size, dest, member.mode & 0o7777, umask)
         stats[name] = stat_identity(st)
         unpacked[name] = [member.size, digest]
@@ -310,10 +307,7 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
                 f"{rel}: a folder on its way in the previous release is now a link",
                 "deploy again; the release was changed meanwhile",
             )
-        folder = os.path.dirname(dest)
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
+        make_folder(os.path.dirname(dest), folders)
         try:
             os.link(src, dest, follow_symlinks=False)
             linked += 1
@@ -358,6 +352,13 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
     return counts, manifest, stats
 
 
+def make_folder(folder, folders):
+    """Make `folder` unless it is in `folders` (those made already), and add it."""
+    if folder not in folders:
+        os.makedirs(folder, exist_ok=True)
+        folders.add(folder)
+
+
 def _own_folder(base_dir, folder, known):
     """Is `folder` (relative) of the previous release a folder of its own, reached
     through no link? (A folder swapped for a link since the inspection would make
@@ -374,10 +375,7 @@ def make_links(partial, links, folders):
     the kernel resolves it (a ".." after another link goes where that link leads)."""
     for rel, target in links:
         dest = os.path.join(partial, rel)
-        folder = os.path.dirname(dest)
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
+        make_folder(os.path.dirname(dest), folders)
         os.symlink(target, dest)
     top = os.path.realpath(partial)
     for rel, target in links:

@@ -118,9 +118,7 @@ def decide(policy, history, crash, step, now, current=None):
                 "a restart from the same checkpoint would crash the same way",
             )
     window = float(policy.get("window_s") or 0)
-    recent = [
-        a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
-    ]
+    recent = _recent(policy, history, now)
     if len(recent) >= limit:
         within = f" within {window:g} s" if window > 0 else ""
         return (
@@ -145,13 +143,17 @@ def decide(policy, history, crash, step, now, current=None):
 def backoff_s(policy, history, now):
     """The wait before the next attempt: backoff_s, doubled for each restart within the
     window, at most max_backoff_s."""
-    window = float(policy.get("window_s") or 0)
-    recent = [
-        a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
-    ]
     base = float(policy.get("backoff_s") or 0)
     most = float(policy.get("max_backoff_s") or base)
-    return min(base * (2 ** len(recent)), most)
+    return min(base * (2 ** len(_recent(policy, history, now))), most)
+
+
+def _recent(policy, history, now):
+    """The earlier attempts that were retried within run.retry.window_s (0: ever)."""
+    window = float(policy.get("window_s") or 0)
+    return [
+        a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
+    ]
 
 
 # --------------------------------------------------------------------------- classifying
@@ -192,25 +194,27 @@ def classify(lines, exit_code, rules):
     }
 
 
-def _clean_stop(lines, exit_code, rules):
-    """`stopped (checkpoint at step N)` when the trainer says it stopped as asked."""
+def _said(lines, exit_code, rules, category):
+    """classify's answer when it is `category`, else None (also when the engine cannot
+    run: it then decides nothing)."""
     try:
         said = classify(lines, exit_code, rules)
     except Exception:  # noqa: BLE001 - an engine that cannot run decides nothing
         return None
-    return said["summary"] if said and said["category"] == "stopped" else None
+    return said if said and said["category"] == category else None
+
+
+def _clean_stop(lines, exit_code, rules):
+    """`stopped (checkpoint at step N)` when the trainer says it stopped as asked."""
+    said = _said(lines, exit_code, rules, "stopped")
+    return said["summary"] if said else None
 
 
 def _hung(lines, exit_code, rules):
     """A run stopped while it hung (the trainer's watchdog said so, and no step came
     after): the hang stays its end state, {"category": "hang", ...}; else {}."""
-    try:
-        said = classify(lines, exit_code, rules)
-    except Exception:  # noqa: BLE001 - an engine that cannot run decides nothing
-        return {}
-    if not said or said["category"] != "hang":
-        return {}
-    return {"category": "hang", "rule": said["rule"], "summary": said["summary"]}
+    said = _said(lines, exit_code, rules, "hang")
+    return {"category": "hang", "rule": said["rule"], "summary": said["summary"]} if said else {}
 
 
 def last_step(lines):
