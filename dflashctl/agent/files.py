@@ -47,11 +47,13 @@ def write_best_effort(path, text):
     return True
 
 
-def write_atomic(path, text):
-    """Write via a temporary name and rename, so a reader never sees half a file."""
+def write_atomic(path, text, mode=0o666):
+    """Write via a temporary name and rename, so a reader never sees half a file.
+    `mode`: the new file's permissions (less the umask)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:

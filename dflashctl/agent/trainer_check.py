@@ -26,7 +26,7 @@ import os
 import subprocess
 
 from .errors import AgentError
-from .files import read_text
+from .files import read_text, write_atomic
 from .lineage import fill_placeholders
 from .releases import releases_dir
 from .runs import base_env, bytecode_env, run_env
@@ -187,11 +187,8 @@ def remember(workdir, python, env):
     text = json.dumps({"python": python, "env": extra}, sort_keys=True)
     if read_text(path) == text:
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text, 0o600)
     except OSError:
         pass
 

@@ -22,10 +22,9 @@ import signal
 
 from . import commit
 from .errors import AgentError, CommitAborted, RolledBack, StaleBase, error_answer
-from .files import read_text
 from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
 from .releases import current_release, swap_current
-from .runs import WRAPPER, runs_dir, start_run
+from .runs import WRAPPER, run_meta, runs_dir, start_run
 from .stopping import stop_runs
 
 # What launching needs on disk after the stop (pid, meta.json, active_run, the
@@ -97,12 +96,7 @@ def relaunch_previous(workdir, failed_id, previous, previous_release, p, why, ke
         shutil.rmtree(os.path.join(runs_dir(workdir), failed_id), ignore_errors=True)
     if not previous or not previous_release:
         return f"launching run {failed_id} failed ({why}); nothing was running before it", False
-    old_meta = {}
-    text = read_text(os.path.join(runs_dir(workdir), previous, "meta.json"))
-    try:
-        old_meta = json.loads(text) if text else {}
-    except ValueError:
-        pass
+    old_meta = run_meta(workdir, previous)
     command = old_meta.get("command_template") or old_meta.get("command") or p["command"]
     retry_id = failed_id + "-r"
     retry = dict(p, command=command, fresh=False, meta=dict(old_meta, relaunched_after=failed_id))

@@ -372,23 +372,20 @@ def op_settle(p):
     deploy was launching (`run_id`), and the active one."""
     workdir = p["workdir"]
     deadline = time.monotonic() + float(p.get("wait_s", 60))
-    busy = True
-    if os.path.isdir(workdir):
+    busy = os.path.isdir(workdir)
+    if busy:
         fd = os.open(os.path.join(workdir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            while True:
+            while busy:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                     busy = False
-                    break
                 except OSError:
                     if time.monotonic() >= deadline:
                         break
                     time.sleep(0.05)
         finally:
             os.close(fd)
-    else:
-        busy = False
     table = process_table()
     active = active_run_id(workdir)
     launched = p.get("run_id")
