@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from .errors import AgentError, CommitAborted
-from .files import write_atomic
+from .files import remove_file, write_atomic
 
 # How long past its deadline the barrier may take (importing torch, which takes tens of
 # seconds on a loaded machine; node 0 waiting for the others to read the decision)
@@ -228,7 +228,7 @@ def join(p, python, release, warm=None):
             "reason": f"the commit barrier could not run with {python}: {last or 'no answer'}",
         }
     finally:
-        remove(marker_path(p["workdir"], c["run_id"]))
+        remove_file(marker_path(p["workdir"], c["run_id"]))
     if answer.get("decision") == "commit":
         return barrier
     if barrier is not None:
@@ -327,7 +327,7 @@ def clear_leftovers(workdir, run_id):
         path = os.path.join(folder, name)
         if name.endswith(".pid"):
             kill_holder(path, name[: -len(".pid")])
-        remove(path)
+        remove_file(path)
 
 
 def kill_holder(path, run_id):
@@ -342,10 +342,3 @@ def kill_holder(path, run_id):
         os.killpg(pid, signal.SIGKILL)
     except (OSError, ValueError):
         pass  # it ended already
-
-
-def remove(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -57,11 +57,16 @@ def write_atomic(path, text, mode=0o666):
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        try:  # a full disk leaves no half-written temporary behind
-            os.unlink(tmp)
-        except OSError:
-            pass
+        remove_file(tmp)  # a full disk leaves no half-written temporary behind
         raise
+
+
+def remove_file(path):
+    """Unlink `path`, if it is there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def sha256_file(path):

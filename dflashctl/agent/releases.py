@@ -11,7 +11,7 @@ import tarfile
 import time
 
 from .errors import AgentError, StaleBase
-from .files import BYTECODE_DIR, oldest_first, sha256_file, spread_subfolders
+from .files import BYTECODE_DIR, oldest_first, remove_file, sha256_file, spread_subfolders
 from .incoming import IncomingArchive, members
 from .manifest import (
     METADATA_SUFFIX,
@@ -125,10 +125,7 @@ def remove_release(workdir, name):
     real = os.path.realpath(path)
     shutil.rmtree(os.path.join(workdir, BYTECODE_DIR) + real, ignore_errors=True)
     shutil.rmtree(path, ignore_errors=True)
-    try:
-        os.unlink(metadata_path(path))
-    except OSError:
-        pass
+    remove_file(metadata_path(path))
 
 
 def build_release(p):
@@ -164,10 +161,7 @@ def build_release(p):
         os.rename(partial, final)
     finally:
         if archive is not None:
-            try:
-                os.unlink(archive)
-            except OSError:
-                pass
+            remove_file(archive)
     counts.update({"release": release, "leftovers_removed": leftovers})
     return counts
 

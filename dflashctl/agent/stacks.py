@@ -13,7 +13,7 @@ import re
 import time
 
 from .errors import AgentError
-from .files import read_json, read_text, write_atomic
+from .files import read_json, read_text, remove_file, write_atomic
 from .runs import FLIGHT_RECORDER_DIR, active_run_id, run_pid_alive, run_state, runs_dir
 
 STACKS_DIR = "stacks"
@@ -119,10 +119,7 @@ def op_stacks(p):
                     if record is not None:
                         answers.append(record)
                         pending.discard(rank)
-                        try:
-                            os.unlink(path)  # asked again, answered anew: no pile of old dumps
-                        except OSError:
-                            pass
+                        remove_file(path)  # asked again, answered anew: no pile of old dumps
                 if pending:
                     time.sleep(POLL_S)
             missing = sorted(pending)

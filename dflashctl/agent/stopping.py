@@ -60,9 +60,7 @@ def find_targets(workdir, entry, scope="container"):
     for proc in sorted(table.values(), key=lambda p: p.pid):
         if not alive(proc) or proc.pid in mine or proc.pgid in covered_groups:
             continue
-        if proc.pid in covered_pids:
-            continue
-        if not runs_entry(proc.argv, entry):
+        if proc.pid in covered_pids or not runs_entry(proc.argv, entry):
             continue
         if not belongs_to_workdir(proc, workdir):
             continue
@@ -167,11 +165,8 @@ def stop_targets(workdir, targets, grace_s, how=None):
         entry = {k: v for k, v in target.items() if not k.startswith("_")}
         if target in still:
             entry["ended"] = STUCK
-        elif target in left:
-            entry["ended"] = "killed"
-            entry["seconds"] = round(target["_gone_at"] - started, 2)
         else:
-            entry["ended"] = "terminated"
+            entry["ended"] = "killed" if target in left else "terminated"
             entry["seconds"] = round(target["_gone_at"] - started, 2)
         if target.get("run_id") and not stuck(entry):
             entry["exit_code"] = settle_exit_code(workdir, target["run_id"], target in left)

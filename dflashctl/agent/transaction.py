@@ -92,6 +92,11 @@ def relaunch_previous(workdir, failed_id, previous, previous_release, p, why, ke
     release again (its own command), continuing the stopped run. Returns the message
     and whether the previous release runs again. `keep`: the new run had started (and
     was stopped): its folder stays, for `runs` and its log."""
+    if previous_release and current_release(workdir) != previous_release:
+        try:
+            swap_current(workdir, previous_release)
+        except OSError:
+            pass
     if not keep:
         shutil.rmtree(os.path.join(runs_dir(workdir), failed_id), ignore_errors=True)
     if not previous or not previous_release:
@@ -131,11 +136,6 @@ def undo_launch(workdir, run_id, p, previous, previous_release, barrier, outcome
     Raises RolledBack with what this node left."""
     who = commit.failed_nodes(outcome)
     stop_runs(p, {"by": p.get("by") or "deploy", "replaced_by": None})
-    if previous_release and current_release(workdir) != previous_release:
-        try:
-            swap_current(workdir, previous_release)
-        except OSError:
-            pass
     commit.pass_rollback(barrier, p["grace_s"])
     message, relaunched = relaunch_previous(
         workdir, run_id, previous, previous_release, p, f"{who} could not launch it", keep=True

@@ -52,7 +52,6 @@ from .releases import (
     gc_releases,
     releases_dir,
     remove_release,
-    swap_current,
 )
 from .runs import (
     active_run_id,
@@ -281,11 +280,6 @@ def transaction(p, release, previous, previous_release, warm=None):
         if barrier:  # the others learn it at once, and take their new run down
             commit.report_launch(barrier, False, why)
             commit.pass_rollback(barrier, p["grace_s"])
-        if previous_release and current_release(workdir) != previous_release:
-            try:
-                swap_current(workdir, previous_release)
-            except OSError:
-                pass
         message, relaunched = relaunch_previous(workdir, run_id, previous, previous_release, p, why)
         raise RolledBack(
             message, "free some space or fix the cause, then deploy again", relaunched
@@ -319,12 +313,9 @@ def transaction(p, release, previous, previous_release, warm=None):
 def op_runs(p):
     workdir = p["workdir"]
     table = process_table()
-    wanted = p.get("run_id")
-    if wanted == "@active":
-        wanted = active_run_id(workdir)
-        wanted = [wanted] if wanted else []
-    else:
-        wanted = [wanted] if wanted else run_ids(workdir)
+    wanted = [p["run_id"]] if p.get("run_id") else run_ids(workdir)
+    if wanted == ["@active"]:
+        wanted = [rid for rid in [active_run_id(workdir)] if rid]
     runs = [
         run_record(workdir, rid, table)
         for rid in wanted
