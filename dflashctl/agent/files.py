@@ -163,13 +163,7 @@ def describe_holder(raw):
         holder = json.loads(raw.decode("utf-8"))
     except ValueError:
         return "deploy, restart or stop"
-    parts = []
-    if holder.get("machine"):
-        parts.append(f"machine {holder['machine']}")
-    if holder.get("pid"):
-        parts.append(f"pid {holder['pid']}")
-    if holder.get("since"):
-        parts.append(f"since {holder['since']}")
+    parts = [f"{key} {holder[key]}" for key in ("machine", "pid", "since") if holder.get(key)]
     what = holder.get("command") or "deploy, restart or stop"
     return what + (f" ({', '.join(parts)})" if parts else "")
 

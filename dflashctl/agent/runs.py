@@ -232,22 +232,9 @@ def flight_recorder_env(env, run_dir):
     timeout: it names the collective each rank reached (`dflashctl stacks` summarises
     the dumps). Only NCCL process groups read these; gloo and CPU runs ignore them. A
     trainer.env (or an environment) that sets any of them wins."""
-    names = (
-        "TORCH_NCCL_TRACE_BUFFER_SIZE",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-        "TORCH_FR_BUFFER_SIZE",
-        "TORCH_FR_DUMP_TEMP_FILE",
-    )
-    if any(name in env for name in names):
-        return {}
     folder = os.path.join(run_dir, FLIGHT_RECORDER_DIR)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:
-        return {}
     prefix = os.path.join(folder, FLIGHT_RECORDER_PREFIX)
-    return {
+    settings = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
@@ -255,6 +242,13 @@ def flight_recorder_env(env, run_dir):
         "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_FR_DUMP_TEMP_FILE": prefix,
     }
+    if any(name in env for name in settings):
+        return {}
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return {}
+    return settings
 
 
 def start_run(workdir, run_id, release, p):

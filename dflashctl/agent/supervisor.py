@@ -251,7 +251,6 @@ class Supervisor:
         self.rules = settings.get("rules") or []
         self.attempts = []
         self.stop_signal = None
-        self.child = None
 
     def _on_signal(self, signum, frame):
         # The trainer, in our process group, got the same signal from `stop`; it is
@@ -295,11 +294,12 @@ class Supervisor:
             offset = _size(self.log)
             started = time.time()
             try:
-                self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+                child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
             except OSError as exc:
                 self.say(f"could not start {argv[0]}: {exc.strerror}")
                 return self.end(127)
-            code = _wait(self.child)
+            code = child.wait()  # a signal does not cut it short (PEP 475)
+            code = 128 - code if code < 0 else code
             lines = _lines_from(self.log, offset)
             step = last_step(lines)
             written = last_checkpoint(lines) or _on_disk_past(self.run_dir, checkpoint)
@@ -434,16 +434,6 @@ class Supervisor:
             if status != 0:
                 self.say(f"run.on_exit failed with exit status {status}")
         return code
-
-
-def _wait(child):
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-            continue
-    return 128 - code if code < 0 else code
 
 
 def _numbered(number, limit):
