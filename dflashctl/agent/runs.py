@@ -188,10 +188,6 @@ def settle_exit_code(workdir, run_id, was_killed):
 # release (releases.remove_release): keep_releases bounds them.
 
 
-def bytecode_dir(workdir):
-    return os.path.join(workdir, BYTECODE_DIR)
-
-
 def bytecode_env(env, workdir):
     """Keep the run's bytecode out of its release: the release stays exactly what was
     deployed (and may be shared with other runs through hard links). Python 3.8+
@@ -201,7 +197,7 @@ def bytecode_env(env, workdir):
         return {}
     if sys.version_info < (3, 8):  # noqa: UP036 (the agent runs on 3.6+; so may the trainer)
         return {"PYTHONDONTWRITEBYTECODE": "1"}
-    return {"PYTHONPYCACHEPREFIX": bytecode_dir(workdir)}
+    return {"PYTHONPYCACHEPREFIX": os.path.join(workdir, BYTECODE_DIR)}
 
 
 ERROR_FILE = "error.json"  # torchelastic's error file of the process the run starts

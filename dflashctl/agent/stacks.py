@@ -13,7 +13,8 @@ import re
 import time
 
 from .errors import AgentError
-from .files import read_json, read_text, remove_file, write_atomic
+from .files import read_json, remove_file, write_atomic
+from .processes import read_proc
 from .runs import FLIGHT_RECORDER_DIR, active_run_id, run_pid_alive, run_state, runs_dir
 
 STACKS_DIR = "stacks"
@@ -81,10 +82,8 @@ def flight_recorder_dumps(run_dir):
 
 def process_state(pid):
     """The process's state letter from /proc (R, S, D, T: stopped, t: traced, Z); "?"."""
-    text = read_text(f"/proc/{pid}/stat") or ""
-    # The command name (in parentheses) may hold spaces: the state follows its end.
-    rest = text[text.rfind(")") + 1 :].split()
-    return rest[0] if rest else "?"
+    proc = read_proc(pid)
+    return proc.state if proc else "?"
 
 
 def op_stacks(p):

@@ -156,15 +156,6 @@ def prestart(workdir):
         _warm = None
 
 
-def cancel(proc):
-    """A runner that will not be told to run: it ends when it reads the end of stdin."""
-    if proc is not None:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-
-
 def take_runner(python, env):
     """The runner started ahead when it has this interpreter and environment, else None
     (one that has not is ended)."""
@@ -174,7 +165,10 @@ def take_runner(python, env):
         return None
     if warm[0] == python and warm[1] == env and warm[2].poll() is None:
         return warm[2]
-    cancel(warm[2])
+    try:  # a runner that will not be told to run: it ends when it reads the end of stdin
+        warm[2].stdin.close()
+    except OSError:
+        pass
     return None
 
 

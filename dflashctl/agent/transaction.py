@@ -32,17 +32,13 @@ from .stopping import stop_runs
 MIN_FREE_BYTES = 1 << 20
 
 
-def free_bytes(path):
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def prepare_run(workdir, run_id, p):
     """Make runs/<id>/ with its wrapper before the old run is stopped; a failure
     (no space, say) leaves no half-made folder and stops nothing."""
     need = int(p.get("min_free_bytes", MIN_FREE_BYTES))
     os.makedirs(runs_dir(workdir), exist_ok=True)
-    free = free_bytes(workdir)
+    st = os.statvfs(workdir)
+    free = st.f_bavail * st.f_frsize
     if free < need:
         raise AgentError(
             f"only {free // 1024} KiB free in {workdir} (a launch needs {need // 1024} KiB); "

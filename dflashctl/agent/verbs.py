@@ -142,11 +142,13 @@ def op_build(p):
 
 
 def timed_build(p):
-    """build_release, with its wall time and the agent's CPU time so far."""
+    """build_release, with its wall time and the agent's CPU time so far (user +
+    system, its start-up included)."""
     started = time.monotonic()
     built = build_release(p)
     built["seconds"] = round(time.monotonic() - started, 3)
-    built["cpu_seconds"] = round(cpu_seconds(), 3)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    built["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 3)
     return built
 
 
@@ -165,12 +167,6 @@ def discard_unused(workdir, release):
     if removed:
         remove_release(workdir, release)
     return bool(removed)
-
-
-def cpu_seconds():
-    """This process's CPU time so far (user + system, its start-up included)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def launch(p, warm=None):
