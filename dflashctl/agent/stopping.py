@@ -23,13 +23,13 @@ POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
 
 
-def find_targets(workdir, entry, scope="container"):
+def find_targets(workdir, entry):
     """Process groups (or single processes) to stop: our running runs, then any other
     process whose command line runs the entry script from under this workdir (its
     script or its working directory lies there). Nothing else: never a run another
     workdir launched, never the agent itself or its ancestors.
 
-    `scope` is accepted from older clients; the rule is the same everywhere, since one
+    The `scope` clients send plays no part: the rule is the same everywhere, since one
     container may hold several workdirs (experiments) that must not stop each other."""
     table = process_table()
     mine = ancestors(os.getpid(), table)
@@ -94,9 +94,9 @@ def find_targets(workdir, entry, scope="container"):
 
 
 def stop_runs(p, how):
-    """Stop what `find_targets` finds for a verb's parameters (workdir, entry, scope,
-    grace_s); `how` as for stop_targets."""
-    targets = find_targets(p["workdir"], p["entry"], p.get("scope", "container"))
+    """Stop what `find_targets` finds for a verb's parameters (workdir, entry, grace_s);
+    `how` as for stop_targets."""
+    targets = find_targets(p["workdir"], p["entry"])
     return stop_targets(p["workdir"], targets, float(p["grace_s"]), how)
 
 

@@ -77,7 +77,7 @@ def op_inspect(p):
         "release": release,
         "manifest": manifest,
         "active_run": active,
-        "to_stop": find_targets(workdir, p["entry"], p.get("scope", "container")),
+        "to_stop": find_targets(workdir, p["entry"]),
         # What a launch now would continue (a running run's checkpoint may still move).
         "continues": latest_checkpoint(workdir, active) if active else None,
     }
