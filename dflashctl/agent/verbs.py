@@ -35,6 +35,7 @@ import platform
 import resource
 import shutil
 import time
+from contextlib import contextmanager
 
 from . import commit
 from .errors import AgentError, RolledBack, StaleBase
@@ -91,44 +92,41 @@ def op_stop(p):
 
 def op_launch(p):
     """Stop what runs, point `current` at the release, start the run, record it, clean up."""
+    with telling_barrier(p), locked(p):
+        return launch(p)
+
+
+@contextmanager
+def telling_barrier(p):
+    """A launch across nodes that fails here before it arrived at the commit barrier
+    tells the barrier: the other nodes need not wait for their deadline to abort."""
     try:
-        with locked(p):
-            return launch(p)
+        yield
     except (AgentError, OSError) as exc:
-        tell_barrier(p, exc)
+        if not isinstance(exc, commit.CommitAborted):
+            commit.signal_abort(p, exc.message if isinstance(exc, AgentError) else str(exc))
         raise
-
-
-def tell_barrier(p, exc):
-    """A launch across nodes that failed here before it arrived at the commit barrier:
-    the other nodes need not wait for their deadline to abort."""
-    if not isinstance(exc, commit.CommitAborted):
-        commit.signal_abort(p, exc.message if isinstance(exc, AgentError) else str(exc))
 
 
 def op_deploy(p):
     """build, then launch, under one lock: the new release is complete and validated
     before anything is stopped; a failed build stops nothing, and no other deploy,
     restart or stop can come between the two."""
-    try:
-        with locked(p):
-            # Across nodes: the barrier's interpreter imports torch while the release is built.
-            warm = commit.prestart(p)
+    with telling_barrier(p), locked(p):
+        # Across nodes: the barrier's interpreter imports torch while the release is built.
+        warm = commit.prestart(p)
+        try:
+            built = timed_build(p)
+            launch_params = {k: v for k, v in p.items() if k != "expect"}
             try:
-                built = timed_build(p)
-                launch_params = {k: v for k, v in p.items() if k != "expect"}
-                try:
-                    launched = launch(dict(launch_params, release=built["release"]), warm)
-                except AgentError:
-                    # Refused (or undone) before it became current: no orphan release left.
-                    if current_release(p["workdir"]) != built["release"]:
-                        remove_release(p["workdir"], built["release"])
-                    raise
-            finally:
-                commit.cancel(warm)
-    except (AgentError, OSError) as exc:
-        tell_barrier(p, exc)
-        raise
+                launched = launch(dict(launch_params, release=built["release"]), warm)
+            except AgentError:
+                # Refused (or undone) before it became current: no orphan release left.
+                if current_release(p["workdir"]) != built["release"]:
+                    remove_release(p["workdir"], built["release"])
+                raise
+        finally:
+            commit.cancel(warm)
     launched["build"] = built
     return launched
 
