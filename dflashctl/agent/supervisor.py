@@ -407,16 +407,9 @@ class Supervisor:
 
     def record(self, record):
         self.attempts.append(record)
-        _write_atomic(
-            os.path.join(self.run_dir, ATTEMPTS_FILE),
-            json.dumps(
-                {
-                    "max_attempts": int(self.policy.get("max_restarts") or 0) + 1,
-                    "attempts": self.attempts,
-                },
-                indent=2,
-            ),
-        )
+        most = int(self.policy.get("max_restarts") or 0) + 1
+        data = {"max_attempts": most, "attempts": self.attempts}
+        _write_atomic(os.path.join(self.run_dir, ATTEMPTS_FILE), json.dumps(data, indent=2))
 
     def end(self, code):
         """The real end: exit_code (atomically), then run.on_exit once."""
