@@ -83,16 +83,21 @@ def launch_run(workdir, run_id, release, previous, p):
     return run
 
 
-def relaunch_previous(workdir, failed_id, previous, previous_release, p, why, keep=False):
-    """The new run could not start after the old one was stopped: launch the previous
-    release again (its own command), continuing the stopped run. Returns the message
-    and whether the previous release runs again. `keep`: the new run had started (and
-    was stopped): its folder stays, for `runs` and its log."""
+def restore_current(workdir, previous_release):
+    """Point `current` back at the previous release (if there was one)."""
     if previous_release and current_release(workdir) != previous_release:
         try:
             swap_current(workdir, previous_release)
         except OSError:
             pass
+
+
+def relaunch_previous(workdir, failed_id, previous, previous_release, p, why, keep=False):
+    """The new run could not start after the old one was stopped: launch the previous
+    release again (its own command), continuing the stopped run. Returns the message
+    and whether the previous release runs again. `keep`: the new run had started (and
+    was stopped): its folder stays, for `runs` and its log."""
+    restore_current(workdir, previous_release)
     if not keep:
         shutil.rmtree(os.path.join(runs_dir(workdir), failed_id), ignore_errors=True)
     if not previous or not previous_release:
@@ -132,6 +137,9 @@ def undo_launch(workdir, run_id, p, previous, previous_release, barrier, outcome
     Raises RolledBack with what this node left."""
     who = commit.failed_nodes(outcome)
     stop_runs(p, {"by": p.get("by") or "deploy", "replaced_by": None})
+    # Back to the previous release before waiting on the others: a node killed while it
+    # waits still points at the release that ran before the deploy.
+    restore_current(workdir, previous_release)
     commit.pass_rollback(barrier, p["grace_s"])
     message, relaunched = relaunch_previous(
         workdir, run_id, previous, previous_release, p, f"{who} could not launch it", keep=True
