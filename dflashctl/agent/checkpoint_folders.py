@@ -38,24 +38,32 @@ def newest_complete(run_dir):
     return newest_on_disk(base)
 
 
-def newest_on_disk(base):
-    """The step folder with the highest step under `base` (hidden ones are half-written
-    and empty ones hold nothing), or None."""
+def step_folders(base):
+    """[(step, name)] of the step folders under `base`, oldest first (hidden ones are
+    half-written)."""
     try:
         names = os.listdir(base)
     except OSError:
-        return None
-    best = None
+        return []
+    found = []
     for name in names:
         step = checkpoint_step(name)
-        folder = os.path.join(base, name)
-        if name.startswith(".") or step is None or not os.path.isdir(folder):
-            continue
+        if (
+            not name.startswith(".")
+            and step is not None
+            and os.path.isdir(os.path.join(base, name))
+        ):
+            found.append((step, name))
+    return sorted(found)
+
+
+def newest_on_disk(base):
+    """The step folder with the highest step under `base` (empty ones hold nothing), or
+    None."""
+    for _, name in reversed(step_folders(base)):
         try:
-            if not os.listdir(folder):
-                continue
+            if os.listdir(os.path.join(base, name)):
+                return os.path.join(base, name)
         except OSError:
             continue
-        if best is None or step > best[0]:
-            best = (step, folder)
-    return best[1] if best else None
+    return None

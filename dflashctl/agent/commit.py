@@ -31,7 +31,8 @@ import subprocess
 import tempfile
 import time
 
-from .errors import AgentError
+from .errors import AgentError, CommitAborted
+from .files import remove_file, write_atomic
 
 # How long past its deadline the barrier may take (importing torch, which takes tens of
 # seconds on a loaded machine; node 0 waiting for the others to read the decision)
@@ -42,15 +43,6 @@ GATE_SLACK_S = 60.0
 # How long a node that launched waits to hear whether every other node did (they
 # launch within moments of each other, once the gate opened).
 LAUNCH_WAIT_S = 120.0
-
-
-class CommitAborted(AgentError):
-    """The nodes decided not to launch: nothing was stopped anywhere (or, in doubt,
-    nothing here)."""
-
-    def __init__(self, message, hint=None, in_doubt=False):
-        AgentError.__init__(self, message, hint)
-        self.in_doubt = in_doubt
 
 
 def commit_dir(workdir):
@@ -76,11 +68,9 @@ def op_abort(p):
     later) decides abort, unless every node had arrived already (then it committed)."""
     workdir, run_id = p["workdir"], safe_run_id(p["run_id"])
     os.makedirs(commit_dir(workdir), exist_ok=True)
-    path = marker_path(workdir, run_id)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(str(p.get("reason") or "aborted by dflashctl") + "\n")
-    os.replace(tmp, path)
+    write_atomic(
+        marker_path(workdir, run_id), str(p.get("reason") or "aborted by dflashctl") + "\n"
+    )
     return {"marked": True}
 
 
@@ -98,10 +88,17 @@ def barrier_params(p, mode, **more):
     )
 
 
-def barrier_env(c):
-    """The barrier's environment: the deploy's secret, which every key in the store
-    carries, goes there and not on its command line (anyone reads those in /proc)."""
-    return dict(os.environ, DFLASH_COMMIT_SECRET=c.get("secret") or "")
+def spawn(p, python, args, **pipes):
+    """The barrier program with `args`, in its own session (a hangup of ours must not
+    end it). The deploy's secret, which every key in the store carries, goes in its
+    environment and not on its command line (anyone reads those in /proc)."""
+    c = p["commit"]
+    return subprocess.Popen(
+        [python, "-c", c["program"], json.dumps(args)],
+        start_new_session=True,
+        env=dict(os.environ, DFLASH_COMMIT_SECRET=c.get("secret") or ""),
+        **pipes,
+    )
 
 
 class BarrierProcess:
@@ -170,20 +167,10 @@ def start(p, python, **more):
     """The barrier for this launch, in its own session (like the detached launch that
     talks to it: a hangup of ours must not end it). A commit is followed by the stop
     gate, waited for up to the stop's grace and a minute more."""
-    c = p["commit"]
     gate_s = float(p.get("grace_s", 10.0)) + GATE_SLACK_S
-    args = json.dumps(
-        barrier_params(p, "join", gate=True, gate_s=gate_s, launch_s=LAUNCH_WAIT_S, **more)
-    )
+    args = barrier_params(p, "join", gate=True, gate_s=gate_s, launch_s=LAUNCH_WAIT_S, **more)
     stderr = tempfile.TemporaryFile()
-    proc = subprocess.Popen(
-        [python, "-c", c["program"], args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        start_new_session=True,
-        env=barrier_env(c),
-    )
+    proc = spawn(p, python, args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
     return BarrierProcess(proc, stderr)
 
 
@@ -241,7 +228,7 @@ def join(p, python, release, warm=None):
             "reason": f"the commit barrier could not run with {python}: {last or 'no answer'}",
         }
     finally:
-        remove(marker_path(p["workdir"], c["run_id"]))
+        remove_file(marker_path(p["workdir"], c["run_id"]))
     if answer.get("decision") == "commit":
         return barrier
     if barrier is not None:
@@ -317,15 +304,9 @@ def signal_abort(p, reason):
     try:
         os.makedirs(commit_dir(p["workdir"]), exist_ok=True)
         who = c["names"][int(c["rank"])]
-        args = json.dumps(barrier_params(p, "abort", reason=f"node {who} failed: {reason}"))
-        child = subprocess.Popen(
-            [p["command"][0], "-c", c["program"], args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            env=barrier_env(c),
-        )
+        args = barrier_params(p, "abort", reason=f"node {who} failed: {reason}")
+        quiet = subprocess.DEVNULL
+        child = spawn(p, p["command"][0], args, stdin=quiet, stdout=quiet, stderr=quiet)
         with open(holder_path(p["workdir"], c["run_id"]), "w", encoding="utf-8") as f:
             f.write(str(child.pid))
     except OSError:
@@ -346,7 +327,7 @@ def clear_leftovers(workdir, run_id):
         path = os.path.join(folder, name)
         if name.endswith(".pid"):
             kill_holder(path, name[: -len(".pid")])
-        remove(path)
+        remove_file(path)
 
 
 def kill_holder(path, run_id):
@@ -361,10 +342,3 @@ def kill_holder(path, run_id):
         os.killpg(pid, signal.SIGKILL)
     except (OSError, ValueError):
         pass  # it ended already
-
-
-def remove(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -63,6 +63,18 @@ ACK_WAIT_S = 15.0  # how long node 0 keeps the store up for the others to read t
 LAUNCH_WAIT_S = 120.0  # how long a node that launched waits to hear from the others
 
 
+def aborted(reason, in_doubt=False):
+    return {"decision": "abort", "reason": reason, "in_doubt": in_doubt}
+
+
+COMMITTED = {"decision": "commit", "reason": None, "in_doubt": False}
+
+
+def first_line(exc):
+    """The first line of an exception's text ("" without any)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
 def read_marker(path):
     """The abort marker's reason, or None while there is none."""
     try:
@@ -98,7 +110,7 @@ def connect(p, deadline):
             store.set_timeout(datetime.timedelta(seconds=OP_TIMEOUT_S))
             return dist.PrefixStore(f"dflash-commit/{p['run_id']}/{p['secret']}/", store), None
         except Exception as exc:  # noqa: BLE001 - any failure to connect is a reason to wait or abort
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = first_line(exc) or type(exc).__name__
             if master and _cannot_listen(why):  # node 0 cannot host the store
                 first = p["names"][0]
                 return (
@@ -136,11 +148,6 @@ def cas(store, desired):
     return text(store.compare_set("decision", "", desired))
 
 
-def missing_nodes(store, p):
-    world = int(p["world"])
-    return [p["names"][r] for r in range(world) if not store.check([f"node/{r}"])]
-
-
 def differing_releases(store, p):
     """With `same_release` (a restart, which launches each node's current release):
     the abort naming each node's release when they are not one and the same."""
@@ -169,7 +176,7 @@ def decide(store, p, deadline):
         if reason is not None:
             return cas(store, "abort:" + reason)
         if time.monotonic() >= deadline:
-            missing = missing_nodes(store, p)
+            missing = unmarked(store, p, "node")
             who, within = ", ".join(missing) or "?", float(p["deadline_s"])
             return cas(store, f"abort:node {who} did not arrive within {within:.0f} s")
         time.sleep(POLL_S)
@@ -177,12 +184,15 @@ def decide(store, p, deadline):
 
 def after_decision(store, p):
     """Node 0 keeps the store up until the others read the decision; they say so."""
-    world = int(p["world"])
     if int(p["rank"]) != 0:
         store.add("acked", 1)
         return
-    until = time.monotonic() + float(p.get("ack_wait_s", ACK_WAIT_S))
-    while store.add("acked", 0) < world - 1 and time.monotonic() < until:
+    wait_for_acks(store, p, time.monotonic() + float(p.get("ack_wait_s", ACK_WAIT_S)))
+
+
+def wait_for_acks(store, p, until):
+    """Node 0: poll until every other node acked the decision, or `until` passes."""
+    while store.add("acked", 0) < int(p["world"]) - 1 and time.monotonic() < until:
         time.sleep(POLL_S)
 
 
@@ -206,12 +216,7 @@ def gate(store, p, key, name):
             return {name: "open"}
         return {name: "timeout" if here else "closed", "missing": missing}
     except Exception as exc:  # noqa: BLE001 - the store went away: go on without waiting
-        return {name: "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
-
-
-def pass_gate(store, p):
-    """After a commit: no node launches before every node has stopped its old run."""
-    return gate(store, p, "stopped", "gate")
+        return {name: "lost", "why": first_line(exc)}
 
 
 def said():
@@ -220,11 +225,16 @@ def said():
     return json.loads(line) if line.strip() else {}
 
 
+def unmarked(store, p, key):
+    """The nodes not (yet) marked `key/<rank>` in the store."""
+    return [p["names"][r] for r in range(int(p["world"])) if not store.check([f"{key}/{r}"])]
+
+
 def wait_for_every(store, p, key, until):
     """The nodes not yet marked `key/<rank>`, polled until none is missing or `until`
     (a time.monotonic()) passes; the last missing ones."""
     while True:
-        missing = [p["names"][r] for r in range(int(p["world"])) if not store.check([f"{key}/{r}"])]
+        missing = unmarked(store, p, key)
         if not missing or time.monotonic() >= until:
             return missing
         time.sleep(POLL_S)
@@ -260,13 +270,7 @@ def launch_round(store, p):
                 return {"launch": "timeout", "missing": missing}
             time.sleep(POLL_S)
     except Exception as exc:  # noqa: BLE001 - the store went away: nobody can roll back with us
-        return {"launch": "lost", "why": str(exc).strip().splitlines()[0] if str(exc) else ""}
-
-
-def rollback_gate(store, p):
-    """After a failed launch round: no node launches the previous release again before
-    every node's new run is down."""
-    return gate(store, p, "unlaunched", "rollback")
+        return {"launch": "lost", "why": first_line(exc)}
 
 
 def join(p):
@@ -275,30 +279,37 @@ def join(p):
     deadline = time.monotonic() + float(p["deadline_s"])
     store, why = connect(p, deadline)
     if store is None:
-        return {"decision": "abort", "reason": why, "in_doubt": False}
+        return aborted(why)
     try:
         decision = decide(store, p, deadline)
     except Exception as exc:  # noqa: BLE001 - the store went away after we arrived
-        return {
-            "decision": "abort",
-            "reason": f"lost the commit store on node {p['names'][0]} after arriving "
-            f"({str(exc).strip().splitlines()[0]}): the other nodes may have committed",
-            "in_doubt": True,
-        }
+        return aborted(
+            f"lost the commit store on node {p['names'][0]} after arriving "
+            f"({first_line(exc)}): the other nodes may have committed",
+            in_doubt=True,
+        )
     if decision == "commit" and p.get("gate"):
-        say({"decision": "commit", "reason": None, "in_doubt": False})
-        say(pass_gate(store, p))
+        say(COMMITTED)
+        # After a commit: no node launches before every node has stopped its old run.
+        say(gate(store, p, "stopped", "gate"))
         outcome = launch_round(store, p)
         say(outcome)
         if outcome["launch"] == "failed":
-            say(rollback_gate(store, p))
+            # No node launches the previous release again before every node's new
+            # run is down.
+            say(gate(store, p, "unlaunched", "rollback"))
     try:
         after_decision(store, p)
     except Exception:  # noqa: BLE001 - the decision is known; the ack is a courtesy
         pass
-    if decision == "commit":
-        return None if p.get("gate") else {"decision": "commit", "reason": None, "in_doubt": False}
-    return {"decision": "abort", "reason": decision[len("abort:") :], "in_doubt": False}
+    if decision == "commit" and p.get("gate"):
+        return None
+    return outcome_of(decision)
+
+
+def outcome_of(decision):
+    """The answer for a decision's text ("commit" or "abort:<why>")."""
+    return COMMITTED if decision == "commit" else aborted(decision[len("abort:") :])
 
 
 def abort(p):
@@ -309,14 +320,11 @@ def abort(p):
     deadline = time.monotonic() + float(p["deadline_s"])
     store, why = connect(p, time.monotonic() + CONNECT_TRY_S)
     if store is None:
-        return {"decision": "abort", "reason": why, "in_doubt": False}
+        return aborted(why)
     decision = cas(store, "abort:" + p["reason"])
     if int(p["rank"]) == 0:
-        while store.add("acked", 0) < int(p["world"]) - 1 and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-    if decision == "commit":
-        return {"decision": "commit", "reason": None, "in_doubt": False}
-    return {"decision": "abort", "reason": decision[len("abort:") :], "in_doubt": False}
+        wait_for_acks(store, p, deadline)
+    return outcome_of(decision)
 
 
 def wait_for_release(p):
@@ -335,7 +343,7 @@ def main(argv):
     p = json.loads(argv[1])
     p["secret"] = os.environ.get("DFLASH_COMMIT_SECRET", "")
     if not p["secret"]:
-        say({"decision": "abort", "reason": "the deploy gave no commit secret", "in_doubt": False})
+        say(aborted("the deploy gave no commit secret"))
         return 0
     if p.get("wait_for_release"):
         p = wait_for_release(p)

@@ -23,3 +23,28 @@ class RolledBack(AgentError):
         AgentError.__init__(self, message, hint)
         self.relaunched = relaunched
         self.here = here
+
+
+class CommitAborted(AgentError):
+    """The nodes decided not to launch: nothing was stopped anywhere (or, in doubt,
+    nothing here); commit.py."""
+
+    def __init__(self, message, hint=None, in_doubt=False):
+        AgentError.__init__(self, message, hint)
+        self.in_doubt = in_doubt
+
+
+def error_answer(exc):
+    """The `{"ok": false, ...}` answer for an AgentError (with what its kind adds) or
+    an OSError."""
+    if not isinstance(exc, AgentError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return {"ok": False, "error": f"{exc.strerror or exc}{where}"}
+    answer = {"ok": False, "error": exc.message, "hint": exc.hint}
+    if isinstance(exc, StaleBase):
+        answer["stale"] = True
+    if isinstance(exc, CommitAborted):
+        answer.update(aborted=True, in_doubt=exc.in_doubt)
+    if isinstance(exc, RolledBack):
+        answer.update(rolled_back="here" if exc.here else "peer", relaunched=exc.relaunched)
+    return answer

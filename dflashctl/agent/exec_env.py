@@ -18,17 +18,15 @@ import stat
 import sys
 import tempfile
 
-from .lineage import run_meta
 from .releases import current_release, releases_dir
-from .runs import active_run_id, runs_dir
+from .runs import active_run_id, base_env, run_meta, runs_dir
 from .venvs import ready_venv, setup_spec, venv_path
 
 
 def run_environment(p):
     """(cwd, env) for a command run as the active run would see it."""
     workdir = p["workdir"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
-    env.update(p.get("env") or {})
+    env = dict(base_env(), **(p.get("env") or {}))
     venv = None
     run_id = active_run_id(workdir)
     if run_id:

@@ -6,6 +6,7 @@ import json
 import os
 import struct
 import time
+from contextlib import contextmanager
 
 from .errors import AgentError
 
@@ -21,6 +22,20 @@ def read_text(path, default=None):
         return default
 
 
+def read_json(path, default=None):
+    """The JSON in `path`; `default` when it is missing, unreadable or damaged."""
+    text = read_text(path)
+    try:
+        return json.loads(text) if text else default
+    except ValueError:
+        return default
+
+
+def utc(seconds=None):
+    """`2026-11-30T18:02:11Z`: now, or the time `seconds` (since the epoch)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
 def write_best_effort(path, text):
     """write_atomic, but a full disk (or any write error) only leaves the file as it
     was: for records that must never stand between a stop and its signal. True when
@@ -32,19 +47,26 @@ def write_best_effort(path, text):
     return True
 
 
-def write_atomic(path, text):
-    """Write via a temporary name and rename, so a reader never sees half a file."""
+def write_atomic(path, text, mode=0o666):
+    """Write via a temporary name and rename, so a reader never sees half a file.
+    `mode`: the new file's permissions (less the umask)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        try:  # a full disk leaves no half-written temporary behind
-            os.unlink(tmp)
-        except OSError:
-            pass
+        remove_file(tmp)  # a full disk leaves no half-written temporary behind
         raise
+
+
+def remove_file(path):
+    """Unlink `path`, if it is there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def sha256_file(path):
@@ -109,7 +131,7 @@ def lock_workdir(workdir, holder=None, wait=False):
                 "wait for it to finish (or pass --wait to queue behind it), then try again",
             ) from None
         fcntl.flock(fd, fcntl.LOCK_EX)  # queued: blocks until the holder is done
-    record = dict(holder or {}, since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    record = dict(holder or {}, since=utc())
     # Who holds it is only said to a refused caller: a full disk must not refuse the
     # lock (a stop on a full disk still stops). Written over the old record, then cut
     # to length, so the write needs no block the file does not already have, mostly.
@@ -125,19 +147,23 @@ def lock_workdir(workdir, holder=None, wait=False):
     return fd
 
 
+@contextmanager
+def locked(p, wait=None):
+    """lock_workdir for a verb's parameters (workdir, holder, wait), released after."""
+    fd = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")) if wait is None else wait)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def describe_holder(raw):
     """`deploy (machine laptop, pid 4242, since 2026-11-30T18:02:11Z)` from the lock file."""
     try:
         holder = json.loads(raw.decode("utf-8"))
     except ValueError:
         return "deploy, restart or stop"
-    parts = []
-    if holder.get("machine"):
-        parts.append(f"machine {holder['machine']}")
-    if holder.get("pid"):
-        parts.append(f"pid {holder['pid']}")
-    if holder.get("since"):
-        parts.append(f"since {holder['since']}")
+    parts = [f"{key} {holder[key]}" for key in ("machine", "pid", "since") if holder.get(key)]
     what = holder.get("command") or "deploy, restart or stop"
     return what + (f" ({', '.join(parts)})" if parts else "")
 

@@ -20,12 +20,10 @@ folder with a step name that does not start with "." is one.
 stand"; deploy, restart (and later automatic retries) all ask it.
 """
 
-import json
 import os
 
 from .checkpoint_folders import checkpoint_step, newest_complete
-from .files import read_text
-from .runs import run_state, runs_dir
+from .runs import run_meta, run_state, runs_dir
 
 
 def own_checkpoint(workdir, run_id):
@@ -37,14 +35,6 @@ def run_finished(workdir, run_id):
     """Did the run end by itself with exit status 0 (its training done)?"""
     state = run_state(workdir, run_id)
     return state["status"] == "exited" and state["exit_code"] == 0
-
-
-def run_meta(workdir, run_id):
-    text = read_text(os.path.join(runs_dir(workdir), run_id, "meta.json"))
-    try:
-        return json.loads(text) if text else {}
-    except ValueError:
-        return {}
 
 
 def latest_checkpoint(workdir, run_id):

@@ -4,8 +4,7 @@
 import json
 import sys
 
-from .commit import CommitAborted
-from .errors import AgentError, RolledBack, StaleBase
+from .errors import AgentError, error_answer
 from .trainer_check import TrainerConfigRefused
 
 
@@ -36,23 +35,13 @@ def main(op, params_json):
         return 2
     try:
         result = OPERATIONS[op](json.loads(params_json))
-    except AgentError as exc:
-        answer = {"ok": False, "error": exc.message, "hint": exc.hint}
-        if isinstance(exc, StaleBase):
-            answer["stale"] = True
-        if isinstance(exc, CommitAborted):
-            answer.update(aborted=True, in_doubt=exc.in_doubt)
-        if isinstance(exc, RolledBack):
-            answer.update(rolled_back="here" if exc.here else "peer", relaunched=exc.relaunched)
+    except (AgentError, OSError) as exc:
+        answer = error_answer(exc)
         if isinstance(exc, TrainerConfigRefused):
             answer["config_refused"] = True
         if getattr(exc, "package", None):  # a failed setup: the package pip could not get
             answer["package"] = exc.package
         _answer(answer)
-        return 1
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        _answer({"ok": False, "error": f"{exc.strerror or exc}{where}"})
         return 1
     result["ok"] = True
     _answer(result)

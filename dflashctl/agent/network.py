@@ -31,14 +31,18 @@ def interface_address(name):
     return socket.inet_ntoa(answer[20:24])
 
 
+def proc_rows(path):
+    """The rows of a /proc/net table (its heading left out), split; [] when unreadable."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        return []
+
+
 def default_route_interface(route_file="/proc/net/route"):
     """The interface of the IPv4 default route (destination 0.0.0.0), or None."""
-    try:
-        with open(route_file, encoding="ascii") as f:
-            rows = [line.split() for line in f.read().splitlines()[1:]]
-    except OSError:
-        return None
-    for row in rows:
+    for row in proc_rows(route_file):
         if len(row) > 1 and row[1] == "00000000":
             return row[0]
     return None
@@ -170,12 +174,7 @@ def port_listeners(port):
     /proc/net/tcp* and each process's open sockets."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii") as f:
-                rows = [line.split() for line in f.read().splitlines()[1:]]
-        except OSError:
-            continue
-        for row in rows:
+        for row in proc_rows(table):
             if len(row) > 9 and row[3] == "0A" and int(row[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(f"socket:[{row[9]}]")
     pids = []

@@ -108,16 +108,6 @@ def path_inside(path, folder):
     return os.path.realpath(path).startswith(os.path.realpath(folder).rstrip("/") + "/")
 
 
-def script_inside(proc, workdir):
-    """Does the script `proc` runs live under workdir (resolved against its cwd)?"""
-    script = script_of(proc.argv)
-    try:
-        cwd = os.readlink(f"/proc/{proc.pid}/cwd")
-    except OSError:
-        return False
-    return path_inside(os.path.join(cwd, script), workdir)
-
-
 def belongs_to_workdir(proc, workdir):
     """Is this trainer process one of this workdir's? Its script or its working
     directory lies under the workdir, and it is no run that another workdir launched
@@ -125,10 +115,13 @@ def belongs_to_workdir(proc, workdir):
     owner = process_env(proc.pid, "DFLASH_RUN_DIR")
     if owner and not path_inside(owner, workdir):
         return False
-    if script_inside(proc, workdir):
-        return True
     try:
         cwd = os.readlink(f"/proc/{proc.pid}/cwd")
     except OSError:
         return False
-    return cwd == os.path.realpath(workdir) or path_inside(cwd, workdir)
+    script = os.path.join(cwd, script_of(proc.argv))
+    return (
+        path_inside(script, workdir)
+        or cwd == os.path.realpath(workdir)
+        or path_inside(cwd, workdir)
+    )

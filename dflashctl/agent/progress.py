@@ -41,13 +41,11 @@ class StepClock:
     def __init__(self, factor=DEFAULT_FACTOR, min_s=DEFAULT_MIN_S):
         self.factor = float(factor)
         self.min_s = float(min_s)
-        self.times = []  # of the recent step lines (at most RECENT_INTERVALS + 1)
-        self.step = None
-        self.total = None
+        self.restart()
 
     def restart(self):
         """A new attempt (a resume): its warm-up is not a gap between steps."""
-        self.times = []
+        self.times = []  # of the recent step lines (at most RECENT_INTERVALS + 1)
         self.step = self.total = None
 
     def step_line(self, at, step, total):

@@ -25,32 +25,13 @@ import stat
 import tempfile
 import time
 
-from .checkpoint_folders import CHECKPOINTS, checkpoint_step
+from .checkpoint_folders import CHECKPOINTS, checkpoint_step, step_folders
 from .lineage import latest_checkpoint, own_checkpoint
 from .runs import run_ids, runs_dir
 
 METRICS_FILES = ("metrics.jsonl", "meta.json")
 TENSORBOARD_MARK = "events.out.tfevents"
 TRACKER_FOLDERS = ("wandb", "mlruns")  # W&B offline runs, an MLflow file store
-
-
-def run_steps(run_dir):
-    """[(step, folder name)] of the run's complete checkpoints, oldest first."""
-    base = os.path.join(run_dir, CHECKPOINTS)
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return []
-    steps = []
-    for name in names:
-        step = checkpoint_step(name)
-        if (
-            not name.startswith(".")
-            and step is not None
-            and os.path.isdir(os.path.join(base, name))
-        ):
-            steps.append((step, name))
-    return sorted(steps)
 
 
 def tree_files(folder, prefix, links=None, skip=()):
@@ -122,7 +103,7 @@ def op_pull_plan(p):
     run_dir = os.path.join(runs_dir(workdir), run_id)
     if not os.path.isdir(run_dir):
         return {"found": False, "runs": run_ids(workdir)[-10:]}
-    steps = run_steps(run_dir)
+    steps = step_folders(os.path.join(run_dir, CHECKPOINTS))  # the complete checkpoints
     answer = {"found": True, "run_dir": run_dir, "steps": [s for s, _ in steps]}
     checkpoint = None
     if step is not None:
@@ -155,17 +136,14 @@ def op_pull_plan(p):
         entries += tree_files(checkpoint["folder"], os.path.join("checkpoints", name), links)
     answer["checkpoint"] = checkpoint
     if p.get("metrics", True):
-        for name in METRICS_FILES:
+        for name in METRICS_FILES + TRACKER_FOLDERS:
             path = os.path.join(run_dir, name)
             if os.path.islink(path):
                 links.append({"rel": name, "target": os.readlink(path)})
-            elif os.path.isfile(path):
+            elif name in METRICS_FILES and os.path.isfile(path):
                 entries.append((name, path))
-        for folder in TRACKER_FOLDERS:
-            if os.path.islink(os.path.join(run_dir, folder)):
-                links.append({"rel": folder, "target": os.readlink(os.path.join(run_dir, folder))})
-            elif os.path.isdir(os.path.join(run_dir, folder)):
-                entries += tree_files(os.path.join(run_dir, folder), folder, links)
+            elif name in TRACKER_FOLDERS and os.path.isdir(path):
+                entries += tree_files(path, name, links)
         # TensorBoard's event files where the trainer put them (tensorboard/ in the
         # bundled one), under tensorboard/ when they were elsewhere.
         elsewhere = []

@@ -11,7 +11,7 @@ import tarfile
 import time
 
 from .errors import AgentError, StaleBase
-from .files import BYTECODE_DIR, oldest_first, sha256_file, spread_subfolders
+from .files import BYTECODE_DIR, oldest_first, remove_file, sha256_file, spread_subfolders
 from .incoming import IncomingArchive, members
 from .manifest import (
     METADATA_SUFFIX,
@@ -125,10 +125,7 @@ def remove_release(workdir, name):
     real = os.path.realpath(path)
     shutil.rmtree(os.path.join(workdir, BYTECODE_DIR) + real, ignore_errors=True)
     shutil.rmtree(path, ignore_errors=True)
-    try:
-        os.unlink(metadata_path(path))
-    except OSError:
-        pass
+    remove_file(metadata_path(path))
 
 
 def build_release(p):
@@ -164,10 +161,7 @@ def build_release(p):
         os.rename(partial, final)
     finally:
         if archive is not None:
-            try:
-                os.unlink(archive)
-            except OSError:
-                pass
+            remove_file(archive)
     counts.update({"release": release, "leftovers_removed": leftovers})
     return counts
 
@@ -273,10 +267,7 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
         if name not in manifest or is_link(manifest[name]):
             raise AgentError(f"archive member {member.name!r} is not a file of the manifest")
         dest = os.path.join(partial, name)
-        folder = os.path.dirname(dest)
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
+        make_folder(os.path.dirname(dest), folders)
         digest, st = write_member(member, member.size, dest, member.mode & 0o7777, umask)
         stats[name] = stat_identity(st)
         unpacked[name] = [member.size, digest]
@@ -310,10 +301,7 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
                 f"{rel}: a folder on its way in the previous release is now a link",
                 "deploy again; the release was changed meanwhile",
             )
-        folder = os.path.dirname(dest)
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
+        make_folder(os.path.dirname(dest), folders)
         try:
             os.link(src, dest, follow_symlinks=False)
             linked += 1
@@ -358,6 +346,13 @@ def fill_release(partial, source, base_dir, manifest_sha256=None):
     return counts, manifest, stats
 
 
+def make_folder(folder, folders):
+    """Make `folder` unless it is in `folders` (those made already), and add it."""
+    if folder not in folders:
+        os.makedirs(folder, exist_ok=True)
+        folders.add(folder)
+
+
 def _own_folder(base_dir, folder, known):
     """Is `folder` (relative) of the previous release a folder of its own, reached
     through no link? (A folder swapped for a link since the inspection would make
@@ -374,10 +369,7 @@ def make_links(partial, links, folders):
     the kernel resolves it (a ".." after another link goes where that link leads)."""
     for rel, target in links:
         dest = os.path.join(partial, rel)
-        folder = os.path.dirname(dest)
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
+        make_folder(os.path.dirname(dest), folders)
         os.symlink(target, dest)
     top = os.path.realpath(partial)
     for rel, target in links:

@@ -13,7 +13,9 @@ from .files import (
     BYTECODE_DIR,
     oldest_first,
     read_int,
+    read_json,
     read_text,
+    utc,
     write_atomic,
     write_best_effort,
 )
@@ -23,6 +25,26 @@ from .progress import first_start_step, hang_at_stop, hang_settings, metrics_pro
 
 def runs_dir(workdir):
     return os.path.join(workdir, "runs")
+
+
+def run_meta(workdir, run_id):
+    """The run's meta.json ({} when missing or damaged)."""
+    return read_json(os.path.join(runs_dir(workdir), run_id, "meta.json"), {})
+
+
+def base_env():
+    """The agent's environment without what names a run: what a run's starts from."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
+
+
+def run_env(p):
+    """The run's environment before what names it: trainer.env, then its venv (its
+    bin/ first, as `activate` does)."""
+    env = dict(base_env(), **(p.get("env") or {}))
+    if p.get("venv"):  # the run's venv (venvs.py)
+        env["VIRTUAL_ENV"] = p["venv"]
+        env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
+    return env
 
 
 def run_pid_alive(pid, run_id, table=None):
@@ -47,13 +69,8 @@ def record_stop(workdir, run_id, how):
     run_dir = os.path.join(runs_dir(workdir), run_id)
     if not os.path.isdir(run_dir):
         return
-    record = dict(how, at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    meta_text = read_text(os.path.join(run_dir, "meta.json"))
-    try:
-        meta = json.loads(meta_text) if meta_text else {}
-    except ValueError:
-        meta = {}
-    factor, min_s = hang_settings(meta)
+    record = dict(how, at=utc())
+    factor, min_s = hang_settings(run_meta(workdir, run_id))
     hung = hang_at_stop(run_dir, factor, min_s, time.time())
     if hung:
         record["hung"] = hung  # a stop after a hang: the run hung, then was stopped
@@ -62,14 +79,6 @@ def record_stop(workdir, run_id, how):
     return write_best_effort(
         os.path.join(run_dir, STOPPED_FILE), json.dumps(record, sort_keys=True)
     )
-
-
-def stop_record(workdir, run_id):
-    text = read_text(os.path.join(runs_dir(workdir), run_id, STOPPED_FILE))
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
 
 
 def run_state(workdir, run_id, table=None):
@@ -85,7 +94,7 @@ def run_state(workdir, run_id, table=None):
     if code is None:
         return {"status": "lost", "exit_code": None, "signal": None}
     sig = code - 128 if 128 < code < 128 + 65 else None
-    stopped = stop_record(workdir, run_id)
+    stopped = read_json(os.path.join(run_dir, STOPPED_FILE))
     if stopped is not None:
         return {"status": "stopped", "exit_code": code, "signal": sig, "stopped": stopped}
     if sig is not None:
@@ -104,14 +113,13 @@ def run_over(workdir, run_id):
 
 def run_record(workdir, run_id, table=None):
     run_dir = os.path.join(runs_dir(workdir), run_id)
-    meta_text = read_text(os.path.join(run_dir, "meta.json"))
-    try:
-        meta = json.loads(meta_text) if meta_text else {}
-    except ValueError:
-        meta = {}
+    meta = run_meta(workdir, run_id)
     record = {"id": run_id, "meta": meta, "pid": read_int(os.path.join(run_dir, "pid"))}
     record.update(run_state(workdir, run_id, table))
-    record["attempts"] = read_attempts(run_dir)
+    # The supervisor's record of the run's attempts (supervisor.py), or None for a run
+    # that has not ended an attempt yet (or was launched before there was one).
+    attempts = read_json(os.path.join(run_dir, "attempts.json"))
+    record["attempts"] = attempts if isinstance(attempts, dict) else None
     if meta.get("resumed_from"):
         # Whether it continued that run: only the trainer knows (a finished run's
         # checkpoint may start a new training), and says it in its start record.
@@ -128,17 +136,6 @@ def run_record(workdir, run_id, table=None):
             run_dir, factor, min_s, time.time(), max(ended) if ended else None
         )
     return record
-
-
-def read_attempts(run_dir):
-    """The supervisor's record of the run's attempts (supervisor.py), or None for a run
-    that has not ended an attempt yet (or was launched before there was one)."""
-    text = read_text(os.path.join(run_dir, "attempts.json"))
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 # The run's wrapper, written once when the run is made (its age orders runs of one second).
@@ -191,10 +188,6 @@ def settle_exit_code(workdir, run_id, was_killed):
 # release (releases.remove_release): keep_releases bounds them.
 
 
-def bytecode_dir(workdir):
-    return os.path.join(workdir, BYTECODE_DIR)
-
-
 def bytecode_env(env, workdir):
     """Keep the run's bytecode out of its release: the release stays exactly what was
     deployed (and may be shared with other runs through hard links). Python 3.8+
@@ -204,7 +197,7 @@ def bytecode_env(env, workdir):
         return {}
     if sys.version_info < (3, 8):  # noqa: UP036 (the agent runs on 3.6+; so may the trainer)
         return {"PYTHONDONTWRITEBYTECODE": "1"}
-    return {"PYTHONPYCACHEPREFIX": bytecode_dir(workdir)}
+    return {"PYTHONPYCACHEPREFIX": os.path.join(workdir, BYTECODE_DIR)}
 
 
 ERROR_FILE = "error.json"  # torchelastic's error file of the process the run starts
@@ -235,22 +228,9 @@ def flight_recorder_env(env, run_dir):
     timeout: it names the collective each rank reached (`dflashctl stacks` summarises
     the dumps). Only NCCL process groups read these; gloo and CPU runs ignore them. A
     trainer.env (or an environment) that sets any of them wins."""
-    names = (
-        "TORCH_NCCL_TRACE_BUFFER_SIZE",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-        "TORCH_FR_BUFFER_SIZE",
-        "TORCH_FR_DUMP_TEMP_FILE",
-    )
-    if any(name in env for name in names):
-        return {}
     folder = os.path.join(run_dir, FLIGHT_RECORDER_DIR)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:
-        return {}
     prefix = os.path.join(folder, FLIGHT_RECORDER_PREFIX)
-    return {
+    settings = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
@@ -258,6 +238,13 @@ def flight_recorder_env(env, run_dir):
         "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_FR_DUMP_TEMP_FILE": prefix,
     }
+    if any(name in env for name in settings):
+        return {}
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return {}
+    return settings
 
 
 def start_run(workdir, run_id, release, p):
@@ -276,12 +263,8 @@ def start_run(workdir, run_id, release, p):
         write_atomic(wrapper, p["supervisor"])
     settings = dict(p.get("recovery") or {}, command=command)
     write_atomic(os.path.join(run_dir, "recovery.json"), json.dumps(settings, indent=1))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
-    env.update(p.get("env") or {})
+    env = run_env(p)
     env.update({"DFLASH_RUN_ID": run_id, "DFLASH_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"})
-    if p.get("venv"):  # the run's venv (venvs.py): its bin/ first, as `activate` does
-        env["VIRTUAL_ENV"] = p["venv"]
-        env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
     env.update(bytecode_env(env, workdir))
     env.update(error_file_env(env, run_dir))
     env.update(flight_recorder_env(env, run_dir))
@@ -319,7 +302,7 @@ def start_run(workdir, run_id, release, p):
         "id": run_id,
         "pid": proc.pid,
         "run_dir": run_dir,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "started": utc(started),
         "command": command,  # as it runs: from the setup venv's python, if there is one
     }
 
@@ -335,7 +318,7 @@ def record_started(workdir, run_id, release, p, command, pid, started):
             "command": command,
             "pid": pid,
             "cwd": os.path.join(workdir, "current"),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "started": utc(started),
             "started_unix": round(started, 3),
         }
     )

@@ -8,13 +8,13 @@ sent as they are, in base64; the client reads them, never this agent).
 """
 
 import base64
-import json
 import os
 import re
 import time
 
 from .errors import AgentError
-from .files import read_text, write_atomic
+from .files import read_json, remove_file, write_atomic
+from .processes import read_proc
 from .runs import FLIGHT_RECORDER_DIR, active_run_id, run_pid_alive, run_state, runs_dir
 
 STACKS_DIR = "stacks"
@@ -22,56 +22,38 @@ POLL_S = 0.05
 # A dump bigger than this is not sent whole (a ring of 2000 entries is ~1 MiB).
 MAX_DUMP_BYTES = 16 << 20
 _RANK_PID = re.compile(r"^rank(\d+)\.pid$")
+_RANK_WATCHDOG = re.compile(r"^rank(\d+)\.watchdog\.json$")
 _RANK_FILE = re.compile(r"^[A-Za-z_]*?(\d+)$")
 
 
-def _json_file(path):
-    text = read_text(path)
+def rank_files(folder, pattern):
+    """{rank: JSON} of the files in `folder` whose names `pattern` matches (the rank
+    its group), left out when unreadable."""
     try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        m = pattern.match(name)
+        record = read_json(os.path.join(folder, name)) if m else None
+        if record is not None:
+            found[int(m.group(1))] = record
+    return found
 
 
 def live_ranks(folder, run_id):
     """{rank: pid} of the run's processes that said who they are and still live."""
     ranks = {}
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return ranks
-    for name in names:
-        m = _RANK_PID.match(name)
-        if not m:
-            continue
-        record = _json_file(os.path.join(folder, name)) or {}
-        pid = record.get("pid")
+    for rank, record in rank_files(folder, _RANK_PID).items():
+        pid = record.get("pid") if isinstance(record, dict) else None
         if isinstance(pid, int) and run_pid_alive(pid, run_id):
-            ranks[int(m.group(1))] = pid
+            ranks[rank] = pid
     return ranks
 
 
 def watchdog_dumps(folder):
-    out = []
-    for rank in sorted(_ranks_with(folder, ".watchdog.json")):
-        record = _json_file(os.path.join(folder, f"rank{rank}.watchdog.json"))
-        if record is not None:
-            out.append(record)
-    return out
-
-
-def _ranks_with(folder, suffix):
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    ranks = []
-    for name in names:
-        if name.startswith("rank") and name.endswith(suffix):
-            number = name[len("rank") : -len(suffix)]
-            if number.isdigit():
-                ranks.append(int(number))
-    return ranks
+    return [record for _, record in sorted(rank_files(folder, _RANK_WATCHDOG).items())]
 
 
 def flight_recorder_dumps(run_dir):
@@ -100,10 +82,8 @@ def flight_recorder_dumps(run_dir):
 
 def process_state(pid):
     """The process's state letter from /proc (R, S, D, T: stopped, t: traced, Z); "?"."""
-    text = read_text(f"/proc/{pid}/stat") or ""
-    # The command name (in parentheses) may hold spaces: the state follows its end.
-    rest = text[text.rfind(")") + 1 :].split()
-    return rest[0] if rest else "?"
+    proc = read_proc(pid)
+    return proc.state if proc else "?"
 
 
 def op_stacks(p):
@@ -134,14 +114,11 @@ def op_stacks(p):
             while pending and time.monotonic() < deadline:
                 for rank in sorted(pending):
                     path = os.path.join(folder, f"rank{rank}.{request}.json")
-                    record = _json_file(path)
+                    record = read_json(path)
                     if record is not None:
                         answers.append(record)
                         pending.discard(rank)
-                        try:
-                            os.unlink(path)  # asked again, answered anew: no pile of old dumps
-                        except OSError:
-                            pass
+                        remove_file(path)  # asked again, answered anew: no pile of old dumps
                 if pending:
                     time.sleep(POLL_S)
             missing = sorted(pending)

@@ -18,17 +18,18 @@ from .processes import (
 from .runs import active_run_id, record_stop, run_ids, run_pid_alive, runs_dir, settle_exit_code
 
 KILL_WAIT_S = 5.0
+STUCK = "still running after SIGKILL"
 POLL_MIN_S = 0.005
 POLL_MAX_S = 0.1
 
 
-def find_targets(workdir, entry, scope="container"):
+def find_targets(workdir, entry):
     """Process groups (or single processes) to stop: our running runs, then any other
     process whose command line runs the entry script from under this workdir (its
     script or its working directory lies there). Nothing else: never a run another
     workdir launched, never the agent itself or its ancestors.
 
-    `scope` is accepted from older clients; the rule is the same everywhere, since one
+    The `scope` clients send plays no part: the rule is the same everywhere, since one
     container may hold several workdirs (experiments) that must not stop each other."""
     table = process_table()
     mine = ancestors(os.getpid(), table)
@@ -59,9 +60,7 @@ def find_targets(workdir, entry, scope="container"):
     for proc in sorted(table.values(), key=lambda p: p.pid):
         if not alive(proc) or proc.pid in mine or proc.pgid in covered_groups:
             continue
-        if proc.pid in covered_pids:
-            continue
-        if not runs_entry(proc.argv, entry):
+        if proc.pid in covered_pids or not runs_entry(proc.argv, entry):
             continue
         if not belongs_to_workdir(proc, workdir):
             continue
@@ -92,6 +91,18 @@ def find_targets(workdir, entry, scope="container"):
             covered_groups.add(proc.pgid)
         covered_pids.update(family)
     return targets
+
+
+def stop_runs(p, how):
+    """Stop what `find_targets` finds for a verb's parameters (workdir, entry, grace_s);
+    `how` as for stop_targets."""
+    targets = find_targets(p["workdir"], p["entry"])
+    return stop_targets(p["workdir"], targets, float(p["grace_s"]), how)
+
+
+def stuck(entry):
+    """Did this target of stop_targets' report outlive SIGKILL?"""
+    return entry["ended"] == STUCK
 
 
 def target_alive(target, table):
@@ -153,14 +164,11 @@ def stop_targets(workdir, targets, grace_s, how=None):
     for target in targets:
         entry = {k: v for k, v in target.items() if not k.startswith("_")}
         if target in still:
-            entry["ended"] = "still running after SIGKILL"
-        elif target in left:
-            entry["ended"] = "killed"
-            entry["seconds"] = round(target["_gone_at"] - started, 2)
+            entry["ended"] = STUCK
         else:
-            entry["ended"] = "terminated"
+            entry["ended"] = "killed" if target in left else "terminated"
             entry["seconds"] = round(target["_gone_at"] - started, 2)
-        if target.get("run_id") and entry["ended"] != "still running after SIGKILL":
+        if target.get("run_id") and not stuck(entry):
             entry["exit_code"] = settle_exit_code(workdir, target["run_id"], target in left)
         report.append(entry)
     return report

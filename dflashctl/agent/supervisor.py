@@ -118,9 +118,7 @@ def decide(policy, history, crash, step, now, current=None):
                 "a restart from the same checkpoint would crash the same way",
             )
     window = float(policy.get("window_s") or 0)
-    recent = [
-        a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
-    ]
+    recent = _recent(policy, history, now)
     if len(recent) >= limit:
         within = f" within {window:g} s" if window > 0 else ""
         return (
@@ -145,13 +143,17 @@ def decide(policy, history, crash, step, now, current=None):
 def backoff_s(policy, history, now):
     """The wait before the next attempt: backoff_s, doubled for each restart within the
     window, at most max_backoff_s."""
-    window = float(policy.get("window_s") or 0)
-    recent = [
-        a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
-    ]
     base = float(policy.get("backoff_s") or 0)
     most = float(policy.get("max_backoff_s") or base)
-    return min(base * (2 ** len(recent)), most)
+    return min(base * (2 ** len(_recent(policy, history, now))), most)
+
+
+def _recent(policy, history, now):
+    """The earlier attempts that were retried within run.retry.window_s (0: ever)."""
+    window = float(policy.get("window_s") or 0)
+    return [
+        a for a in history if a.get("retried") and (window <= 0 or now - a["ended_unix"] <= window)
+    ]
 
 
 # --------------------------------------------------------------------------- classifying
@@ -192,25 +194,27 @@ def classify(lines, exit_code, rules):
     }
 
 
-def _clean_stop(lines, exit_code, rules):
-    """`stopped (checkpoint at step N)` when the trainer says it stopped as asked."""
+def _said(lines, exit_code, rules, category):
+    """classify's answer when it is `category`, else None (also when the engine cannot
+    run: it then decides nothing)."""
     try:
         said = classify(lines, exit_code, rules)
     except Exception:  # noqa: BLE001 - an engine that cannot run decides nothing
         return None
-    return said["summary"] if said and said["category"] == "stopped" else None
+    return said if said and said["category"] == category else None
+
+
+def _clean_stop(lines, exit_code, rules):
+    """`stopped (checkpoint at step N)` when the trainer says it stopped as asked."""
+    said = _said(lines, exit_code, rules, "stopped")
+    return said["summary"] if said else None
 
 
 def _hung(lines, exit_code, rules):
     """A run stopped while it hung (the trainer's watchdog said so, and no step came
     after): the hang stays its end state, {"category": "hang", ...}; else {}."""
-    try:
-        said = classify(lines, exit_code, rules)
-    except Exception:  # noqa: BLE001 - an engine that cannot run decides nothing
-        return {}
-    if not said or said["category"] != "hang":
-        return {}
-    return {"category": "hang", "rule": said["rule"], "summary": said["summary"]}
+    said = _said(lines, exit_code, rules, "hang")
+    return {"category": "hang", "rule": said["rule"], "summary": said["summary"]} if said else {}
 
 
 def last_step(lines):
@@ -247,7 +251,6 @@ class Supervisor:
         self.rules = settings.get("rules") or []
         self.attempts = []
         self.stop_signal = None
-        self.child = None
 
     def _on_signal(self, signum, frame):
         # The trainer, in our process group, got the same signal from `stop`; it is
@@ -291,11 +294,12 @@ class Supervisor:
             offset = _size(self.log)
             started = time.time()
             try:
-                self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
+                child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
             except OSError as exc:
                 self.say(f"could not start {argv[0]}: {exc.strerror}")
                 return self.end(127)
-            code = _wait(self.child)
+            code = child.wait()  # a signal does not cut it short (PEP 475)
+            code = 128 - code if code < 0 else code
             lines = _lines_from(self.log, offset)
             step = last_step(lines)
             written = last_checkpoint(lines) or _on_disk_past(self.run_dir, checkpoint)
@@ -403,16 +407,9 @@ class Supervisor:
 
     def record(self, record):
         self.attempts.append(record)
-        _write_atomic(
-            os.path.join(self.run_dir, ATTEMPTS_FILE),
-            json.dumps(
-                {
-                    "max_attempts": int(self.policy.get("max_restarts") or 0) + 1,
-                    "attempts": self.attempts,
-                },
-                indent=2,
-            ),
-        )
+        most = int(self.policy.get("max_restarts") or 0) + 1
+        data = {"max_attempts": most, "attempts": self.attempts}
+        _write_atomic(os.path.join(self.run_dir, ATTEMPTS_FILE), json.dumps(data, indent=2))
 
     def end(self, code):
         """The real end: exit_code (atomically), then run.on_exit once."""
@@ -430,16 +427,6 @@ class Supervisor:
             if status != 0:
                 self.say(f"run.on_exit failed with exit status {status}")
         return code
-
-
-def _wait(child):
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-            continue
-    return 128 - code if code < 0 else code
 
 
 def _numbered(number, limit):

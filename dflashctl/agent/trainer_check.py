@@ -26,10 +26,10 @@ import os
 import subprocess
 
 from .errors import AgentError
-from .files import read_text
+from .files import read_text, write_atomic
 from .lineage import fill_placeholders
 from .releases import releases_dir
-from .runs import bytecode_env
+from .runs import base_env, bytecode_env, run_env
 
 CHECK_ENV = "DFLASH_CHECK_CONFIG"
 TIMEOUT_S = 300
@@ -116,18 +116,9 @@ def check_argv(command, entry):
     return [command[0], entry, *fill_placeholders(command[at + 1 :], None)]
 
 
-def base_env():
-    """The agent's environment without what names a run: what a check's starts from."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
-
-
 def check_env(p):
     """The run's environment as start_run gives it (without what names the run)."""
-    env = base_env()
-    env.update(p.get("env") or {})
-    if p.get("venv"):
-        env["VIRTUAL_ENV"] = p["venv"]
-        env["PATH"] = os.path.join(p["venv"], "bin") + ":" + env.get("PATH", "/usr/bin:/bin")
+    env = run_env(p)
     env.update({CHECK_ENV: "1", "PYTHONUNBUFFERED": "1"})
     env.update(bytecode_env(env, p["workdir"]))  # the run's bytecode cache: warm for it too
     return env
@@ -165,15 +156,6 @@ def prestart(workdir):
         _warm = None
 
 
-def cancel(proc):
-    """A runner that will not be told to run: it ends when it reads the end of stdin."""
-    if proc is not None:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-
-
 def take_runner(python, env):
     """The runner started ahead when it has this interpreter and environment, else None
     (one that has not is ended)."""
@@ -183,7 +165,10 @@ def take_runner(python, env):
         return None
     if warm[0] == python and warm[1] == env and warm[2].poll() is None:
         return warm[2]
-    cancel(warm[2])
+    try:  # a runner that will not be told to run: it ends when it reads the end of stdin
+        warm[2].stdin.close()
+    except OSError:
+        pass
     return None
 
 
@@ -196,11 +181,8 @@ def remember(workdir, python, env):
     text = json.dumps({"python": python, "env": extra}, sort_keys=True)
     if read_text(path) == text:
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text, 0o600)
     except OSError:
         pass
 

@@ -21,22 +21,15 @@ import shutil
 import signal
 
 from . import commit
-from .commit import CommitAborted
-from .errors import AgentError, RolledBack, StaleBase
-from .files import read_text
+from .errors import AgentError, CommitAborted, RolledBack, StaleBase, error_answer
 from .lineage import fill_placeholders, latest_checkpoint, lineage_meta, resume_env
 from .releases import current_release, swap_current
-from .runs import WRAPPER, runs_dir, start_run
-from .stopping import find_targets, stop_targets
+from .runs import WRAPPER, run_meta, runs_dir, start_run
+from .stopping import stop_runs
 
 # What launching needs on disk after the stop (pid, meta.json, active_run, the
 # `current` link, the first log lines); checked before anything is stopped.
 MIN_FREE_BYTES = 1 << 20
-
-
-def free_bytes(path):
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def prepare_run(workdir, run_id, p):
@@ -44,7 +37,8 @@ def prepare_run(workdir, run_id, p):
     (no space, say) leaves no half-made folder and stops nothing."""
     need = int(p.get("min_free_bytes", MIN_FREE_BYTES))
     os.makedirs(runs_dir(workdir), exist_ok=True)
-    free = free_bytes(workdir)
+    st = os.statvfs(workdir)
+    free = st.f_bavail * st.f_frsize
     if free < need:
         raise AgentError(
             f"only {free // 1024} KiB free in {workdir} (a launch needs {need // 1024} KiB); "
@@ -89,21 +83,26 @@ def launch_run(workdir, run_id, release, previous, p):
     return run
 
 
+def restore_current(workdir, previous_release):
+    """Point `current` back at the previous release (if there was one)."""
+    if previous_release and current_release(workdir) != previous_release:
+        try:
+            swap_current(workdir, previous_release)
+        except OSError:
+            pass
+
+
 def relaunch_previous(workdir, failed_id, previous, previous_release, p, why, keep=False):
     """The new run could not start after the old one was stopped: launch the previous
     release again (its own command), continuing the stopped run. Returns the message
     and whether the previous release runs again. `keep`: the new run had started (and
     was stopped): its folder stays, for `runs` and its log."""
+    restore_current(workdir, previous_release)
     if not keep:
         shutil.rmtree(os.path.join(runs_dir(workdir), failed_id), ignore_errors=True)
     if not previous or not previous_release:
         return f"launching run {failed_id} failed ({why}); nothing was running before it", False
-    old_meta = {}
-    text = read_text(os.path.join(runs_dir(workdir), previous, "meta.json"))
-    try:
-        old_meta = json.loads(text) if text else {}
-    except ValueError:
-        pass
+    old_meta = run_meta(workdir, previous)
     command = old_meta.get("command_template") or old_meta.get("command") or p["command"]
     retry_id = failed_id + "-r"
     retry = dict(p, command=command, fresh=False, meta=dict(old_meta, relaunched_after=failed_id))
@@ -137,17 +136,10 @@ def undo_launch(workdir, run_id, p, previous, previous_release, barrier, outcome
     wait until every node's is down, and launch the previous release again here too.
     Raises RolledBack with what this node left."""
     who = commit.failed_nodes(outcome)
-    stop_targets(
-        workdir,
-        find_targets(workdir, p["entry"], p.get("scope", "container")),
-        float(p["grace_s"]),
-        {"by": p.get("by") or "deploy", "replaced_by": None},
-    )
-    if previous_release and current_release(workdir) != previous_release:
-        try:
-            swap_current(workdir, previous_release)
-        except OSError:
-            pass
+    stop_runs(p, {"by": p.get("by") or "deploy", "replaced_by": None})
+    # Back to the previous release before waiting on the others: a node killed while it
+    # waits still points at the release that ran before the deploy.
+    restore_current(workdir, previous_release)
     commit.pass_rollback(barrier, p["grace_s"])
     message, relaunched = relaunch_previous(
         workdir, run_id, previous, previous_release, p, f"{who} could not launch it", keep=True
@@ -189,19 +181,8 @@ def detached(work):
                 os.dup2(devnull, fd)
             try:
                 answer = {"ok": True, "answer": work()}
-            except StaleBase as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint, "stale": True}
-            except CommitAborted as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint, "aborted": True}
-                answer["in_doubt"] = exc.in_doubt
-            except RolledBack as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint}
-                answer.update(rolled_back="here" if exc.here else "peer", relaunched=exc.relaunched)
-            except AgentError as exc:
-                answer = {"ok": False, "error": exc.message, "hint": exc.hint}
-            except OSError as exc:
-                where = f" ({exc.filename})" if exc.filename else ""
-                answer = {"ok": False, "error": f"{exc.strerror or exc}{where}"}
+            except (AgentError, OSError) as exc:
+                answer = error_answer(exc)
             except BaseException as exc:  # noqa: BLE001 - whatever it was, say it
                 answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             try:

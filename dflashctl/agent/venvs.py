@@ -207,12 +207,10 @@ def venv_path(venv, path):
 
 def _runs(argv):
     try:
-        return (
-            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-            == 0
-        )
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return False
+    return done.returncode == 0
 
 
 def _link_parent_site(venv):

@@ -35,11 +35,12 @@ import platform
 import resource
 import shutil
 import time
+from contextlib import contextmanager
 
 from . import commit
 from .errors import AgentError, RolledBack, StaleBase
 from .exec_env import op_exec_ticket
-from .files import lock_workdir, tree_bytes
+from .files import locked, tree_bytes
 from .lineage import latest_checkpoint
 from .manifest import real_manifest
 from .metrics import op_metrics
@@ -52,7 +53,6 @@ from .releases import (
     gc_releases,
     releases_dir,
     remove_release,
-    swap_current,
 )
 from .runs import (
     active_run_id,
@@ -63,73 +63,56 @@ from .runs import (
     runs_dir,
 )
 from .stacks import op_stacks
-from .stopping import find_targets, stop_targets
+from .stopping import find_targets, stop_runs, stuck
 from .trainer_check import check_trainer_config, op_trainer_check
 from .transaction import detached, launch_run, prepare_run, relaunch_previous, undo_launch
 from .venvs import ensure_venv, gc_venvs, op_setup_check
 
 
 def op_inspect(p):
-    workdir, entry = p["workdir"], p["entry"]
+    workdir, active = p["workdir"], active_run_id(p["workdir"])
     release = current_release(workdir)
     manifest = real_manifest(os.path.join(releases_dir(workdir), release)) if release else None
     return {
         "python": platform.python_version(),
         "release": release,
         "manifest": manifest,
-        "active_run": active_run_id(workdir),
-        "to_stop": find_targets(workdir, entry, p.get("scope", "container")),
+        "active_run": active,
+        "to_stop": find_targets(workdir, p["entry"]),
         # What a launch now would continue (a running run's checkpoint may still move).
-        "continues": latest_checkpoint(workdir, active_run_id(workdir))
-        if active_run_id(workdir)
-        else None,
+        "continues": latest_checkpoint(workdir, active) if active else None,
     }
 
 
 def op_stop(p):
-    workdir = p["workdir"]
-    lock = lock_workdir(workdir, p.get("holder"), bool(p.get("wait")))
-    try:
-        stopped = stop_targets(
-            workdir,
-            find_targets(workdir, p["entry"], p.get("scope", "container")),
-            float(p["grace_s"]),
-            {"by": "stop", "replaced_by": None},
-        )
-    finally:
-        os.close(lock)
-    return {
-        "stopped": stopped,
-        "all_stopped": all(s["ended"] != "still running after SIGKILL" for s in stopped),
-    }
+    with locked(p):
+        stopped = stop_runs(p, {"by": "stop", "replaced_by": None})
+    return {"stopped": stopped, "all_stopped": not any(stuck(s) for s in stopped)}
 
 
 def op_launch(p):
     """Stop what runs, point `current` at the release, start the run, record it, clean up."""
+    with telling_barrier(p), locked(p):
+        return launch(p)
+
+
+@contextmanager
+def telling_barrier(p):
+    """A launch across nodes that fails here before it arrived at the commit barrier
+    tells the barrier: the other nodes need not wait for their deadline to abort."""
     try:
-        lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
-        try:
-            return launch(p)
-        finally:
-            os.close(lock)
+        yield
     except (AgentError, OSError) as exc:
-        tell_barrier(p, exc)
+        if not isinstance(exc, commit.CommitAborted):
+            commit.signal_abort(p, exc.message if isinstance(exc, AgentError) else str(exc))
         raise
-
-
-def tell_barrier(p, exc):
-    """A launch across nodes that failed here before it arrived at the commit barrier:
-    the other nodes need not wait for their deadline to abort."""
-    if not isinstance(exc, commit.CommitAborted):
-        commit.signal_abort(p, exc.message if isinstance(exc, AgentError) else str(exc))
 
 
 def op_deploy(p):
     """build, then launch, under one lock: the new release is complete and validated
     before anything is stopped; a failed build stops nothing, and no other deploy,
     restart or stop can come between the two."""
-    try:
-        lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
+    with telling_barrier(p), locked(p):
         # Across nodes: the barrier's interpreter imports torch while the release is built.
         warm = commit.prestart(p)
         try:
@@ -144,10 +127,6 @@ def op_deploy(p):
                 raise
         finally:
             commit.cancel(warm)
-            os.close(lock)
-    except (AgentError, OSError) as exc:
-        tell_barrier(p, exc)
-        raise
     launched["build"] = built
     return launched
 
@@ -155,33 +134,27 @@ def op_deploy(p):
 def op_build(p):
     """build only: a run across several nodes launches nowhere before the release is
     built and verified on every node (the client then calls `launch` on each)."""
-    lock = lock_workdir(p["workdir"], p.get("holder"), bool(p.get("wait")))
-    try:
+    with locked(p):
         built = timed_build(p)
-    finally:
-        os.close(lock)
     return {"build": built, "release": built["release"]}
 
 
 def timed_build(p):
-    """build_release, with its wall time and the agent's CPU time so far."""
+    """build_release, with its wall time and the agent's CPU time so far (user +
+    system, its start-up included)."""
     started = time.monotonic()
     built = build_release(p)
     built["seconds"] = round(time.monotonic() - started, 3)
-    built["cpu_seconds"] = round(cpu_seconds(), 3)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    built["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 3)
     return built
 
 
 def op_discard(p):
     """A built release that will not be launched (another node failed): removed unless
     it became current or a run uses it."""
-    workdir, release = p["workdir"], p["release"]
-    lock = lock_workdir(workdir, p.get("holder"), True)
-    try:
-        removed = discard_unused(workdir, release)
-    finally:
-        os.close(lock)
-    return {"removed": removed}
+    with locked(p, wait=True):
+        return {"removed": discard_unused(p["workdir"], p["release"])}
 
 
 def discard_unused(workdir, release):
@@ -192,12 +165,6 @@ def discard_unused(workdir, release):
     if removed:
         remove_release(workdir, release)
     return bool(removed)
-
-
-def cpu_seconds():
-    """This process's CPU time so far (user + system, its start-up included)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def launch(p, warm=None):
@@ -289,17 +256,12 @@ def transaction(p, release, previous, previous_release, warm=None):
                 discard_unused(workdir, release)
             raise
     t0 = time.monotonic()
-    stopped = stop_targets(
-        workdir,
-        find_targets(workdir, p["entry"], p.get("scope", "container")),
-        float(p["grace_s"]),
-        {"by": p.get("by") or "deploy", "replaced_by": run_id},
-    )
+    stopped = stop_runs(p, {"by": p.get("by") or "deploy", "replaced_by": run_id})
     stop_s = time.monotonic() - t0
-    stuck = any(s["ended"] == "still running after SIGKILL" for s in stopped)
+    left = any(stuck(s) for s in stopped)
     # Across nodes, no node launches before every node stopped its old run (commit.py).
-    gate = commit.pass_gate(barrier, not stuck, p["grace_s"]) if barrier else None
-    if stuck:
+    gate = commit.pass_gate(barrier, not left, p["grace_s"]) if barrier else None
+    if left:
         raise AgentError(
             "a previous run did not exit after SIGKILL; not launching another",
             "check the container with `ps -ef`; the process may be stuck in I/O",
@@ -312,11 +274,6 @@ def transaction(p, release, previous, previous_release, warm=None):
         if barrier:  # the others learn it at once, and take their new run down
             commit.report_launch(barrier, False, why)
             commit.pass_rollback(barrier, p["grace_s"])
-        if previous_release and current_release(workdir) != previous_release:
-            try:
-                swap_current(workdir, previous_release)
-            except OSError:
-                pass
         message, relaunched = relaunch_previous(workdir, run_id, previous, previous_release, p, why)
         raise RolledBack(
             message, "free some space or fix the cause, then deploy again", relaunched
@@ -325,22 +282,14 @@ def transaction(p, release, previous, previous_release, warm=None):
         launched = commit.report_launch(barrier, True)
         if launched.get("launch") == "failed":
             undo_launch(workdir, run_id, p, previous, previous_release, barrier, launched)
-    protect = [release] + [
-        (r.get("meta") or {}).get("release")
-        for r in (run_record(workdir, rid) for rid in run_ids(workdir) if rid != run_id)
-        if r["status"] == "running"
-    ]
-    removed = gc_releases(workdir, int(p.get("keep_releases", 5)), protect)
+    keep = int(p.get("keep_releases", 5))
     running = [
-        r
+        r.get("meta") or {}
         for r in (run_record(workdir, rid) for rid in run_ids(workdir))
         if r["status"] == "running"
     ]
-    gc_venvs(
-        workdir,
-        int(p.get("keep_releases", 5)),
-        [p.get("venv")] + [(r.get("meta") or {}).get("venv") for r in running],
-    )
+    removed = gc_releases(workdir, keep, [release] + [m.get("release") for m in running])
+    gc_venvs(workdir, keep, [p.get("venv")] + [m.get("venv") for m in running])
     launch_s = time.monotonic() - launch_started
     answer = {
         "stopped": stopped,
@@ -358,12 +307,9 @@ def transaction(p, release, previous, previous_release, warm=None):
 def op_runs(p):
     workdir = p["workdir"]
     table = process_table()
-    wanted = p.get("run_id")
-    if wanted == "@active":
-        wanted = active_run_id(workdir)
-        wanted = [wanted] if wanted else []
-    else:
-        wanted = [wanted] if wanted else run_ids(workdir)
+    wanted = [p["run_id"]] if p.get("run_id") else run_ids(workdir)
+    if wanted == ["@active"]:
+        wanted = [rid for rid in [active_run_id(workdir)] if rid]
     runs = [
         run_record(workdir, rid, table)
         for rid in wanted
@@ -411,23 +357,20 @@ def op_settle(p):
     deploy was launching (`run_id`), and the active one."""
     workdir = p["workdir"]
     deadline = time.monotonic() + float(p.get("wait_s", 60))
-    busy = True
-    if os.path.isdir(workdir):
+    busy = os.path.isdir(workdir)
+    if busy:
         fd = os.open(os.path.join(workdir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            while True:
+            while busy:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                     busy = False
-                    break
                 except OSError:
                     if time.monotonic() >= deadline:
                         break
                     time.sleep(0.05)
         finally:
             os.close(fd)
-    else:
-        busy = False
     table = process_table()
     active = active_run_id(workdir)
     launched = p.get("run_id")
