@@ -47,6 +47,13 @@ class CrashEvent:
             parts.append(f"host {self.host}")
         return ", ".join(parts)
 
+    def fill_from(self, source) -> None:
+        """Local rank, host and pid from what else the log said of its rank (a RankInfo,
+        torchrun's TorchrunFailure), where the event does not say them itself."""
+        self.local_rank = source.local_rank if self.local_rank is None else self.local_rank
+        self.host = self.host or source.host
+        self.pid = self.pid or source.pid
+
     @property
     def summary(self) -> str:
         """One line: what failed, as a user would say it."""
