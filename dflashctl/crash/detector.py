@@ -492,14 +492,9 @@ class CrashDetector:
         exc = _EXCEPTION_PREFIX.match(text)
         if exc and looks_like_exception(exc["type"]):
             exc_type, text = exc["type"], exc["msg"]
-        event = CrashEvent(
-            rule=rule.name,
-            category=rule.category,
-            severity=rule.severity,
-            retryable=rule.retryable,
-            hint=rule.hint,
-            line=n,
-            end_line=n,
+        event = CrashEvent.of_rule(
+            rule,
+            n,
             thread=thread,
             device=device,
             stage=stage,

@@ -29,16 +29,8 @@ BY_SIGNAL = {9: "killed", 11: "segfault", 7: "segfault", 6: "aborted"}
 
 def exit_event(detector: CrashDetector, rule: Rule, message: str) -> CrashEvent:
     """An event the log's end or its exit status tells of (no traceback of its own)."""
-    return CrashEvent(
-        rule=rule.name,
-        category=rule.category,
-        severity=rule.severity,
-        retryable=rule.retryable,
-        hint=rule.hint,
-        line=detector.line_no,
-        end_line=detector.line_no,
-        message=message,
-        excerpt=detector.recent_lines(),
+    return CrashEvent.of_rule(
+        rule, detector.line_no, message=message, excerpt=detector.recent_lines()
     )
 
 

@@ -34,14 +34,6 @@ class ErrorRecord:
     local_rank: int | None = None  # from the folder torchrun gave it
     attempt: int | None = None
 
-    def to_json(self) -> dict:
-        return {
-            "path": self.path,
-            "message": self.message,
-            "timestamp": self.timestamp,
-            "local_rank": self.local_rank,
-        }
-
 
 def parse_error_file(path: str, text: str) -> ErrorRecord | None:
     """One error file's record; None when it is not torchelastic's format."""

@@ -32,6 +32,20 @@ class CrashEvent:
     pid: int | None = None
     details: dict[str, Any] = field(default_factory=dict)  # the category's particulars
 
+    @classmethod
+    def of_rule(cls, rule: Any, line: int, end_line: int | None = None, **found: Any) -> CrashEvent:
+        """An event named by `rule` (crash/rules.py's Rule), starting at log line `line`."""
+        return cls(
+            rule=rule.name,
+            category=rule.category,
+            severity=rule.severity,
+            retryable=rule.retryable,
+            hint=rule.hint,
+            line=line,
+            end_line=line if end_line is None else end_line,
+            **found,
+        )
+
     @property
     def where(self) -> str:
         """`rank 1 (local rank 1) on node gpu-b, host gpu-b`; empty for one process."""

@@ -158,14 +158,10 @@ def trace_event(trace: Trace, rule: Rule, segment: Segment) -> CrashEvent:
         gpu = _GPU_IN_MESSAGE.search(message)
         if gpu:
             device = f"cuda:{gpu[1] or gpu[2]}"
-    return CrashEvent(
-        rule=rule.name,
-        category=rule.category,
-        severity=rule.severity,
-        retryable=rule.retryable,
-        hint=rule.hint,
-        line=trace.start_line,
-        end_line=trace.end_line or trace.start_line,
+    return CrashEvent.of_rule(
+        rule,
+        trace.start_line,
+        trace.end_line or trace.start_line,
         thread=trace.thread,
         device=device,
         stage=stage,

@@ -75,32 +75,10 @@ def _backlog_max(lines: int | None, follow: bool) -> int:
 
 
 def follow_run(
-    reconnect: Callable[[], Target] | None,
-    workdir: str,
-    run_id: str,
-    *,
-    rules: Any,
-    target: Target | None = None,
-    python: str = "python3",
-    follow: bool = True,
-    from_offset: int = 0,
-    lines: int | None = None,
-    console: Console | None = None,
-    show_lines: bool = True,
-    on_crash: Callable[[CrashEvent], None] | None = None,
-    reconnect_timeout_s: float = 120.0,
-    state_poll_s: float = 5.0,
-    stall_s: float = 10.0,
-    state_of: Callable[[Target, str, str], RunState] | None = None,
-    waiting_notice: bool = True,
-    on_line: Callable[[str, bool], None] | None = None,
-    on_caught_up: Callable[[], None] | None = None,
-    node: str | None = None,
-    cancel: threading.Event | None = None,
-    hang: tuple[float, float] | None = None,
-    progress_of: Callable[[], dict[str, Any] | None] | None = None,
+    reconnect: Callable[[], Target] | None, workdir: str, run_id: str, **options: Any
 ) -> FollowResult:
-    """Print run `run_id`'s log and crashes; return how the run ended.
+    """Print run `run_id`'s log and crashes; return how the run ended. `options` are
+    _Follower's keyword arguments (rules, required; target, python, follow, ...):
 
     reconnect: makes a new Target after a drop (and the first one when `target` is None);
       None: a drop is fatal (HostError). Targets it makes are closed here.
@@ -126,100 +104,87 @@ def follow_run(
     progress_of: the run's progress as the agent last judged it (RunInfo.progress), for
       a run that hangs before any step line came live; the default state_of keeps it.
     """
-    if state_of is None:
-        from dflashctl.runs.records import get_run
-
-        latest: dict[str, Any] = {}
-
-        def state_of(target: Target, workdir: str, run_id: str) -> RunState:
-            info = get_run(target, workdir, run_id, python=python)
-            latest["progress"] = info.progress
-            return info.state
-
-        progress_of = progress_of or (lambda: latest.get("progress"))
-    notice_prefix = f"node {node}: " if node else ""
-
-    def announce(kind: str, progress: dict[str, Any]) -> None:
-        if kind == "hanging":
-            terminal.warning(f"{notice_prefix}run {run_id} is {describe_hang(progress)}")
-        else:
-            terminal.info(
-                f"{notice_prefix}run {run_id} makes progress again (step {progress.get('last_step')})"
-            )
-
-    watch = HangWatch(
-        *(hang or ()),
-        progress_of=progress_of,
-        announce=announce if follow else None,
-    )
-
-    follower = _Follower(
-        reconnect=reconnect,
-        rundir=f"{workdir.rstrip('/')}/runs/{run_id}",
-        run_id=run_id,
-        workdir=workdir,
-        target=target,
-        python=python,
-        follow=follow,
-        splitter=LineSplitter(from_offset),
-        sink=LineSink(
-            rules,
-            console if console is not None else terminal.out,
-            keep_last=lines,
-            show_lines=show_lines,
-            on_crash=on_crash,
-            on_line=on_line,
-            node=node,
-            collapse_config=follow,
-        ),
-        backlog_max=_backlog_max(lines, follow),
-        reconnect_timeout_s=reconnect_timeout_s,
-        state_poll_s=state_poll_s,
-        stall_s=stall_s,
-        state_of=state_of,
-        waiting=FirstLineWait(waiting_notice and follow and show_lines),
-        notice_prefix=notice_prefix,
-        cancel=cancel,
-        on_caught_up=on_caught_up,
-        hangs=watch,
-    )
-    return follower.run()
+    return _Follower(reconnect=reconnect, workdir=workdir, run_id=run_id, **options).run()
 
 
 @dataclass(kw_only=True, eq=False)
 class _Follower:
     reconnect: Callable[[], Target] | None
-    rundir: str
-    run_id: str
     workdir: str
-    target: Target
-    python: str
-    follow: bool
-    splitter: LineSplitter
-    sink: LineSink
-    backlog_max: int
-    reconnect_timeout_s: float
-    state_poll_s: float
-    stall_s: float
-    state_of: Callable[[Any, str, str], Any]
-    waiting: FirstLineWait
-    notice_prefix: str = ""
-    cancel: threading.Event | None = None
+    run_id: str
+    rules: Any
+    target: Target | None = None
+    python: str = "python3"
+    follow: bool = True
+    from_offset: int = 0
+    lines: int | None = None
+    console: Console | None = None
+    show_lines: bool = True
+    on_crash: Callable[[CrashEvent], None] | None = None
+    reconnect_timeout_s: float = 120.0
+    state_poll_s: float = 5.0
+    stall_s: float = 10.0
+    state_of: Callable[[Target, str, str], RunState] | None = None
+    waiting_notice: bool = True
+    on_line: Callable[[str, bool], None] | None = None
     on_caught_up: Callable[[], None] | None = None
-    hangs: HangWatch | None = None
+    node: str | None = None
+    cancel: threading.Event | None = None
+    hang: tuple[float, float] | None = None
+    progress_of: Callable[[], dict[str, Any] | None] | None = None
     _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
     _stream: Any = field(default=None, init=False)
     # The log's size when first opened: the backlog ends there.
     _live_from: int | None = field(default=None, init=False)
-    # The next reader reads to the end of the log and stops.
-    _read_to_end: bool = field(default=False, init=False)
     _trouble_since: float | None = field(default=None, init=False)
     _attempt: int = field(default=0, init=False)
     _empty_readers: int = field(default=0, init=False)
     _caught_up: bool = field(default=False, init=False)  # step lines now come live
 
     def __post_init__(self) -> None:
+        self.rundir = f"{self.workdir.rstrip('/')}/runs/{self.run_id}"
+        self.notice_prefix = f"node {self.node}: " if self.node else ""
+        # The next reader reads to the end of the log and stops.
         self._read_to_end = not self.follow
+        if self.state_of is None:
+            from dflashctl.runs.records import get_run
+
+            latest: dict[str, Any] = {}
+
+            def state_of(target: Target, workdir: str, run_id: str) -> RunState:
+                info = get_run(target, workdir, run_id, python=self.python)
+                latest["progress"] = info.progress
+                return info.state
+
+            self.state_of = state_of
+            self.progress_of = self.progress_of or (lambda: latest.get("progress"))
+        self.splitter = LineSplitter(self.from_offset)
+        self.sink = LineSink(
+            self.rules,
+            self.console if self.console is not None else terminal.out,
+            keep_last=self.lines,
+            show_lines=self.show_lines,
+            on_crash=self.on_crash,
+            on_line=self.on_line,
+            node=self.node,
+            collapse_config=self.follow,
+        )
+        self.backlog_max = _backlog_max(self.lines, self.follow)
+        self.waiting = FirstLineWait(self.waiting_notice and self.follow and self.show_lines)
+        self.hangs = HangWatch(
+            *(self.hang or ()),
+            progress_of=self.progress_of,
+            announce=self._announce if self.follow else None,
+        )
+
+    def _announce(self, kind: str, progress: dict[str, Any]) -> None:
+        if kind == "hanging":
+            terminal.warning(f"{self.notice_prefix}run {self.run_id} is {describe_hang(progress)}")
+        else:
+            terminal.info(
+                f"{self.notice_prefix}run {self.run_id} makes progress again "
+                f"(step {progress.get('last_step')})"
+            )
 
     # -- the whole run ---------------------------------------------------------------
 
@@ -347,7 +312,7 @@ class _Follower:
             if chunk is None:
                 if now - last_data >= QUIET_S:
                     self.sink.quiet()
-                if self.hangs is not None and self.follow and not once:
+                if self.follow and not once:
                     self.hangs.check()
                 if now - last_data > self.stall_s:
                     raise _Dropped(f"no word from the log reader for {self.stall_s:g} s")
@@ -375,8 +340,7 @@ class _Follower:
                 self.waiting.done()
             for text in self.splitter.feed(payload):
                 self.sink.line(text)
-                if self.hangs is not None:
-                    self.hangs.line(text, self._caught_up)
+                self.hangs.line(text, self._caught_up)
             self._go_live_if_caught_up()
         elif kind == "S":
             start, size = numbers
@@ -525,7 +489,7 @@ class _Follower:
             stop=self.sink.stop,
             rundir=self.rundir,
             where=self.target.describe() if self.target is not None else None,
-            hanging=self.hangs.final() if self.hangs is not None and status == "running" else None,
+            hanging=self.hangs.final() if status == "running" else None,
         )
 
 
