@@ -143,18 +143,11 @@ def follow_fleet(
     nodes: list[Node],
     run_id: str,
     *,
-    rules: Any,
-    follow: bool = True,
-    from_offset: int = 0,
-    lines: int | None = None,
-    show_lines: bool = True,
-    reconnect_timeout_s: float = 120.0,
-    state_poll_s: float = 5.0,
-    waiting_notice: bool = True,
     console: Callable[[], Console] | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_end: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
+    **options: Any,
 ) -> FleetResult:
     """Follow run `run_id` on every node until every node's run has ended (or, with
     follow=False, read what each log holds now). Each node has its own follower thread;
@@ -165,9 +158,10 @@ def follow_fleet(
     `reconnect_timeout_s` (or that lacks the run) is said at once and ends with its
     error in the result (its exit code, 3 for HostError), while the others are followed on.
 
-    from_offset / lines: as follow_run's, for every node (deploy follows a new run from
-    byte 0; `logs` shows the last `lines` of each node first).
-    waiting_notice: the live "waiting for the first line" of an unprefixed terminal.
+    options: follow_run's for every node: rules (required), follow, from_offset / lines
+    (deploy follows a new run from byte 0; `logs` shows the last `lines` of each node
+    first), show_lines, reconnect_timeout_s, state_poll_s, and waiting_notice (the live
+    "waiting for the first line" of an unprefixed terminal).
     console: where the lines and panels go (default terminal.out, asked at each write);
     several nodes' failure reports go to terminal.err.
     on_line(node index, line): each line of each node (from that node's thread);
@@ -175,6 +169,8 @@ def follow_fleet(
     reached); cancel: set from any thread to stop following every node, as Ctrl-C
     would (the results say interrupted): the start gate's (dflashctl/start_gate.py).
     """
+    if names_each_node(nodes):
+        options["waiting_notice"] = False  # a live notice per node would fight over the terminal
     follower = _FleetFollower(
         nodes=nodes,
         run_id=run_id,
@@ -183,19 +179,7 @@ def follow_fleet(
         on_end=on_end,
         cancel=cancel or threading.Event(),
     )
-    return follower.run(
-        dict(
-            rules=rules,
-            follow=follow,
-            from_offset=from_offset,
-            lines=lines,
-            show_lines=show_lines,
-            reconnect_timeout_s=reconnect_timeout_s,
-            state_poll_s=state_poll_s,
-            # A live notice per node would fight over the terminal.
-            waiting_notice=waiting_notice and not names_each_node(nodes),
-        )
-    )
+    return follower.run(options)
 
 
 @dataclass(eq=False)
@@ -212,7 +196,7 @@ class _FleetFollower:
     def run(self, kwargs: dict[str, Any]) -> FleetResult:
         consoles = node_consoles(self.console, [node.name for node in self.nodes])
         self._watches = [
-            _NodeWatch(node, console, live=kwargs["lines"] is None)  # no backlog: all new
+            _NodeWatch(node, console, live=kwargs.get("lines") is None)  # no backlog: all new
             for node, console in zip(self.nodes, consoles, strict=True)
         ]
         threads = [

@@ -459,27 +459,24 @@ class _Follower:
 
     def _result(self, state, *, interrupted: bool = False) -> FollowResult:
         crashes = self.sink.crashes
-        if state is None or state.status == "running":
-            exit_code, signal = None, None
+        ended = state is not None and state.status != "running"
+        if not ended:
             # A crash the run's supervisor is restarting from does not end the run.
             status = "crashed" if crashes and not self.sink.restarting else "running"
-            run_status = None if state is None else state.status
         elif state.status == "stopped":
-            exit_code, signal, run_status = state.exit_code, state.signal, state.status
             status = "stopped"
         else:
-            exit_code, signal, run_status = state.exit_code, state.signal, state.status
-            failed = state.status in ("killed", "lost") or exit_code not in (0, None)
+            failed = state.status in ("killed", "lost") or state.exit_code not in (0, None)
             status = "crashed" if crashes or failed else "finished"
             if not crashes and stopped_cleanly(self.sink.stop):
                 status = "stopped"  # asked to stop (SIGTERM, Ctrl-C), whatever the exit status
         return FollowResult(
             run_id=self.run_id,
             status=status,
-            exit_code=exit_code,
+            exit_code=state.exit_code if ended else None,
             crashes=crashes,
-            state=run_status,
-            signal=signal,
+            state=None if state is None else state.status,
+            signal=state.signal if ended else None,
             stopped=getattr(state, "stopped", None),
             interrupted=interrupted,
             summary=self.sink.summary,
