@@ -93,7 +93,7 @@ def choose_root(crashes: Sequence[CrashEvent], named_rank: int | None) -> CrashE
 
 def _waited(event: CrashEvent) -> bool:
     """A hang, or a collective timing out: a rank's own failure outranks either."""
-    return event.category in HANG_CATEGORIES or event.category in WAITING_CATEGORIES
+    return event.category in HANG_CATEGORIES | WAITING_CATEGORIES
 
 
 def rank_crashes(crashes: list[CrashEvent], named_rank: int | None) -> list[CrashEvent]:

@@ -35,7 +35,7 @@ more spaces; else "To enable traceback see: ..." or the signal. Standard library
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
 _FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*?)\s*$")
@@ -92,16 +92,8 @@ class TorchrunFailure:
         return ", ".join(parts)
 
     def to_json(self) -> dict:
-        return {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "exitcode": self.exitcode,
-            "pid": self.pid,
-            "time": self.time,
-            "host": self.host,
-            "error_file": self.error_file,
-            "traceback": self.traceback,
-        }
+        """Its fields up to the traceback's first line (the whole of it stays here)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("traceback_lines", "line")}
 
 
 def _signal_number(text: str) -> int:
@@ -200,10 +192,8 @@ class TorchrunWatch:
                 entry.rank, entry.local_rank = int(rank[1]), int(rank[2])
             elif key == "exitcode" and code:
                 entry.exitcode, entry.pid = int(code[1]), int(code[2])
-            elif key == "time":
-                entry.time = value
-            elif key == "host":
-                entry.host = value
+            elif key in ("time", "host"):
+                setattr(entry, key, value)
             elif key == "error_file":
                 entry.error_file = None if value == "<N/A>" else value
             elif key == "traceback":

@@ -65,11 +65,10 @@ def segment_for(trace: Trace, rule: Rule, hit_index: int | None) -> Segment | No
                 segment.exc_type and rule.exception.search(segment.exc_type)
             ):
                 continue
-            if rule.last_frame is not None:
-                if not segment.frames:
-                    continue
-                if not rule.last_frame.search(frame_text(segment.frames[-1])):
-                    continue
+            if rule.last_frame is not None and not (
+                segment.frames and rule.last_frame.search(frame_text(segment.frames[-1]))
+            ):
+                continue
             return segment
         return None
     if hit_index is not None:
