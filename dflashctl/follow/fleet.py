@@ -160,7 +160,7 @@ def follow_fleet(
 
     options: follow_run's for every node: rules (required), follow, from_offset / lines
     (deploy follows a new run from byte 0; `logs` shows the last `lines` of each node
-    first), show_lines, reconnect_timeout_s, state_poll_s, and waiting_notice (the live
+    first), show_lines, reconnect_timeout_s, and waiting_notice (the live
     "waiting for the first line" of an unprefixed terminal).
     console: where the lines and panels go (default terminal.out, asked at each write);
     several nodes' failure reports go to terminal.err.
@@ -284,10 +284,7 @@ class _FleetFollower:
             # torchrun stops the node's other ranks first (their grace period) and
             # names the failed one only then: say now that this node is failing.
             with self._lock:
-                if live and watch.failing_since is None:
-                    watch.failing_since = time.time()
-                report = not watch.reported
-                watch.reported = True
+                report = not self._failing(watch)
             if report:
                 self._report_failure(
                     watch,
@@ -305,8 +302,7 @@ class _FleetFollower:
         # A crash already in the backlog happened before we looked: when is unknown here.
         watch.seen_at[id(event)] = time.time() if watch.live else None
         with self._lock:
-            if watch.live and watch.failing_since is None:
-                watch.failing_since = time.time()
+            self._failing(watch)
             first_here = watch.first_crash is None
             if first_here:
                 watch.first_crash = event
@@ -317,12 +313,18 @@ class _FleetFollower:
             earlier = [w for w in others if w.first_crash and _is_cause(w.first_crash)]
             if earlier or (others and not _is_cause(event)):
                 event.is_root_cause = False
-            # Its first crash is said even after torchrun's first sign was: it names it.
-            report = first_here
-            watch.reported = True
-        if report:
+        # Its first crash is said even after torchrun's first sign was: it names it.
+        if first_here:
             # From the backlog, what the other nodes do now says nothing about then.
             self._report_failure(watch, _failure_of(watch, event), others=watch.live)
+
+    def _failing(self, watch: _NodeWatch) -> bool:
+        """The node shows a failure (under self._lock): when, if live; whether it was
+        reported already (it is reported now)."""
+        if watch.live and watch.failing_since is None:
+            watch.failing_since = time.time()
+        reported, watch.reported = watch.reported, True
+        return reported
 
     def _ended(self, watch: _NodeWatch) -> None:
         """This node's run ended (or its log was read, without --follow)."""

@@ -41,6 +41,8 @@ TAIL_BYTES_PER_LINE = 4 << 10
 # traceback, chained parts included, within milliseconds; the reader polls every 50 ms.
 QUIET_S = 0.1
 READ_TIMEOUT_S = 0.05
+STATE_POLL_S = 5.0  # the run's state is asked this often, as a safety net
+STALL_S = 10.0  # a reader that sent nothing this long (not even a heartbeat) is dropped
 
 
 class _Dropped(Exception):
@@ -122,8 +124,6 @@ class _Follower:
     show_lines: bool = True
     on_crash: Callable[[CrashEvent], None] | None = None
     reconnect_timeout_s: float = 120.0
-    state_poll_s: float = 5.0
-    stall_s: float = 10.0
     state_of: Callable[[Target, str, str], RunState] | None = None
     waiting_notice: bool = True
     on_line: Callable[[str, bool], None] | None = None
@@ -301,7 +301,7 @@ class _Follower:
         self._stream = self.target.stream(argv)
         parser = FrameParser()
         last_data = time.monotonic()
-        next_poll = last_data + self.state_poll_s
+        next_poll = last_data + STATE_POLL_S
         while True:
             chunk = self._stream.read(READ_TIMEOUT_S)
             if self.cancel is not None and self.cancel.is_set():
@@ -314,10 +314,10 @@ class _Follower:
                     self.sink.quiet()
                 if self.follow and not once:
                     self.hangs.check()
-                if now - last_data > self.stall_s:
-                    raise _Dropped(f"no word from the log reader for {self.stall_s:g} s")
+                if now - last_data > STALL_S:
+                    raise _Dropped(f"no word from the log reader for {STALL_S:g} s")
                 if self.follow and not once and now >= next_poll:
-                    next_poll = now + self.state_poll_s
+                    next_poll = now + STATE_POLL_S
                     if self.state_of(self.target, self.workdir, self.run_id).status != "running":
                         return False  # read the rest of the log, then decide
                 continue
@@ -371,10 +371,8 @@ class _Follower:
         if caught_up and not final and self.on_caught_up is not None:
             self.on_caught_up()
             self.on_caught_up = None
-        if self.sink.backlog is None:
-            return
         if final or caught_up:
-            self.sink.go_live()
+            self.sink.go_live()  # (nothing to do once live)
 
     # -- reconnecting ------------------------------------------------------------------
 
@@ -426,10 +424,7 @@ class _Follower:
     def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            try:
-                stream.close()
-            except Exception:  # a dead connection may fail to close; nothing is lost
-                pass
+            _close_quietly(stream)
 
     def _stream_stderr(self) -> str:
         stream = self._stream
@@ -490,10 +485,10 @@ class _Follower:
         )
 
 
-def _close_quietly(target: Target) -> None:
+def _close_quietly(closable: Any) -> None:
     try:
-        target.close()
-    except Exception:  # closing a dead connection: nothing more to do
+        closable.close()
+    except Exception:  # a dead connection may fail to close; nothing is lost
         pass
 
 
