@@ -84,9 +84,7 @@ def unblame(event: CrashEvent) -> None:
     """Undo blame (the root cause may change as more of the log is read)."""
     noticed = event.details.pop("noticed_by", None)
     event.details.pop("never_joined", None)
-    if noticed is None:
-        return
-    for key, value in noticed.items():
+    for key, value in (noticed or {}).items():
         setattr(event, key, value)
 
 

@@ -352,10 +352,7 @@ class CrashDetector:
         return False
 
     def _latest(self, state: str) -> Trace | None:
-        for trace in reversed(self._traces):
-            if trace.state == state:
-                return trace
-        return None
+        return next((t for t in reversed(self._traces) if t.state == state), None)
 
     def _start_trace(self, line: str) -> None:
         announced = self._announced

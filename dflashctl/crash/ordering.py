@@ -119,9 +119,7 @@ def training_failed(line: str) -> tuple[str, str | None, str, str] | None:
     """(thread, device, exception type, message) of "training failed: drafter-0 on cpu
     failed: KeyError: ..." (the trainer's run.py)."""
     found = _TRAINING_FAILED.match(line)
-    if found is None:
-        return None
-    return found["thread"], found["device"], found["type"], found["message"]
+    return found.group("thread", "device", "type", "message") if found else None
 
 
 def prefer_named(
