@@ -77,10 +77,8 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
     if failure is None:
         return []
     for item in [failure, *watch.failures]:
-        if item.rank is None:
-            continue
         for event in detector.in_log_order:
-            if event.rank == item.rank:
+            if item.rank is not None and event.rank == item.rank:
                 event.fill_from(item)
     rank = failure.rank
     own = [e for e in detector.in_log_order if e.rank == rank and rank is not None]
@@ -201,10 +199,7 @@ def classify_recorded_traceback(detector: CrashDetector, lines: list[str]) -> Cr
 
 def _at_summary(detector: CrashDetector, rule: Rule, message: str) -> CrashEvent:
     event = exit_event(detector, rule, message)
-    failure = detector.torchrun.failure
-    start = failure.line if failure is not None and failure.line else detector.line_no
-    event.excerpt = event.excerpt[-10:]
-    event.line = event.end_line = start
+    event.excerpt = event.excerpt[-10:]  # the summary's end; torchrun_events places it
     return event
 
 

@@ -163,11 +163,7 @@ def parse_rule(data: Any, *, where: str = "dflash.yaml", key: str = "crash_patte
     if not isinstance(retryable, bool):
         raise fail("retryable", f"expected true or false, got {retryable!r}")
     excerpt_after = data.get("excerpt_after", 0)
-    if (
-        not isinstance(excerpt_after, int)
-        or isinstance(excerpt_after, bool)
-        or not 0 <= excerpt_after <= 200
-    ):
+    if type(excerpt_after) is not int or not 0 <= excerpt_after <= 200:  # not a bool either
         raise fail(
             "excerpt_after", f"expected a number of lines from 0 to 200, got {excerpt_after!r}"
         )

@@ -162,11 +162,11 @@ class TorchrunWatch:
     def _summary_line(self, line: str) -> None:
         if line.startswith(("=====", "-----")):
             self._in_traceback = False
-            if self._section == "root" and self._entry is not None:
-                self.done = True
-            self._section = "failures" if line.startswith("-----") else self._section
+            self.done = self._section == "root" and self._entry is not None
             if self.done:
                 self._section = None
+            elif line.startswith("-----"):
+                self._section = "failures"
             return
         if line.startswith(ROOT_CAUSE_HEADER):
             self._section, self._in_traceback = "root", False
