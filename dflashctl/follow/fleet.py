@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dflashctl import hints
+from dflashctl.crash.ordering import is_consequence
 from dflashctl.errors import DflashError, UsageError
 from dflashctl.follow.fleet_report import FleetResult, NodeFollow
 from dflashctl.follow.follower import follow_run
@@ -310,8 +311,8 @@ class _FleetFollower:
             # rank caused, or one after another node's, is a consequence here too.
             # Alone, the node's own ranking stands: no other node can be the cause.
             others = [w for w in self._watches if w is not watch]
-            earlier = [w for w in others if w.first_crash and _is_cause(w.first_crash)]
-            if earlier or (others and not _is_cause(event)):
+            earlier = [w for w in others if w.first_crash and not is_consequence(w.first_crash)]
+            if earlier or (others and is_consequence(event)):
                 event.is_root_cause = False
         # Its first crash is said even after torchrun's first sign was: it names it.
         if first_here:
@@ -338,15 +339,14 @@ class _FleetFollower:
         if report:
             event = result.crashes[0] if result.crashes else None
             self._report_failure(watch, _failure_of(watch, event), others=watch.live)
-        elif result.status in ("finished", "stopped") and self._others_going(watch):
+        elif result.status in ("finished", "stopped") and any(
+            not w.ended for w in self._watches if w is not watch
+        ):
             with OUTPUT_LOCK:
                 terminal.err.print(
                     f"[green]✓[/green] node {watch.node.name}: {escape(_ended_words(watch))}; "
                     "following the other nodes"
                 )
-
-    def _others_going(self, watch: _NodeWatch) -> bool:
-        return any(not w.ended for w in self._watches if w is not watch)
 
     # -- the report when a node fails ------------------------------------------------------
 
@@ -405,10 +405,6 @@ class _FleetFollower:
             interrupted=interrupted
             or any(w.result and w.result.interrupted for w in self._watches),
         )
-
-
-def _is_cause(event: CrashEvent) -> bool:
-    return not NodeFailure("", 0, event=event).consequence
 
 
 def _failure_of(watch: _NodeWatch, event: CrashEvent | None) -> NodeFailure:
