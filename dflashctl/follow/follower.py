@@ -213,7 +213,8 @@ class _Follower:
         if state.status == "stopped":
             # The exit status a stop leaves (SIGKILL after the grace period, say) is
             # the stop's doing, not the trainer's: not weighed as a crash.
-            self.sink.stopped_from_outside(state.signal == 9 or state.exit_code in (137, -9))
+            killed = state.signal == 9 or state.exit_code in (137, -9)
+            self.sink.detector.stopped_from_outside(killed)
             self.sink.finish(None)
         elif state.status != "running":
             if state.exit_code not in (0, None) or state.status in ("killed", "lost"):

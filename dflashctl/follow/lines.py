@@ -122,10 +122,6 @@ class LineSink:
         self._render(self._held_events)
         self._held_events = []
 
-    def stopped_from_outside(self, killed: bool) -> None:
-        """A dflashctl command stopped the run (see CrashDetector.stopped_from_outside)."""
-        self.detector.stopped_from_outside(killed)
-
     def finish(self, exit_code: int | None) -> None:
         """The run ended: weigh the exit code (a crash may only now be certain)."""
         self.go_live()
