@@ -153,12 +153,10 @@ def parse_rule(data: Any, *, where: str = "dflash.yaml", key: str = "crash_patte
         if not _NAME.match(data[name]):
             raise fail(name, f"{data[name]!r} must be lower_snake_case")
 
-    scope = data.get("scope", "any")
-    if scope not in SCOPES:
-        raise fail("scope", f"{scope!r} is not one of {', '.join(SCOPES)}")
-    severity = data.get("severity", "fatal")
-    if severity not in SEVERITIES:
-        raise fail("severity", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
+    for name, allowed in (("scope", SCOPES), ("severity", SEVERITIES)):
+        if data.get(name, allowed[0]) not in allowed:  # the first is the default
+            raise fail(name, f"{data[name]!r} is not one of {', '.join(allowed)}")
+    scope, severity = data.get("scope", "any"), data.get("severity", "fatal")
     retryable = data.get("retryable", False)
     if not isinstance(retryable, bool):
         raise fail("retryable", f"expected true or false, got {retryable!r}")

@@ -82,11 +82,10 @@ class TorchrunFailure:
     def describe(self) -> str:
         """`exit code -9 (SIGKILL), pid 27599`."""
         parts = []
-        if self.exitcode is not None:
-            what = f"exit code {self.exitcode}"
-            if self.signal is not None:
-                what = f"killed by {signal_name(self.signal)}"
-            parts.append(what)
+        if self.signal is not None:
+            parts.append(f"killed by {signal_name(self.signal)}")
+        elif self.exitcode is not None:
+            parts.append(f"exit code {self.exitcode}")
         if self.pid is not None:
             parts.append(f"pid {self.pid}")
         return ", ".join(parts)
