@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dflashctl.crash.events import CrashEvent
-from dflashctl.crash.ordering import prefer_named, rank_crashes
+from dflashctl.crash.ordering import WAITING_CATEGORIES, prefer_named, rank_crashes
 from dflashctl.crash.ranks import RankBook
 
 _FAILED = re.compile(
@@ -29,7 +29,9 @@ _FAILED = re.compile(
     r"(?:(?P<thread>[A-Za-z][\w.-]*) on (?P<device>\w+(?::\d+)?) failed: )?"
 )
 _SILENT = re.compile(r"\brank (?P<rank>\d+) on host (?P<host>\S+) stopped answering")
-WAITING_CATEGORIES = frozenset({"gloo_timeout", "nccl_timeout"})
+# What details.noticed_by keeps of the rank that noticed (blame gives the event the
+# culprit's, unblame gives them back).
+_NOTICED = ("rank", "local_rank", "node", "host", "pid", "thread", "device", "stage")
 
 
 def blame(
@@ -65,16 +67,7 @@ def blame(
         thread = ((stuck or {}).get(culprit) or [None])[0]
     if culprit is None or culprit == root.rank:
         return
-    root.details["noticed_by"] = {
-        "rank": root.rank,
-        "local_rank": root.local_rank,
-        "node": root.node,
-        "host": root.host,
-        "pid": root.pid,
-        "thread": root.thread,
-        "device": root.device,
-        "stage": root.stage,
-    }
+    root.details["noticed_by"] = {key: getattr(root, key) for key in _NOTICED}
     info = ranks.info(culprit)
     root.rank = culprit
     root.local_rank = info.local_rank if info is not None else None
@@ -91,9 +84,7 @@ def unblame(event: CrashEvent) -> None:
     """Undo blame (the root cause may change as more of the log is read)."""
     noticed = event.details.pop("noticed_by", None)
     event.details.pop("never_joined", None)
-    if noticed is None:
-        return
-    for key, value in noticed.items():
+    for key, value in (noticed or {}).items():
         setattr(event, key, value)
 
 

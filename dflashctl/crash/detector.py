@@ -93,8 +93,6 @@ STALE_REACH = 200  # lines without a frame after which an unfinished traceback i
 MERGE_WINDOW = 40  # one-line matches this close together with the same rule are one event
 MAX_CONTINUATION = 4  # lines right after an exception line taken as its message's rest
 
-NONZERO_EXIT_HINT = endings.NONZERO_EXIT_HINT
-
 
 @dataclass
 class _Pending:
@@ -354,43 +352,41 @@ class CrashDetector:
         return False
 
     def _latest(self, state: str) -> Trace | None:
-        for trace in reversed(self._traces):
-            if trace.state == state:
-                return trace
-        return None
+        return next((t for t in reversed(self._traces) if t.state == state), None)
 
     def _start_trace(self, line: str) -> None:
-        n = self.line_no
-        thread = None
-        lines = [line]
-        start = n
-        ignored = False
         announced = self._announced
         while announced and self._ordinary_lines - announced[0][3] > ANNOUNCE_REACH:
             announced.popleft()
         # The header of this rank's (a traceback of rank 1 is not rank 0's thread's).
         header_of = next((a for a in announced if a[4] == self._rank), None)
-        if header_of is not None:
+        if header_of is None:
+            self._add_trace(None, None, self.line_no, line, Segment())
+        else:
             announced.remove(header_of)
             thread, header, start, _, _ = header_of
-            lines = [header, line]
-            ignored = header.startswith(_IGNORED)
+            self._add_trace(thread, header, start, line, Segment())
+
+    def _add_trace(
+        self, thread: str | None, header: str | None, start: int, line: str, segment: Segment
+    ) -> Trace:
+        """A traceback of the line's rank from `line` on, after its thread's `header`."""
         # What the thread was doing when it failed, before it prints anything else.
-        device, stage = self._threads.get((self._rank, thread or ""), (None, None))
-        self._traces.append(
-            Trace(
-                thread=thread,
-                start_line=start,
-                lines=lines,
-                segments=[Segment()],
-                end_line=n,
-                ignored=ignored,
-                device=device,
-                stage=stage,
-                rank=self._rank,
-                local_rank=self._local,
-            )
+        device, stage = self.thread_state(self._rank, thread or "")
+        trace = Trace(
+            thread=thread,
+            start_line=start,
+            lines=[line] if header is None else [header, line],
+            segments=[segment],
+            end_line=self.line_no,
+            ignored=header is not None and header.startswith(_IGNORED),
+            device=device,
+            stage=stage,
+            rank=self._rank,
+            local_rank=self._local,
         )
+        self._traces.append(trace)
+        return trace
 
     def _close_trace(self, trace: Trace, out: list[CrashEvent]) -> None:
         if trace in self._traces:
@@ -454,24 +450,9 @@ class CrashDetector:
             return False
         self._announced.pop()
         thread, header, start, _, _ = header_of
-        device, stage = self._threads.get((self._rank, thread or ""), (None, None))
         message = (exc.groupdict().get("msg") or "").strip() or None
         segment = Segment(exc_type=exc["type"], exc_message=message, exc_index=1)
-        self._traces.append(
-            Trace(
-                thread=thread,
-                start_line=start,
-                lines=[header, line],
-                segments=[segment],
-                state="tail",
-                end_line=self.line_no,
-                ignored=header.startswith(_IGNORED),
-                device=device,
-                stage=stage,
-                rank=self._rank,
-                local_rank=self._local,
-            )
-        )
+        self._add_trace(thread, header, start, line, segment).state = "tail"
         return True
 
     def _one_line_match(self, rule: Rule, line: str, out: list[CrashEvent]) -> None:
@@ -508,14 +489,9 @@ class CrashDetector:
         exc = _EXCEPTION_PREFIX.match(text)
         if exc and looks_like_exception(exc["type"]):
             exc_type, text = exc["type"], exc["msg"]
-        event = CrashEvent(
-            rule=rule.name,
-            category=rule.category,
-            severity=rule.severity,
-            retryable=rule.retryable,
-            hint=rule.hint,
-            line=n,
-            end_line=n,
+        event = CrashEvent.of_rule(
+            rule,
+            n,
             thread=thread,
             device=device,
             stage=stage,
@@ -580,9 +556,7 @@ class CrashDetector:
         """The event's rank, local rank, node and host, from what the log said."""
         info = self.ranks.info(event.rank)
         if info is not None:
-            event.local_rank = info.local_rank if event.local_rank is None else event.local_rank
-            event.host = event.host or info.host
-            event.pid = event.pid or info.pid
+            event.fill_from(info)
         event.node = event.node or self.ranks.node_of(event.rank)
 
 

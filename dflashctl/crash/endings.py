@@ -8,6 +8,7 @@ from typing import Any
 
 from dflashctl.crash.events import CrashEvent
 from dflashctl.crash.ordering import is_consequence
+from dflashctl.crash.rules import Rule
 from dflashctl.crash.stops import STOP_SIGNALS
 from dflashctl.crash.torchrun import signal_name
 
@@ -20,30 +21,16 @@ NONZERO_EXIT_HINT = (
     "Read the last lines of the log; add a rule to crash_patterns in dflash.yaml for this "
     "message so that it is named next time."
 )
+# A non-zero exit status no rule explains.
+NONZERO_EXIT = Rule(name="nonzero_exit", category="exit_status", hint=NONZERO_EXIT_HINT)
 # A process ended by one of these signals: the category that names it.
 BY_SIGNAL = {9: "killed", 11: "segfault", 7: "segfault", 6: "aborted"}
 
 
-def exit_event(
-    detector: CrashDetector,
-    rule: str,
-    category: str,
-    hint: str,
-    severity: str,
-    retryable: bool,
-    message: str,
-) -> CrashEvent:
+def exit_event(detector: CrashDetector, rule: Rule, message: str) -> CrashEvent:
     """An event the log's end or its exit status tells of (no traceback of its own)."""
-    return CrashEvent(
-        rule=rule,
-        category=category,
-        severity=severity,
-        retryable=retryable,
-        hint=hint,
-        line=detector.line_no,
-        end_line=detector.line_no,
-        message=message,
-        excerpt=detector.recent_lines(),
+    return CrashEvent.of_rule(
+        rule, detector.line_no, message=message, excerpt=detector.recent_lines()
     )
 
 
@@ -75,31 +62,10 @@ def exit_code_events(detector: CrashDetector, exit_code: int | None) -> list[Cra
             return []
         rule = _rule_for(detector, category)
         if rule is not None:
-            name = signal_name(signal)
-            return [
-                exit_event(
-                    detector,
-                    rule.name,
-                    category,
-                    rule.hint,
-                    rule.severity,
-                    rule.retryable,
-                    f"exit status {exit_code} ({name})",
-                )
-            ]
+            return [exit_event(detector, rule, f"exit status {exit_code} ({signal_name(signal)})")]
     if seen:
         return []
-    return [
-        exit_event(
-            detector,
-            "nonzero_exit",
-            "exit_status",
-            NONZERO_EXIT_HINT,
-            "fatal",
-            False,
-            f"exit status {exit_code}",
-        )
-    ]
+    return [exit_event(detector, NONZERO_EXIT, f"exit status {exit_code}")]
 
 
 def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
@@ -111,13 +77,9 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
     if failure is None:
         return []
     for item in [failure, *watch.failures]:
-        if item.rank is None:
-            continue
         for event in detector.in_log_order:
-            if event.rank == item.rank:
-                event.local_rank = item.local_rank if event.local_rank is None else event.local_rank
-                event.host = event.host or item.host
-                event.pid = event.pid or item.pid
+            if item.rank is not None and event.rank == item.rank:
+                event.fill_from(item)
     rank = failure.rank
     own = [e for e in detector.in_log_order if e.rank == rank and rank is not None]
     unplaced = [e for e in detector.in_log_order if e.rank is None and not is_consequence(e)]
@@ -127,8 +89,8 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
         # Lines without a rank prefix (a plain traceback on the rank's stderr): the
         # first failure of its own in the log is the rank torchrun names.
         first = unplaced[0]
-        first.rank, first.local_rank = rank, failure.local_rank
-        first.host, first.pid = first.host or failure.host, first.pid or failure.pid
+        first.rank = rank
+        first.fill_from(failure)  # its local rank is the failure's, or none
         first.node = first.node or detector.ranks.node_of(rank)
         own = [first]
     for event in own:  # what torchrun says of the rank: exit code, time, error file
@@ -144,17 +106,8 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
         if rule is None:
             return []
         who = f"rank {rank}" if rank is not None else f"local rank {failure.local_rank}"
-        event = _at_summary(
-            detector,
-            rule.name,
-            category,
-            rule.hint,
-            rule.severity,
-            rule.retryable,
-            f"{who} killed ({signal_name(signal)})"
-            if signal == 9
-            else f"{who} ended by {signal_name(signal)}",
-        )
+        how = "killed ({})" if signal == 9 else "ended by {}"
+        event = _at_summary(detector, rule, f"{who} {how.format(signal_name(signal))}")
     elif failure.has_traceback:
         event = classify_recorded_traceback(detector, failure.traceback_lines)
         if event is None or own:
@@ -163,13 +116,7 @@ def torchrun_events(detector: CrashDetector) -> list[CrashEvent]:
         return []
     else:
         event = _at_summary(
-            detector,
-            "nonzero_exit",
-            "exit_status",
-            NONZERO_EXIT_HINT,
-            "fatal",
-            False,
-            f"rank {rank} exited with exit code {failure.exitcode}",
+            detector, NONZERO_EXIT, f"rank {rank} exited with exit code {failure.exitcode}"
         )
     event.rank, event.local_rank = rank, failure.local_rank
     event.host, event.pid = failure.host, failure.pid
@@ -184,18 +131,17 @@ def silent_from_the_start(detector: CrashDetector) -> CrashEvent:
     program's: an empty log is a kill like any other, the OOM killer's say): it never got past
     start-up, most often a rendezvous that never completes (a node waiting for the
     master port another process holds, or for a node that never comes)."""
-    rule = _rule_for(detector, "hang")
-    hint = rule.hint if rule is not None else ""
+    rule = _rule_for(detector, "hang") or Rule(name="hang", category="hang", hint="")
     event = exit_event(
         detector,
-        rule.name if rule is not None else "hang",
-        "hang",
-        f"{hint} Here: the trainer never printed a line before it was killed: it hung in "
-        "start-up, most often at the rendezvous (torchrun waiting for the master address and "
-        "port: another process may hold that port, or a node never came). Look at the first "
-        "node's log and `ss -ltnp` on its host.",
-        "fatal",
-        False,
+        Rule(
+            name=rule.name,
+            category="hang",
+            hint=f"{rule.hint} Here: the trainer never printed a line before it was killed: it "
+            "hung in start-up, most often at the rendezvous (torchrun waiting for the master "
+            "address and port: another process may hold that port, or a node never came). Look "
+            "at the first node's log and `ss -ltnp` on its host.",
+        ),
         "killed by SIGKILL before the trainer printed a line (hung in start-up, at the rendezvous)",
     )
     event.details.update(silent_rank=None, before_first_step=True, before_first_line=True)
@@ -214,9 +160,7 @@ def hang_events(detector: CrashDetector) -> list[CrashEvent]:
             # collective that timed out waiting, a peer's): the stuck thread names the
             # culprit of that failure (culprit.py), no hang of its own.
             continue
-        event = exit_event(
-            detector, rule.name, "hang", rule.hint, rule.severity, rule.retryable, silence.message()
-        )
+        event = exit_event(detector, rule, silence.message())
         event.line = event.end_line = silence.line
         event.excerpt = list(silence.said)
         event.rank = silence.rank
@@ -253,12 +197,9 @@ def classify_recorded_traceback(detector: CrashDetector, lines: list[str]) -> Cr
     return found[0] if found else None
 
 
-def _at_summary(detector, rule, category, hint, severity, retryable, message) -> CrashEvent:
-    event = exit_event(detector, rule, category, hint, severity, retryable, message)
-    failure = detector.torchrun.failure
-    start = failure.line if failure is not None and failure.line else detector.line_no
-    event.excerpt = event.excerpt[-10:]
-    event.line = event.end_line = start
+def _at_summary(detector: CrashDetector, rule: Rule, message: str) -> CrashEvent:
+    event = exit_event(detector, rule, message)
+    event.excerpt = event.excerpt[-10:]  # the summary's end; torchrun_events places it
     return event
 
 

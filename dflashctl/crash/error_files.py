@@ -34,14 +34,6 @@ class ErrorRecord:
     local_rank: int | None = None  # from the folder torchrun gave it
     attempt: int | None = None
 
-    def to_json(self) -> dict:
-        return {
-            "path": self.path,
-            "message": self.message,
-            "timestamp": self.timestamp,
-            "local_rank": self.local_rank,
-        }
-
 
 def parse_error_file(path: str, text: str) -> ErrorRecord | None:
     """One error file's record; None when it is not torchelastic's format."""
@@ -72,22 +64,12 @@ def parse_error_file(path: str, text: str) -> ErrorRecord | None:
     )
 
 
-def error_file_paths(run_dir: Path) -> list[Path]:
-    """The run folder's error files: its own first, then each rank's (newest last)."""
-    found = []
-    own = run_dir / ERROR_FILE
-    if own.is_file():
-        found.append(own)
-    elastic = run_dir / ELASTIC_LOG_DIR
-    if elastic.is_dir():
-        ranks = sorted(elastic.glob(f"*/attempt_*/*/{ERROR_FILE}"), key=_mtime)
-        found += ranks[-MAX_FILES:]
-    return found
-
-
 def read_error_files(run_dir: Path) -> list[ErrorRecord]:
+    """The run folder's error files: its own first, then each rank's (newest last)."""
+    own = run_dir / ERROR_FILE
+    ranks = (run_dir / ELASTIC_LOG_DIR).glob(f"*/attempt_*/*/{ERROR_FILE}")
     records = []
-    for path in error_file_paths(run_dir):
+    for path in ([own] if own.is_file() else []) + sorted(ranks, key=_mtime)[-MAX_FILES:]:
         try:
             with path.open("rb") as handle:
                 text = handle.read(MAX_BYTES).decode("utf-8", "replace")

@@ -32,6 +32,20 @@ class CrashEvent:
     pid: int | None = None
     details: dict[str, Any] = field(default_factory=dict)  # the category's particulars
 
+    @classmethod
+    def of_rule(cls, rule: Any, line: int, end_line: int | None = None, **found: Any) -> CrashEvent:
+        """An event named by `rule` (crash/rules.py's Rule), starting at log line `line`."""
+        return cls(
+            rule=rule.name,
+            category=rule.category,
+            severity=rule.severity,
+            retryable=rule.retryable,
+            hint=rule.hint,
+            line=line,
+            end_line=line if end_line is None else end_line,
+            **found,
+        )
+
     @property
     def where(self) -> str:
         """`rank 1 (local rank 1) on node gpu-b, host gpu-b`; empty for one process."""
@@ -46,6 +60,13 @@ class CrashEvent:
         if self.host and self.host != self.node:
             parts.append(f"host {self.host}")
         return ", ".join(parts)
+
+    def fill_from(self, source) -> None:
+        """Local rank, host and pid from what else the log said of its rank (a RankInfo,
+        torchrun's TorchrunFailure), where the event does not say them itself."""
+        self.local_rank = source.local_rank if self.local_rank is None else self.local_rank
+        self.host = self.host or source.host
+        self.pid = self.pid or source.pid
 
     @property
     def summary(self) -> str:

@@ -95,10 +95,8 @@ class HangLines:
             self.silences.clear()  # the steps came again: every rank took part in them
             self.stepped = True
             return False
-        if line.startswith("watchdog: "):
-            found = _WATCHDOG.match(line)
-            if found is None:
-                return False
+        found = _WATCHDOG.match(line)
+        if found is not None:
             silence = self.silences.setdefault(rank, Silence(rank=rank, line=line_no))
             silence.silent_s = float(found["silent"])
             start = found["start_threshold"]
@@ -114,10 +112,8 @@ class HangLines:
                     silence.threads.append(thread["name"])
                     silence.waiting[thread["name"]] = thread["where"]
             return True
-        if line.startswith("threads still running "):
-            found = _STUCK.match(line)
-            if found is None:
-                return False
+        found = _STUCK.match(line)
+        if found is not None:
             stuck = [name.strip() for name in found["threads"].split(",") if name.strip()]
             silence = self.silences.setdefault(
                 rank, Silence(rank=rank, line=line_no, before_first_step=not self.stepped)

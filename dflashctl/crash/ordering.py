@@ -93,7 +93,7 @@ def choose_root(crashes: Sequence[CrashEvent], named_rank: int | None) -> CrashE
 
 def _waited(event: CrashEvent) -> bool:
     """A hang, or a collective timing out: a rank's own failure outranks either."""
-    return event.category in HANG_CATEGORIES or event.category in WAITING_CATEGORIES
+    return event.category in HANG_CATEGORIES | WAITING_CATEGORIES
 
 
 def rank_crashes(crashes: list[CrashEvent], named_rank: int | None) -> list[CrashEvent]:
@@ -119,9 +119,7 @@ def training_failed(line: str) -> tuple[str, str | None, str, str] | None:
     """(thread, device, exception type, message) of "training failed: drafter-0 on cpu
     failed: KeyError: ..." (the trainer's run.py)."""
     found = _TRAINING_FAILED.match(line)
-    if found is None:
-        return None
-    return found["thread"], found["device"], found["type"], found["message"]
+    return found.group("thread", "device", "type", "message") if found else None
 
 
 def prefer_named(

@@ -39,9 +39,7 @@ class RankInfo:
 
 def split_prefix(line: str) -> tuple[str, int | None, int | None]:
     """(the line without its prefix, rank, local rank) from `[rankN]: ` / `[defaultN]: `."""
-    if not line.startswith(("[rank", "[default")):
-        return line, None, None
-    found = _PREFIX.match(line)
+    found = _PREFIX.match(line) if line.startswith(("[rank", "[default")) else None
     if found is None:
         return line, None, None
     number = int(found[2])
@@ -62,9 +60,7 @@ class RankBook:
 
     def feed(self, line: str, prefixed_rank: int | None) -> None:
         """`line` without its prefix; `prefixed_rank`: the prefix's rank, if any."""
-        if not line.startswith("distributed: rank "):
-            return
-        found = _DISTRIBUTED.match(line)
+        found = _DISTRIBUTED.match(line) if line.startswith("distributed: rank ") else None
         if found is None:
             return
         rank = int(found["rank"])
@@ -86,10 +82,7 @@ class RankBook:
         if prefixed_rank is not None:
             return prefixed_rank
         if local_rank is not None:
-            for info in self.ranks.values():
-                if info.local_rank == local_rank:
-                    return info.rank
-            return None
+            return next((i.rank for i in self.ranks.values() if i.local_rank == local_rank), None)
         return self.own_rank
 
     def info(self, rank: int | None) -> RankInfo | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +20,6 @@ from dflashctl.resources import template_path
 
 SEVERITIES = ("fatal", "error", "warning")
 SCOPES = ("any", "line", "traceback")
-_KEYS = {
-    "name",
-    "category",
-    "regex",
-    "scope",
-    "exception",
-    "last_frame",
-    "unless",
-    "severity",
-    "retryable",
-    "hint",
-    "excerpt_after",
-    "keywords",
-}
 _REQUIRED = ("name", "category", "hint")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 BUILTIN_RULES_FILE = "crash_patterns.yaml"
@@ -63,6 +49,10 @@ class Rule:
         return not any(u.search(line) for u in self.unless)
 
 
+# The keys of a rule's mapping: Rule's fields, its patterns written as `regex`.
+_KEYS = {f.name for f in fields(Rule)} - {"patterns"} | {"regex"}
+
+
 def load_rules(
     extra: Iterable[Mapping[str, Any]] | None = None,
     *,
@@ -75,8 +65,8 @@ def load_rules(
     `source` names the file the user rules came from, for error messages.
     """
     path = builtin_path or _builtin_rules_path()
-    builtin = _parse_rule_list(_read_rules_file(path), where=str(path), key="rules")
-    user = _parse_rule_list(list(extra or []), where=source, key="crash_patterns")
+    builtin = parse_rule_list(_read_rules_file(path), where=str(path))
+    user = parse_rule_list(list(extra or []), where=source, key="crash_patterns")
     replaced = {rule.name for rule in user}
     return user + [rule for rule in builtin if rule.name not in replaced]
 
@@ -92,11 +82,6 @@ def rule_mappings(
     replaced = {item.get("name") for item in user}
     builtin = [dict(item) for item in _read_rules_file(path) if item.get("name") not in replaced]
     return user + builtin
-
-
-def parse_rule_list(items: Sequence[Any], *, where: str) -> list[Rule]:
-    """Rules from their mappings (rule_mappings' answer), in the order given."""
-    return _parse_rule_list(items, where=where, key="rules")
 
 
 def rules_for(config: Any) -> list[Rule]:
@@ -133,7 +118,8 @@ def _read_rules_file(path: Path) -> list[Any]:
     return data["rules"]
 
 
-def _parse_rule_list(items: Sequence[Any], *, where: str, key: str) -> list[Rule]:
+def parse_rule_list(items: Sequence[Any], *, where: str, key: str = "rules") -> list[Rule]:
+    """Rules from their mappings (rule_mappings' answer), in the order given."""
     rules: list[Rule] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
@@ -163,26 +149,19 @@ def parse_rule(data: Any, *, where: str = "dflash.yaml", key: str = "crash_patte
     for name in _REQUIRED:
         if not isinstance(data.get(name), str) or not data[name].strip():
             raise fail(name, "missing; a non-empty string is required")
-    if not _NAME.match(data["name"]):
-        raise fail("name", f"{data['name']!r} must be lower_snake_case")
-    if not _NAME.match(data["category"]):
-        raise fail("category", f"{data['category']!r} must be lower_snake_case")
+    for name in ("name", "category"):
+        if not _NAME.match(data[name]):
+            raise fail(name, f"{data[name]!r} must be lower_snake_case")
 
-    scope = data.get("scope", "any")
-    if scope not in SCOPES:
-        raise fail("scope", f"{scope!r} is not one of {', '.join(SCOPES)}")
-    severity = data.get("severity", "fatal")
-    if severity not in SEVERITIES:
-        raise fail("severity", f"{severity!r} is not one of {', '.join(SEVERITIES)}")
+    for name, allowed in (("scope", SCOPES), ("severity", SEVERITIES)):
+        if data.get(name, allowed[0]) not in allowed:  # the first is the default
+            raise fail(name, f"{data[name]!r} is not one of {', '.join(allowed)}")
+    scope, severity = data.get("scope", "any"), data.get("severity", "fatal")
     retryable = data.get("retryable", False)
     if not isinstance(retryable, bool):
         raise fail("retryable", f"expected true or false, got {retryable!r}")
     excerpt_after = data.get("excerpt_after", 0)
-    if (
-        not isinstance(excerpt_after, int)
-        or isinstance(excerpt_after, bool)
-        or not 0 <= excerpt_after <= 200
-    ):
+    if type(excerpt_after) is not int or not 0 <= excerpt_after <= 200:  # not a bool either
         raise fail(
             "excerpt_after", f"expected a number of lines from 0 to 200, got {excerpt_after!r}"
         )

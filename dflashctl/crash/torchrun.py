@@ -35,7 +35,7 @@ more spaces; else "To enable traceback see: ..." or the signal. Standard library
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 ROOT_CAUSE_HEADER = "Root Cause (first observed failure):"
 _FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*?)\s*$")
@@ -82,26 +82,17 @@ class TorchrunFailure:
     def describe(self) -> str:
         """`exit code -9 (SIGKILL), pid 27599`."""
         parts = []
-        if self.exitcode is not None:
-            what = f"exit code {self.exitcode}"
-            if self.signal is not None:
-                what = f"killed by {signal_name(self.signal)}"
-            parts.append(what)
+        if self.signal is not None:
+            parts.append(f"killed by {signal_name(self.signal)}")
+        elif self.exitcode is not None:
+            parts.append(f"exit code {self.exitcode}")
         if self.pid is not None:
             parts.append(f"pid {self.pid}")
         return ", ".join(parts)
 
     def to_json(self) -> dict:
-        return {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "exitcode": self.exitcode,
-            "pid": self.pid,
-            "time": self.time,
-            "host": self.host,
-            "error_file": self.error_file,
-            "traceback": self.traceback,
-        }
+        """Its fields up to the traceback's first line (the whole of it stays here)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("traceback_lines", "line")}
 
 
 def _signal_number(text: str) -> int:
@@ -170,11 +161,11 @@ class TorchrunWatch:
     def _summary_line(self, line: str) -> None:
         if line.startswith(("=====", "-----")):
             self._in_traceback = False
-            if self._section == "root" and self._entry is not None:
-                self.done = True
-            self._section = "failures" if line.startswith("-----") else self._section
+            self.done = self._section == "root" and self._entry is not None
             if self.done:
                 self._section = None
+            elif line.startswith("-----"):
+                self._section = "failures"
             return
         if line.startswith(ROOT_CAUSE_HEADER):
             self._section, self._in_traceback = "root", False
@@ -200,10 +191,8 @@ class TorchrunWatch:
                 entry.rank, entry.local_rank = int(rank[1]), int(rank[2])
             elif key == "exitcode" and code:
                 entry.exitcode, entry.pid = int(code[1]), int(code[2])
-            elif key == "time":
-                entry.time = value
-            elif key == "host":
-                entry.host = value
+            elif key in ("time", "host"):
+                setattr(entry, key, value)
             elif key == "error_file":
                 entry.error_file = None if value == "<N/A>" else value
             elif key == "traceback":

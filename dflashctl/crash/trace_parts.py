@@ -65,11 +65,10 @@ def segment_for(trace: Trace, rule: Rule, hit_index: int | None) -> Segment | No
                 segment.exc_type and rule.exception.search(segment.exc_type)
             ):
                 continue
-            if rule.last_frame is not None:
-                if not segment.frames:
-                    continue
-                if not rule.last_frame.search(frame_text(segment.frames[-1])):
-                    continue
+            if rule.last_frame is not None and not (
+                segment.frames and rule.last_frame.search(frame_text(segment.frames[-1]))
+            ):
+                continue
             return segment
         return None
     if hit_index is not None:
@@ -158,14 +157,10 @@ def trace_event(trace: Trace, rule: Rule, segment: Segment) -> CrashEvent:
         gpu = _GPU_IN_MESSAGE.search(message)
         if gpu:
             device = f"cuda:{gpu[1] or gpu[2]}"
-    return CrashEvent(
-        rule=rule.name,
-        category=rule.category,
-        severity=rule.severity,
-        retryable=rule.retryable,
-        hint=rule.hint,
-        line=trace.start_line,
-        end_line=trace.end_line or trace.start_line,
+    return CrashEvent.of_rule(
+        rule,
+        trace.start_line,
+        trace.end_line or trace.start_line,
         thread=trace.thread,
         device=device,
         stage=stage,

@@ -33,7 +33,7 @@ How it works:
   it reconnects with backoff (0.2, 0.5, 1, 2, then 5 s) and starts a reader at that
   offset: a partial line is read again whole, no line is printed twice or lost.
 - The end of a run is decided by the run's real state (dflashctl.runs.records.run_state), asked
-  when the reader says `E`, when its stream ends, and every `state_poll_s` as a safety
+  when the reader says `E`, when its stream ends, and every STATE_POLL_S as a safety
   net; never by the stream ending alone. After the end the log is read to its last byte
   before the crash detector weighs the exit code.
 

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dflashctl import hints
+from dflashctl.crash.ordering import is_consequence
 from dflashctl.errors import DflashError, UsageError
 from dflashctl.follow.fleet_report import FleetResult, NodeFollow
 from dflashctl.follow.follower import follow_run
@@ -143,18 +144,11 @@ def follow_fleet(
     nodes: list[Node],
     run_id: str,
     *,
-    rules: Any,
-    follow: bool = True,
-    from_offset: int = 0,
-    lines: int | None = None,
-    show_lines: bool = True,
-    reconnect_timeout_s: float = 120.0,
-    state_poll_s: float = 5.0,
-    waiting_notice: bool = True,
     console: Callable[[], Console] | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_end: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
+    **options: Any,
 ) -> FleetResult:
     """Follow run `run_id` on every node until every node's run has ended (or, with
     follow=False, read what each log holds now). Each node has its own follower thread;
@@ -165,9 +159,10 @@ def follow_fleet(
     `reconnect_timeout_s` (or that lacks the run) is said at once and ends with its
     error in the result (its exit code, 3 for HostError), while the others are followed on.
 
-    from_offset / lines: as follow_run's, for every node (deploy follows a new run from
-    byte 0; `logs` shows the last `lines` of each node first).
-    waiting_notice: the live "waiting for the first line" of an unprefixed terminal.
+    options: follow_run's for every node: rules (required), follow, from_offset / lines
+    (deploy follows a new run from byte 0; `logs` shows the last `lines` of each node
+    first), show_lines, reconnect_timeout_s, and waiting_notice (the live
+    "waiting for the first line" of an unprefixed terminal).
     console: where the lines and panels go (default terminal.out, asked at each write);
     several nodes' failure reports go to terminal.err.
     on_line(node index, line): each line of each node (from that node's thread);
@@ -175,6 +170,8 @@ def follow_fleet(
     reached); cancel: set from any thread to stop following every node, as Ctrl-C
     would (the results say interrupted): the start gate's (dflashctl/start_gate.py).
     """
+    if names_each_node(nodes):
+        options["waiting_notice"] = False  # a live notice per node would fight over the terminal
     follower = _FleetFollower(
         nodes=nodes,
         run_id=run_id,
@@ -183,19 +180,7 @@ def follow_fleet(
         on_end=on_end,
         cancel=cancel or threading.Event(),
     )
-    return follower.run(
-        dict(
-            rules=rules,
-            follow=follow,
-            from_offset=from_offset,
-            lines=lines,
-            show_lines=show_lines,
-            reconnect_timeout_s=reconnect_timeout_s,
-            state_poll_s=state_poll_s,
-            # A live notice per node would fight over the terminal.
-            waiting_notice=waiting_notice and not names_each_node(nodes),
-        )
-    )
+    return follower.run(options)
 
 
 @dataclass(eq=False)
@@ -212,7 +197,7 @@ class _FleetFollower:
     def run(self, kwargs: dict[str, Any]) -> FleetResult:
         consoles = node_consoles(self.console, [node.name for node in self.nodes])
         self._watches = [
-            _NodeWatch(node, console, live=kwargs["lines"] is None)  # no backlog: all new
+            _NodeWatch(node, console, live=kwargs.get("lines") is None)  # no backlog: all new
             for node, console in zip(self.nodes, consoles, strict=True)
         ]
         threads = [
@@ -300,10 +285,7 @@ class _FleetFollower:
             # torchrun stops the node's other ranks first (their grace period) and
             # names the failed one only then: say now that this node is failing.
             with self._lock:
-                if live and watch.failing_since is None:
-                    watch.failing_since = time.time()
-                report = not watch.reported
-                watch.reported = True
+                report = not self._failing(watch)
             if report:
                 self._report_failure(
                     watch,
@@ -321,8 +303,7 @@ class _FleetFollower:
         # A crash already in the backlog happened before we looked: when is unknown here.
         watch.seen_at[id(event)] = time.time() if watch.live else None
         with self._lock:
-            if watch.live and watch.failing_since is None:
-                watch.failing_since = time.time()
+            self._failing(watch)
             first_here = watch.first_crash is None
             if first_here:
                 watch.first_crash = event
@@ -330,15 +311,21 @@ class _FleetFollower:
             # rank caused, or one after another node's, is a consequence here too.
             # Alone, the node's own ranking stands: no other node can be the cause.
             others = [w for w in self._watches if w is not watch]
-            earlier = [w for w in others if w.first_crash and _is_cause(w.first_crash)]
-            if earlier or (others and not _is_cause(event)):
+            earlier = [w for w in others if w.first_crash and not is_consequence(w.first_crash)]
+            if earlier or (others and is_consequence(event)):
                 event.is_root_cause = False
-            # Its first crash is said even after torchrun's first sign was: it names it.
-            report = first_here
-            watch.reported = True
-        if report:
+        # Its first crash is said even after torchrun's first sign was: it names it.
+        if first_here:
             # From the backlog, what the other nodes do now says nothing about then.
             self._report_failure(watch, _failure_of(watch, event), others=watch.live)
+
+    def _failing(self, watch: _NodeWatch) -> bool:
+        """The node shows a failure (under self._lock): when, if live; whether it was
+        reported already (it is reported now)."""
+        if watch.live and watch.failing_since is None:
+            watch.failing_since = time.time()
+        reported, watch.reported = watch.reported, True
+        return reported
 
     def _ended(self, watch: _NodeWatch) -> None:
         """This node's run ended (or its log was read, without --follow)."""
@@ -352,15 +339,14 @@ class _FleetFollower:
         if report:
             event = result.crashes[0] if result.crashes else None
             self._report_failure(watch, _failure_of(watch, event), others=watch.live)
-        elif result.status in ("finished", "stopped") and self._others_going(watch):
+        elif result.status in ("finished", "stopped") and any(
+            not w.ended for w in self._watches if w is not watch
+        ):
             with OUTPUT_LOCK:
                 terminal.err.print(
                     f"[green]✓[/green] node {watch.node.name}: {escape(_ended_words(watch))}; "
                     "following the other nodes"
                 )
-
-    def _others_going(self, watch: _NodeWatch) -> bool:
-        return any(not w.ended for w in self._watches if w is not watch)
 
     # -- the report when a node fails ------------------------------------------------------
 
@@ -419,10 +405,6 @@ class _FleetFollower:
             interrupted=interrupted
             or any(w.result and w.result.interrupted for w in self._watches),
         )
-
-
-def _is_cause(event: CrashEvent) -> bool:
-    return not NodeFailure("", 0, event=event).consequence
 
 
 def _failure_of(watch: _NodeWatch, event: CrashEvent | None) -> NodeFailure:

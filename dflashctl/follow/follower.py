@@ -41,6 +41,8 @@ TAIL_BYTES_PER_LINE = 4 << 10
 # traceback, chained parts included, within milliseconds; the reader polls every 50 ms.
 QUIET_S = 0.1
 READ_TIMEOUT_S = 0.05
+STATE_POLL_S = 5.0  # the run's state is asked this often, as a safety net
+STALL_S = 10.0  # a reader that sent nothing this long (not even a heartbeat) is dropped
 
 
 class _Dropped(Exception):
@@ -75,32 +77,10 @@ def _backlog_max(lines: int | None, follow: bool) -> int:
 
 
 def follow_run(
-    reconnect: Callable[[], Target] | None,
-    workdir: str,
-    run_id: str,
-    *,
-    rules: Any,
-    target: Target | None = None,
-    python: str = "python3",
-    follow: bool = True,
-    from_offset: int = 0,
-    lines: int | None = None,
-    console: Console | None = None,
-    show_lines: bool = True,
-    on_crash: Callable[[CrashEvent], None] | None = None,
-    reconnect_timeout_s: float = 120.0,
-    state_poll_s: float = 5.0,
-    stall_s: float = 10.0,
-    state_of: Callable[[Target, str, str], RunState] | None = None,
-    waiting_notice: bool = True,
-    on_line: Callable[[str, bool], None] | None = None,
-    on_caught_up: Callable[[], None] | None = None,
-    node: str | None = None,
-    cancel: threading.Event | None = None,
-    hang: tuple[float, float] | None = None,
-    progress_of: Callable[[], dict[str, Any] | None] | None = None,
+    reconnect: Callable[[], Target] | None, workdir: str, run_id: str, **options: Any
 ) -> FollowResult:
-    """Print run `run_id`'s log and crashes; return how the run ended.
+    """Print run `run_id`'s log and crashes; return how the run ended. `options` are
+    _Follower's keyword arguments (rules, required; target, python, follow, ...):
 
     reconnect: makes a new Target after a drop (and the first one when `target` is None);
       None: a drop is fatal (HostError). Targets it makes are closed here.
@@ -126,100 +106,85 @@ def follow_run(
     progress_of: the run's progress as the agent last judged it (RunInfo.progress), for
       a run that hangs before any step line came live; the default state_of keeps it.
     """
-    if state_of is None:
-        from dflashctl.runs.records import get_run
-
-        latest: dict[str, Any] = {}
-
-        def state_of(target: Target, workdir: str, run_id: str) -> RunState:
-            info = get_run(target, workdir, run_id, python=python)
-            latest["progress"] = info.progress
-            return info.state
-
-        progress_of = progress_of or (lambda: latest.get("progress"))
-    notice_prefix = f"node {node}: " if node else ""
-
-    def announce(kind: str, progress: dict[str, Any]) -> None:
-        if kind == "hanging":
-            terminal.warning(f"{notice_prefix}run {run_id} is {describe_hang(progress)}")
-        else:
-            terminal.info(
-                f"{notice_prefix}run {run_id} makes progress again (step {progress.get('last_step')})"
-            )
-
-    watch = HangWatch(
-        *(hang or ()),
-        progress_of=progress_of,
-        announce=announce if follow else None,
-    )
-
-    follower = _Follower(
-        reconnect=reconnect,
-        rundir=f"{workdir.rstrip('/')}/runs/{run_id}",
-        run_id=run_id,
-        workdir=workdir,
-        target=target,
-        python=python,
-        follow=follow,
-        splitter=LineSplitter(from_offset),
-        sink=LineSink(
-            rules,
-            console if console is not None else terminal.out,
-            keep_last=lines,
-            show_lines=show_lines,
-            on_crash=on_crash,
-            on_line=on_line,
-            node=node,
-            collapse_config=follow,
-        ),
-        backlog_max=_backlog_max(lines, follow),
-        reconnect_timeout_s=reconnect_timeout_s,
-        state_poll_s=state_poll_s,
-        stall_s=stall_s,
-        state_of=state_of,
-        waiting=FirstLineWait(waiting_notice and follow and show_lines),
-        notice_prefix=notice_prefix,
-        cancel=cancel,
-        on_caught_up=on_caught_up,
-        hangs=watch,
-    )
-    return follower.run()
+    return _Follower(reconnect=reconnect, workdir=workdir, run_id=run_id, **options).run()
 
 
 @dataclass(kw_only=True, eq=False)
 class _Follower:
     reconnect: Callable[[], Target] | None
-    rundir: str
-    run_id: str
     workdir: str
-    target: Target
-    python: str
-    follow: bool
-    splitter: LineSplitter
-    sink: LineSink
-    backlog_max: int
-    reconnect_timeout_s: float
-    state_poll_s: float
-    stall_s: float
-    state_of: Callable[[Any, str, str], Any]
-    waiting: FirstLineWait
-    notice_prefix: str = ""
-    cancel: threading.Event | None = None
+    run_id: str
+    rules: Any
+    target: Target | None = None
+    python: str = "python3"
+    follow: bool = True
+    from_offset: int = 0
+    lines: int | None = None
+    console: Console | None = None
+    show_lines: bool = True
+    on_crash: Callable[[CrashEvent], None] | None = None
+    reconnect_timeout_s: float = 120.0
+    state_of: Callable[[Target, str, str], RunState] | None = None
+    waiting_notice: bool = True
+    on_line: Callable[[str, bool], None] | None = None
     on_caught_up: Callable[[], None] | None = None
-    hangs: HangWatch | None = None
+    node: str | None = None
+    cancel: threading.Event | None = None
+    hang: tuple[float, float] | None = None
+    progress_of: Callable[[], dict[str, Any] | None] | None = None
     _owned: list[Any] = field(default_factory=list, init=False)  # made here, closed at the end
     _stream: Any = field(default=None, init=False)
     # The log's size when first opened: the backlog ends there.
     _live_from: int | None = field(default=None, init=False)
-    # The next reader reads to the end of the log and stops.
-    _read_to_end: bool = field(default=False, init=False)
     _trouble_since: float | None = field(default=None, init=False)
     _attempt: int = field(default=0, init=False)
     _empty_readers: int = field(default=0, init=False)
     _caught_up: bool = field(default=False, init=False)  # step lines now come live
 
     def __post_init__(self) -> None:
+        self.rundir = f"{self.workdir.rstrip('/')}/runs/{self.run_id}"
+        self.notice_prefix = f"node {self.node}: " if self.node else ""
+        # The next reader reads to the end of the log and stops.
         self._read_to_end = not self.follow
+        if self.state_of is None:
+            from dflashctl.runs.records import get_run
+
+            latest: dict[str, Any] = {}
+
+            def state_of(target: Target, workdir: str, run_id: str) -> RunState:
+                info = get_run(target, workdir, run_id, python=self.python)
+                latest["progress"] = info.progress
+                return info.state
+
+            self.state_of = state_of
+            self.progress_of = self.progress_of or (lambda: latest.get("progress"))
+        self.splitter = LineSplitter(self.from_offset)
+        self.sink = LineSink(
+            self.rules,
+            self.console if self.console is not None else terminal.out,
+            keep_last=self.lines,
+            show_lines=self.show_lines,
+            on_crash=self.on_crash,
+            on_line=self.on_line,
+            node=self.node,
+            collapse_config=self.follow,
+        )
+        self.backlog_max = _backlog_max(self.lines, self.follow)
+        self.waiting = FirstLineWait(self.waiting_notice and self.follow and self.show_lines)
+        self.hangs = HangWatch(
+            *(self.hang or ()),
+            progress_of=self.progress_of,
+            announce=self._announce if self.follow else None,
+        )
+
+    def _announce(self, kind: str, progress: dict[str, Any]) -> None:
+        if kind == "hanging":
+            terminal.warning(f"{self.notice_prefix}run {self.run_id} is {describe_hang(progress)}")
+        else:
+            terminal.info(
+                f"{self.notice_prefix}run {self.run_id} makes progress again "
+                f"(step {progress.get('last_step')})"
+            )
 
     # -- the whole run ---------------------------------------------------------------
 
@@ -248,7 +213,8 @@ class _Follower:
         if state.status == "stopped":
             # The exit status a stop leaves (SIGKILL after the grace period, say) is
             # the stop's doing, not the trainer's: not weighed as a crash.
-            self.sink.stopped_from_outside(state.signal == 9 or state.exit_code in (137, -9))
+            killed = state.signal == 9 or state.exit_code in (137, -9)
+            self.sink.detector.stopped_from_outside(killed)
             self.sink.finish(None)
         elif state.status != "running":
             if state.exit_code not in (0, None) or state.status in ("killed", "lost"):
@@ -336,7 +302,7 @@ class _Follower:
         self._stream = self.target.stream(argv)
         parser = FrameParser()
         last_data = time.monotonic()
-        next_poll = last_data + self.state_poll_s
+        next_poll = last_data + STATE_POLL_S
         while True:
             chunk = self._stream.read(READ_TIMEOUT_S)
             if self.cancel is not None and self.cancel.is_set():
@@ -347,12 +313,12 @@ class _Follower:
             if chunk is None:
                 if now - last_data >= QUIET_S:
                     self.sink.quiet()
-                if self.hangs is not None and self.follow and not once:
+                if self.follow and not once:
                     self.hangs.check()
-                if now - last_data > self.stall_s:
-                    raise _Dropped(f"no word from the log reader for {self.stall_s:g} s")
+                if now - last_data > STALL_S:
+                    raise _Dropped(f"no word from the log reader for {STALL_S:g} s")
                 if self.follow and not once and now >= next_poll:
-                    next_poll = now + self.state_poll_s
+                    next_poll = now + STATE_POLL_S
                     if self.state_of(self.target, self.workdir, self.run_id).status != "running":
                         return False  # read the rest of the log, then decide
                 continue
@@ -375,8 +341,7 @@ class _Follower:
                 self.waiting.done()
             for text in self.splitter.feed(payload):
                 self.sink.line(text)
-                if self.hangs is not None:
-                    self.hangs.line(text, self._caught_up)
+                self.hangs.line(text, self._caught_up)
             self._go_live_if_caught_up()
         elif kind == "S":
             start, size = numbers
@@ -407,10 +372,8 @@ class _Follower:
         if caught_up and not final and self.on_caught_up is not None:
             self.on_caught_up()
             self.on_caught_up = None
-        if self.sink.backlog is None:
-            return
         if final or caught_up:
-            self.sink.go_live()
+            self.sink.go_live()  # (nothing to do once live)
 
     # -- reconnecting ------------------------------------------------------------------
 
@@ -462,10 +425,7 @@ class _Follower:
     def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            try:
-                stream.close()
-            except Exception:  # a dead connection may fail to close; nothing is lost
-                pass
+            _close_quietly(stream)
 
     def _stream_stderr(self) -> str:
         stream = self._stream
@@ -495,27 +455,24 @@ class _Follower:
 
     def _result(self, state, *, interrupted: bool = False) -> FollowResult:
         crashes = self.sink.crashes
-        if state is None or state.status == "running":
-            exit_code, signal = None, None
+        ended = state is not None and state.status != "running"
+        if not ended:
             # A crash the run's supervisor is restarting from does not end the run.
             status = "crashed" if crashes and not self.sink.restarting else "running"
-            run_status = None if state is None else state.status
         elif state.status == "stopped":
-            exit_code, signal, run_status = state.exit_code, state.signal, state.status
             status = "stopped"
         else:
-            exit_code, signal, run_status = state.exit_code, state.signal, state.status
-            failed = state.status in ("killed", "lost") or exit_code not in (0, None)
+            failed = state.status in ("killed", "lost") or state.exit_code not in (0, None)
             status = "crashed" if crashes or failed else "finished"
             if not crashes and stopped_cleanly(self.sink.stop):
                 status = "stopped"  # asked to stop (SIGTERM, Ctrl-C), whatever the exit status
         return FollowResult(
             run_id=self.run_id,
             status=status,
-            exit_code=exit_code,
+            exit_code=state.exit_code if ended else None,
             crashes=crashes,
-            state=run_status,
-            signal=signal,
+            state=None if state is None else state.status,
+            signal=state.signal if ended else None,
             stopped=getattr(state, "stopped", None),
             interrupted=interrupted,
             summary=self.sink.summary,
@@ -525,14 +482,14 @@ class _Follower:
             stop=self.sink.stop,
             rundir=self.rundir,
             where=self.target.describe() if self.target is not None else None,
-            hanging=self.hangs.final() if self.hangs is not None and status == "running" else None,
+            hanging=self.hangs.final() if status == "running" else None,
         )
 
 
-def _close_quietly(target: Target) -> None:
+def _close_quietly(closable: Any) -> None:
     try:
-        target.close()
-    except Exception:  # closing a dead connection: nothing more to do
+        closable.close()
+    except Exception:  # a dead connection may fail to close; nothing is lost
         pass
 
 

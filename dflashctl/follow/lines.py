@@ -102,22 +102,14 @@ class LineSink:
         self.summary.feed(text)
         if self.on_line is not None:
             self.on_line(text, self.backlog is None)
-        self._tell(events)
-        if self.backlog is not None:
-            self.backlog.append(text)
-            self._held_events.extend(events)
-        else:
-            self._print(text)
-            self._render(events)
+        self._found(events, text)
 
     def quiet(self) -> None:
         """The log went quiet: a traceback that may still continue is final after all
         (the detector otherwise waits a few lines for a chained traceback)."""
         if self.backlog is None and self.count != self._flushed_at:
             self._flushed_at = self.count
-            events = self.detector.flush()
-            self._tell(events)
-            self._render(events)
+            self._found(self.detector.flush())
 
     def go_live(self) -> None:
         if self.backlog is None:
@@ -130,27 +122,16 @@ class LineSink:
         self._render(self._held_events)
         self._held_events = []
 
-    def stopped_from_outside(self, killed: bool) -> None:
-        """A dflashctl command stopped the run (see CrashDetector.stopped_from_outside)."""
-        self.detector.stopped_from_outside(killed)
-
     def finish(self, exit_code: int | None) -> None:
         """The run ended: weigh the exit code (a crash may only now be certain)."""
         self.go_live()
-        events = self.detector.finish(exit_code)
-        self._tell(events)
-        self._render(events)
+        self._found(self.detector.finish(exit_code))
 
     def _new_attempt(self, number: int) -> None:
         """The supervisor restarted the trainer: what the last attempt died of is
         settled (shown, and kept as recovered); the new attempt's crashes are its own."""
-        events = self.detector.finish(self._attempt_exit)
+        self._found(self.detector.finish(self._attempt_exit))
         self._attempt_exit = None
-        self._tell(events)
-        if self.backlog is not None:
-            self._held_events.extend(events)
-        else:
-            self._render(events)
         self.recovered.extend(self.detector.crashes)
         self.detector = CrashDetector(self.rules, node=self.node)
         self.attempt = number
@@ -167,10 +148,20 @@ class LineSink:
         stop = self.detector.stop
         return stop.to_json() if stop is not None else None
 
-    def _tell(self, events: list[CrashEvent]) -> None:
+    def _found(self, events: list[CrashEvent], text: str | None = None) -> None:
+        """Tell on_crash of new crashes, then show them after the line they came with
+        (`text`), or hold both back with the backlog."""
         if self.on_crash is not None:
             for event in events:
                 self.on_crash(event)
+        if self.backlog is not None:
+            if text is not None:
+                self.backlog.append(text)
+            self._held_events.extend(events)
+        else:
+            if text is not None:
+                self._print(text)
+            self._render(events)
 
     def _print(self, text: str) -> None:
         if self.collapse_config:

@@ -188,8 +188,7 @@ def say_outcome(result: FollowResult) -> None:
         terminal.success(
             f"no crash found in {what}; its exit status is unknown (pass --exit-code N to weigh it)"
         )
-        for line in result.summary.describe():
-            terminal.info(f"  {line}")
+        _say_where_and_what(result)  # a copied log has no run dir: what it achieved
         return
     if result.status == "finished":
         code = "" if result.exit_code is None else f" (exit code {result.exit_code})"

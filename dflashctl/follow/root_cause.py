@@ -115,13 +115,10 @@ def first_failure(
     """(the root cause, the other nodes' failures in time order): see the module doc."""
     if not failures:
         return None, []
-    ordered = sorted(failures, key=_order)
+    ordered = sorted(
+        failures, key=lambda f: (f.consequence, f.when is None, f.when or 0.0, f.index)
+    )
     return ordered[0], ordered[1:]
-
-
-def _order(failure: NodeFailure) -> tuple[bool, bool, float, int]:
-    when = failure.when
-    return (failure.consequence, when is None, when or 0.0, failure.index)
 
 
 def _says_only_torchrun(event: CrashEvent) -> bool:

@@ -173,7 +173,12 @@ def wait_for_start(
     if result.interrupted and not by_gate:
         status = "interrupted"  # Ctrl-C: the run is left alone, as `logs -f` leaves it
     else:
-        _not_interrupted(result)
+        # The gate stopped the following, not the user: the runs still going are
+        # `running`, as a follower that read to the end of their logs would say.
+        result.interrupted = False
+        for node in result.nodes:
+            if node.result is not None:
+                node.result.interrupted = False
         if gate.all_passed:
             status = "started"
         elif result.status in ("crashed", "unreachable"):
@@ -185,12 +190,3 @@ def wait_for_start(
     return StartOutcome(
         run_id, status, seconds, line, timeout_s, result, [n.name for n in nodes], waiting
     )
-
-
-def _not_interrupted(result: FleetResult) -> None:
-    """The gate stopped the following, not the user: the runs still going are
-    `running`, as a follower that read to the end of their logs would say."""
-    result.interrupted = False
-    for node in result.nodes:
-        if node.result is not None:
-            node.result.interrupted = False
