@@ -13,7 +13,7 @@ from dflashctl.errors import UsageError
 from dflashctl.humanize import human_bytes
 from dflashctl.ops import setup_env, sync
 from dflashctl.ops.launch_command import meet, node_command
-from dflashctl.ops.launching import planned_train_steps, summary_of, trainer_command
+from dflashctl.ops.launching import planned_train_steps, trainer_command
 from dflashctl.ops.source_cache import SourceCache
 from dflashctl.ops.stop import process_scope
 from dflashctl.remote import agent_client, pct
@@ -253,8 +253,7 @@ def dry_run_summary(nodes: list[Node], plans: list[Plan]) -> dict[str, Any]:
         {"node": node.name, "node_rank": node.index, **planned(node, plan)}
         for node, plan in zip(nodes, plans, strict=True)
     ]
-    top = {"dry_run": True, "release": plans[0].new_release}
-    return summary_of(top, entries)
+    return {"dry_run": True, "release": plans[0].new_release, "nodes": entries}
 
 
 def planned(node: Node, plan: Plan) -> dict[str, Any]:

@@ -4,10 +4,13 @@ reported and followed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -37,21 +40,17 @@ if TYPE_CHECKING:
 
 def git_state(source: Path) -> dict[str, Any]:
     """The source's git commit and whether it has uncommitted changes (if in git)."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10
         )
+
+    try:
+        head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return {}
-        status = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        status = git("status", "--porcelain", "--", ".")
     except (OSError, subprocess.TimeoutExpired):
         return {}
     return {"git_commit": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
@@ -65,6 +64,10 @@ def config_meta(config: Config) -> dict[str, Any]:
 def source_meta(config: Config) -> dict[str, Any]:
     """config_meta and the provenance of the trainer source as it is here now."""
     return {**config_meta(config), **git_state(Path(config.trainer.source))}
+
+
+# How long a `--wait` deploy or restart may queue behind another before the call gives up.
+QUEUED_WAIT_S = 24 * 3600
 
 
 def lock_holder(command: str) -> dict[str, Any]:
@@ -128,18 +131,24 @@ def launch_params(
     }
 
 
+def launch_timeout(params: LaunchParams, base: float) -> float:
+    """A launching call's timeout: `base` and the stop's grace, plus what the agent may
+    wait for: a deploy in flight (--wait), the venv it makes when it is missing, the
+    other nodes at the commit barrier (agent/commit.py's slack too)."""
+    timeout = base + float(params["grace_s"]) + (QUEUED_WAIT_S if params.get("wait") else 0)
+    if params.get("setup"):
+        timeout += float(params["setup"]["timeout_s"])
+    if params.get("commit"):
+        timeout += float(params["commit"]["deadline_s"]) + 300
+    return timeout
+
+
 def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> LaunchAnswer:
     """Stop stale runs and launch `params["release"]` (None: the current one) in one
     round trip: a deploy with nothing to send, and restart."""
-    grace = float(params["grace_s"])
-    timeout = grace + 120 + (24 * 3600 if params.get("wait") else 0)
-    if params.get("setup"):  # the launch makes the venv itself when it is missing
-        timeout += float(params["setup"]["timeout_s"])
-    if params.get("commit"):  # waiting for the other nodes (agent/commit.py's slack too)
-        timeout += float(params["commit"]["deadline_s"]) + 300
     try:
         answer = agent_client.call_agent(
-            target, config.container.python, "launch", params, timeout=timeout
+            target, config.container.python, "launch", params, timeout=launch_timeout(params, 120)
         )
         return cast(LaunchAnswer, answer)
     except HostError as exc:
@@ -275,22 +284,42 @@ def describe_start(
     return "starts at step 0"
 
 
-def lineage_summary(run: StartedRun) -> dict[str, Any]:
-    resume = run.get("resume")
-    return {
+def say_every_launch(
+    report: Reporter,
+    nodes: list[Node],
+    answers: list[LaunchAnswer],
+    params: dict[int, LaunchParams],
+    since: float,
+    *,
+    deployed: bool = False,
+) -> tuple[dict[str, Any], list[list[str]]]:
+    """say_launched for each node (`since`: when its stop and launch began; `deployed`:
+    the trainer tree here is the one launched); the run's part of the summary, and each
+    node's command as the agent ran it."""
+    from dflashctl.remote.nodes import names_each_node
+
+    run_id = params[nodes[0].index]["run_id"]
+    commands = []
+    for node, answer in zip(nodes, answers, strict=True):
+        prefix = f"{node.name}: " if names_each_node(nodes) else ""
+        command = answer["run"].get("command") or params[node.index]["command"]
+        source = Path(node.config.trainer.source) if deployed else None
+        seconds = time.monotonic() - since
+        say_launched(report, answer, run_id, command, seconds, prefix=prefix, source=source)
+        commands.append(command)
+    resume = answers[0]["run"].get("resume")
+    top = {
+        "run_id": run_id,
+        "release": answers[0]["release"],
         "resumed_from": resume["run_id"] if resume else None,
         "resumed_step": resume.get("step") if resume else None,
         "resumed_checkpoint": resume["checkpoint"] if resume else None,
-        "replaced_run": run.get("previous_run"),
+        "replaced_run": answers[0]["run"].get("previous_run"),
     }
+    return top, commands
 
 
 # --------------------------------------------------------------------------- following
-
-
-def summary_of(top: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """A deploy's or restart's summary: what belongs to the run, and each node's entry."""
-    return {**top, "nodes": entries}
 
 
 def import_follower() -> None:
@@ -409,11 +438,16 @@ def what_interrupt_left(config: Config, run_id: str, grace_s: float) -> str:
     return "interrupted before anything was launched; nothing is running"
 
 
-def say_what_interrupt_left(report: Reporter, nodes: list[Node], run_id: str, params) -> None:
-    """What a Ctrl-C left on each node (headed by the node's name when there are
+@contextlib.contextmanager
+def interrupt_said(report: Reporter, nodes: list[Node], run_id: str, params) -> Iterator[None]:
+    """On a Ctrl-C, what it left on each node (headed by the node's name when there are
     several), told to `report`: deploy's and restart's one way of saying it."""
     from dflashctl.remote.nodes import names_each_node
 
-    for node in nodes:
-        left = what_interrupt_left(node.config, run_id, float(params[node.index]["grace_s"]))
-        report.warning(f"{node.name}: {left}" if names_each_node(nodes) else left)
+    try:
+        yield
+    except KeyboardInterrupt:
+        for node in nodes:
+            left = what_interrupt_left(node.config, run_id, float(params[node.index]["grace_s"]))
+            report.warning(f"{node.name}: {left}" if names_each_node(nodes) else left)
+        raise
