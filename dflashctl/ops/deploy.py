@@ -350,9 +350,12 @@ class Execution:
             p, plan = params[node.index], plans[node.index]
             if node not in todo:
                 return stop_and_launch(node.config, node.target, p)
-            verb = "build" if streamed else "deploy"
             archive = archives[node.index]
-            return upload_and_deploy(node.config, node.target, plan, archive, p, progress, verb)
+            if streamed:
+                return upload_and_deploy(
+                    node.config, node.target, plan, archive, p, progress, verb="build"
+                )
+            return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
 
         with report.transfer(total, f"sending {files} files{to}", after) as progress:
             if streamed:

@@ -27,7 +27,6 @@ from dflashctl.remote.agent_messages import (
     LaunchParams,
     ProcessToStop,
     Resume,
-    StartedRun,
 )
 from dflashctl.remote.connect import open_target
 from dflashctl.reporting import SILENT, Reporter
@@ -61,18 +60,8 @@ def config_meta(config: Config) -> dict[str, Any]:
     return {"config_digest": config.digest, "config_path": str(config.path)}
 
 
-def source_meta(config: Config) -> dict[str, Any]:
-    """config_meta and the provenance of the trainer source as it is here now."""
-    return {**config_meta(config), **git_state(Path(config.trainer.source))}
-
-
 # How long a `--wait` deploy or restart may queue behind another before the call gives up.
 QUEUED_WAIT_S = 24 * 3600
-
-
-def lock_holder(command: str) -> dict[str, Any]:
-    """Who holds the workdir's lock while this command runs: said to anyone refused."""
-    return {"command": command, "machine": socket.gethostname(), "pid": os.getpid()}
 
 
 def trainer_command(config: Config, extra_args: list[str]) -> list[str]:
@@ -86,28 +75,23 @@ def hang_env(config: Config) -> dict[str, str]:
     return {"DFLASH_HANG_FACTOR": f"{hang.factor:g}", "DFLASH_HANG_MIN_S": f"{hang.min_s:g}"}
 
 
-def gpu_env(config: Config) -> dict[str, str]:
-    """run.gpus: the run sees only those GPUs (renumbered from 0 inside it)."""
-    gpus = config.run.gpus
-    return {} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-
-
 def launch_params(
     config: Config,
     run_id: str,
     release: str | None,
     command: list[str],
     meta: dict[str, Any],
-    grace_s: float | None = None,
     *,
     fresh: bool = False,
     by: str = "deploy",
     wait: bool = False,
 ) -> LaunchParams:
+    gpus = config.run.gpus
     return {
         "fresh": fresh,
         "by": by,
-        "holder": lock_holder(by),
+        # Who holds the workdir's lock while this command runs: said to anyone refused.
+        "holder": {"command": by, "machine": socket.gethostname(), "pid": os.getpid()},
         "wait": wait,
         "workdir": config.container.workdir,
         "release": release,
@@ -119,11 +103,12 @@ def launch_params(
             **hang_env(config),
             **config.trainer.env,
             **({"DFLASH_ON_EXIT": config.run.on_exit} if config.run.on_exit else {}),
-            **gpu_env(config),
+            # run.gpus: the run sees only those GPUs (renumbered from 0 inside it).
+            **({} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}),
         },
-        "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
+        "grace_s": config.run.stop_grace_s,
         "keep_releases": config.run.keep_releases,
-        "meta": dict(meta, hang=config.run.hang.model_dump(), gpus=config.run.gpus),
+        "meta": dict(meta, hang=config.run.hang.model_dump(), gpus=gpus),
         "supervisor": recovery.supervisor_program(),
         "recovery": recovery.recovery_settings(config),
         # The venv the run starts from (agent/venvs.py): made by the launch if missing.
@@ -208,39 +193,6 @@ def planned_train_steps(command: list[str], source: Path | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def say_launched(
-    report: Reporter,
-    launched: LaunchAnswer,
-    run_id: str,
-    command: list[str],
-    seconds: float,
-    *,
-    prefix: str = "",
-    source: Path | None = None,
-) -> None:
-    """The runs the agent stopped, then the one it launched; `seconds` is the time the
-    stop and launch took together; `prefix` names the node when there are several."""
-    stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
-    for index, item in enumerate(launched["stopped"]):
-        report.done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
-    report.done(
-        f"{prefix}launched run {run_id} (pid {launched['run']['pid']}) from release "
-        f"{launched['release']}: {shlex.join(command)}",
-        max(seconds - stop_s, 0.0),
-    )
-    steps = planned_train_steps(command, source)
-    report.info(f"  {describe_lineage(launched['run'], steps)}")
-
-
-def describe_lineage(run: StartedRun, train_steps: int | None = None) -> str:
-    """Where the new run's training starts, as the agent decided it."""
-    if "resume" not in run:  # an agent that does not say
-        return "starts at step 0"
-    return describe_start(
-        run.get("resume"), run.get("previous_run"), fresh=run.get("fresh"), train_steps=train_steps
-    )
-
-
 def describe_start(
     resume: Resume | None,
     previous: str | None,
@@ -293,19 +245,32 @@ def say_every_launch(
     *,
     deployed: bool = False,
 ) -> tuple[dict[str, Any], list[list[str]]]:
-    """say_launched for each node (`since`: when its stop and launch began; `deployed`:
-    the trainer tree here is the one launched); the run's part of the summary, and each
-    node's command as the agent ran it."""
+    """On each node, the runs the agent stopped, then the one it launched and where its
+    training starts (`since`: when the stop and launch began; `deployed`: the trainer
+    tree here is the one launched, its train.steps known); returns the run's part of
+    the summary, and each node's command as the agent ran it."""
     from dflashctl.remote.nodes import names_each_node
 
     run_id = params[nodes[0].index]["run_id"]
     commands = []
-    for node, answer in zip(nodes, answers, strict=True):
+    for node, launched in zip(nodes, answers, strict=True):
         prefix = f"{node.name}: " if names_each_node(nodes) else ""
-        command = answer["run"].get("command") or params[node.index]["command"]
-        source = Path(node.config.trainer.source) if deployed else None
-        seconds = time.monotonic() - since
-        say_launched(report, answer, run_id, command, seconds, prefix=prefix, source=source)
+        command = launched["run"].get("command") or params[node.index]["command"]
+        stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
+        for index, item in enumerate(launched["stopped"]):
+            report.done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
+        report.done(
+            f"{prefix}launched run {run_id} (pid {launched['run']['pid']}) from release "
+            f"{launched['release']}: {shlex.join(command)}",
+            max(time.monotonic() - since - stop_s, 0.0),
+        )
+        run = launched["run"]
+        steps = planned_train_steps(command, Path(node.config.trainer.source) if deployed else None)
+        start = describe_start(
+            run.get("resume"), run.get("previous_run"), fresh=run.get("fresh"), train_steps=steps
+        )
+        # An agent that does not say where it resumed: step 0.
+        report.info(f"  {start if 'resume' in run else 'starts at step 0'}")
         commands.append(command)
     resume = answers[0]["run"].get("resume")
     top = {

@@ -4,6 +4,7 @@ round trip to the agent per node, nothing synced (`stop` is stopping.py)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from dflashctl.config.schema import Config
@@ -12,11 +13,12 @@ from dflashctl.ops import setup_env
 from dflashctl.ops.committing import launch_everywhere
 from dflashctl.ops.launch_command import every_launch_params
 from dflashctl.ops.launching import (
+    config_meta,
     follow_unless_detached,
+    git_state,
     import_follower,
     interrupt_said,
     say_every_launch,
-    source_meta,
     start_line,
     stop_and_launch,
 )
@@ -44,7 +46,7 @@ def restart(
         run_id = runs.new_id()
         # The provenance of the release: the source as it is here now (restart sends
         # nothing, so this says what the user would deploy, which is usually it).
-        meta = dict(source_meta(config), restart=True)
+        meta = {**config_meta(config), **git_state(Path(config.trainer.source)), "restart": True}
         rendezvous, params = every_launch_params(
             config, nodes, run_id, [None] * len(nodes), meta,
             extra_args=extra_args or [], fresh=fresh, by="restart", wait=wait,
