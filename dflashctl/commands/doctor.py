@@ -18,7 +18,6 @@ from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import EXIT_OK, ConfigError, UsageError
 from dflashctl.ops.doctor_checks import (
     FAIL,
-    NODE_CHECKS,
     PASS,
     SKIP,
     WARN,
@@ -40,8 +39,7 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
         config = load_config(config_path)
     except ConfigError as exc:
         doctor.add(Check("config valid", FAIL, exc.message, exc.hint, True))
-        for name in NODE_CHECKS:
-            doctor.skip(name, "needs a valid config")
+        doctor.skip_rest("needs a valid config")
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
     source_check(doctor, config)

@@ -21,13 +21,8 @@ PYTHON_TIMEOUT_S = 15.0
 TORCH_TIMEOUT_S = 60.0  # importing torch reads a few hundred MB the first time
 MIN_FREE_BYTES = 2 * 1024**3
 PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
-_CONNECT_STEP = {  # ConnectFailed.reason -> the check that failed
-    "resolve": "SSH reachable",
-    "refused": "SSH reachable",
-    "timeout": "SSH reachable",
-    "unreachable": "SSH reachable",
-    "jump": "SSH reachable",
-    "ssh": "SSH reachable",
+# ConnectFailed.reason -> the check that failed, where it is not "SSH reachable".
+_CONNECT_STEP = {
     "host_key_unknown": "host key known",
     "host_key_changed": "host key known",
     "auth": "SSH login",
@@ -59,6 +54,13 @@ class Doctor:
 
     def skip(self, name: str, because: str) -> None:
         self.add(Check(name, SKIP, f"skipped: {because}"))
+
+    def skip_rest(self, because: str) -> None:
+        """Every check of a node (NODE_CHECKS) not made yet, skipped."""
+        done = {c.name for c in self.checks}
+        for name in NODE_CHECKS:
+            if name not in done:
+                self.skip(name, because)
 
     def run(self, name: str, probe: Callable[[], tuple[str, str] | str]) -> bool:
         """probe returns the detail (or (status, detail)); a DflashError is a failure."""
@@ -327,13 +329,9 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
     closes the target. True when its python runs (the agent can be asked things)."""
     from dflashctl.remote.connect import open_proxmox
 
-    remaining = NODE_CHECKS
     transport = target.transport
     if not _connect_checks(doctor, config, transport):
-        done = {c.name for c in doctor.checks}
-        for name in remaining:
-            if name not in done:
-                doctor.skip(name, "needs a working SSH connection")
+        doctor.skip_rest("needs a working SSH connection")
         return False
     vmid = config.container.vmid
     if vmid is None:
@@ -353,8 +351,7 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
         if not doctor.run("Proxmox API answers", api_probe) and api is None:
             # Not even opened (https token, requests): nothing below can work. A
             # failed /version alone says nothing about the rest: go on.
-            for name in remaining[4:]:
-                doctor.skip(name, "needs the Proxmox API")
+            doctor.skip_rest("needs the Proxmox API")
             return False
 
         def container_probe() -> str:
@@ -371,8 +368,7 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
             )
 
         if not doctor.run("container runs", container_probe):
-            for name in remaining[5:]:
-                doctor.skip(name, "needs the container running")
+            doctor.skip_rest("needs the container running")
             return False
 
     python = config.container.python
