@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -139,37 +140,28 @@ def choose(nodes: list[Node], answers: list[dict[str, Any]], run_id: str, step: 
     files: list[PullFile] = []
     checkpoint = None
     if with_ckpt:
-        node, answer = with_ckpt[0]
-        checkpoint = answer["checkpoint"]
+        checkpoint = with_ckpt[0][1]["checkpoint"]
         prefix = f"checkpoints{os.sep}"
-        files += [
-            _file(f, i, node, answer)
-            for i, f in enumerate(answer["files"])
-            if f["rel"].startswith(prefix)
-        ]
-    with_metrics = [
-        (n, a) for n, a in found if any(not f["rel"].startswith("checkpoints") for f in a["files"])
-    ]
+        files += _files(*with_ckpt[0], lambda rel: rel.startswith(prefix))
+
+    def metrics(rel: str) -> bool:  # everything of the run that is not a checkpoint
+        return not rel.startswith("checkpoints")
+
+    with_metrics = [(n, a) for n, a in found if any(metrics(f["rel"]) for f in a["files"])]
     if with_metrics:
-        node, answer = with_metrics[0]
-        files += [
-            _file(f, i, node, answer)
-            for i, f in enumerate(answer["files"])
-            if not f["rel"].startswith("checkpoints")
-        ]
+        files += _files(*with_metrics[0], metrics)
     return files, checkpoint
 
 
-def _file(entry: dict[str, Any], index: int, node: Node, answer: dict[str, Any]) -> PullFile:
-    return PullFile(
-        entry["rel"],
-        entry["path"],
-        int(entry["size"]),
-        node,
-        index,
-        answer["list"],
-        int(entry.get("mode", 0o644)),
-    )
+def _files(node: Node, answer: dict[str, Any], wanted: Callable[[str], bool]) -> list[PullFile]:
+    """The files of `answer`'s list whose path is `wanted`."""
+    return [
+        PullFile(
+            f["rel"], f["path"], int(f["size"]), node, i, answer["list"], int(f.get("mode", 0o644))
+        )
+        for i, f in enumerate(answer["files"])
+        if wanted(f["rel"])
+    ]
 
 
 def links_left_out(answers: list[dict[str, Any]]) -> list[str]:
