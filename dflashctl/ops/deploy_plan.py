@@ -25,21 +25,9 @@ from dflashctl.runs import records as runs
 
 if TYPE_CHECKING:
     from dflashctl.remote.deploy_target import Target
-    from dflashctl.remote.proxmox import ContainerStatus
 
 
 # --------------------------------------------------------------------------- the target
-
-
-def start_container(config: Config, target: Target) -> ContainerStatus:
-    """Start the container through the Proxmox API (pvesh over this connection, or
-    HTTPS with a token) and wait until it runs; returns its state."""
-    from dflashctl.remote import proxmox
-
-    api = open_proxmox(config, target.transport)
-    return proxmox.start_container(
-        api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
-    )
 
 
 def inspect(
@@ -51,22 +39,29 @@ def inspect(
         "entry": config.trainer.entry,
         "scope": process_scope(config),
     }
+
+    def ask() -> InspectAnswer:
+        answer = agent_client.call_agent(target, config.container.python, "inspect", params)
+        return cast(InspectAnswer, answer)
+
     try:
-        return cast(
-            InspectAnswer,
-            agent_client.call_agent(target, config.container.python, "inspect", params),
-        )
+        return ask()
     except pct.ContainerNotRunning:
         if not may_start:
             raise  # with pct.not_running_hint, the one hint for a stopped container
+    from dflashctl.remote import proxmox
+
     with report.step(f"starting container {target.vmid}") as step:
-        status = start_container(config, target)
+        # Through the Proxmox API (pvesh over this connection, or HTTPS with a token),
+        # waiting until it runs.
+        api = open_proxmox(config, target.transport)
+        status = proxmox.start_container(
+            api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
+        )
         step["done"] = f"started container {target.vmid}"
     if status.warnings:
         report.warning(f"container {target.vmid} started with warnings: {status.warnings}")
-    return cast(
-        InspectAnswer, agent_client.call_agent(target, config.container.python, "inspect", params)
-    )
+    return ask()
 
 
 # --------------------------------------------------------------------------- the plan
