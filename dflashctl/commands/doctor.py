@@ -138,7 +138,10 @@ def _doctor_json(result) -> dict[str, Any]:
     per_node: dict[str, list[dict[str, Any]]] = {}
     across: list[dict[str, Any]] = []
     for check in result.checks:
-        data = _check_json(check)
+        data = asdict(check)
+        data.pop("config_problem")
+        data.pop("node")  # where it ran is its entry of `nodes`
+        data["seconds"] = round(check.seconds, 3)
         if check.node is None:
             across.append(data)
         else:
@@ -149,14 +152,6 @@ def _doctor_json(result) -> dict[str, Any]:
         "checks": across,
         "nodes": [{"node": name, "checks": checks} for name, checks in per_node.items()],
     }
-
-
-def _check_json(check: Check) -> dict[str, Any]:
-    data = asdict(check)
-    data.pop("config_problem")
-    data.pop("node")  # where it ran is its entry of `nodes`
-    data["seconds"] = round(check.seconds, 3)
-    return data
 
 
 def register(app: typer.Typer) -> None:

@@ -242,7 +242,8 @@ def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> 
         elif _size(final) == f.size:
             here[f.rel] = local_sha256(final)
         else:
-            offsets[f.rel] = _partial_size(final + PARTIAL, f)
+            partial = _size(final + PARTIAL) or 0  # (longer than the file: not its start)
+            offsets[f.rel] = partial if partial <= f.size else 0
     resumed = {rel for rel, offset in offsets.items() if offset}
     made: set[str] = set()
     todo = files
@@ -317,11 +318,6 @@ def _size(path: str) -> int | None:
         return os.stat(path).st_size
     except OSError:
         return None
-
-
-def _partial_size(partial: str, f: PullFile) -> int:
-    size = _size(partial) or 0
-    return size if size <= f.size else 0
 
 
 def wanted_specs(items: list[tuple[int, int | None]]) -> list[str]:

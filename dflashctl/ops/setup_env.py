@@ -51,19 +51,16 @@ def setup_params(config: Config) -> dict[str, Any] | None:
     }
 
 
-def _content_digest(config: Config, params: dict[str, Any]) -> str:
+def _memory(config: Config, params: dict[str, Any]) -> Path:
+    """Where this machine notes that the setup of this content succeeded on this target."""
     text = ""
     if params.get("requirements"):
         text = (Path(config.trainer.source) / params["requirements"]).read_text(errors="replace")
     host, ct = config.host, config.container
     where = [host.address, host.port, host.user, ct.vmid, ct.workdir, ct.python]
     blob = json.dumps([where, text, params["commands"], params["pip_args"]])
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-def _memory(config: Config, params: dict[str, Any]) -> Path:
     folder = user_cache_path("dflashctl", appauthor=False) / "setups"
-    return folder / _content_digest(config, params)
+    return folder / hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def needs_streaming(config: Config) -> bool:
