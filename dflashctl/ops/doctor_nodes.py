@@ -22,7 +22,7 @@ from typing import Any
 
 from dflashctl import hints
 from dflashctl.config.schema import Config
-from dflashctl.errors import ConfigError, DflashError
+from dflashctl.errors import ConfigError, DflashError, HostError
 from dflashctl.ops.doctor_checks import FAIL, PASS, WARN, Check, Doctor, check_target
 from dflashctl.remote import agent_client
 from dflashctl.remote.deploy_target import Target
@@ -169,39 +169,28 @@ def _address_check(doctor: Doctor, config: Config, checkups: list[NodeCheckup]) 
     if not first.usable:
         doctor.skip("rendezvous address", f"needs python on node {first.name}")
         return None
-    assert first.target is not None
-    start = time.monotonic()
-    try:
+    address = None
+
+    def probe() -> str:
+        nonlocal address
+        assert first.target is not None
         answer = agent_client.call_agent(first.target, first.config.container.python, "address", {})
-    except DflashError as exc:
-        doctor.add(Check("rendezvous address", FAIL, exc.message, exc.hint))
-        return None
-    seconds = time.monotonic() - start
-    address = answer.get("address")
-    if not address:
-        found = ", ".join(f"{a['interface']} {a['address']}" for a in answer.get("addresses", []))
-        doctor.add(
-            Check(
-                "rendezvous address",
-                FAIL,
+        if not answer.get("address"):
+            found = ", ".join(
+                f"{a['interface']} {a['address']}" for a in answer.get("addresses", [])
+            )
+            raise HostError(
                 f"node {first.name}'s container has no address the other nodes could reach "
                 + (f"(only {found})" if found else "(no interface there has an address)"),
-                "give the container a network (a bridge in its Proxmox config), or set "
+                hint="give the container a network (a bridge in its Proxmox config), or set "
                 f"torchrun.address to an address of node {first.name} that every node reaches",
-                seconds=seconds,
             )
-        )
-        return None
-    via = f" ({answer['interface']})" if answer.get("interface") else ""
-    doctor.add(
-        Check(
-            "rendezvous address",
-            PASS,
-            f"{address}{via}: node {first.name}'s container address on its default route",
-            seconds=seconds,
-        )
-    )
-    return str(address)
+        address = str(answer["address"])
+        via = f" ({answer['interface']})" if answer.get("interface") else ""
+        return f"{address}{via}: node {first.name}'s container address on its default route"
+
+    doctor.run("rendezvous address", probe)
+    return address
 
 
 def _port_check(doctor: Doctor, config: Config, checkups: list[NodeCheckup], address: str) -> None:
