@@ -322,16 +322,24 @@ class Execution:
                 source, plan.manifest, plan.diff.changed, SourceCache(source)
             )
         stopping = sum(len(p.to_stop) for p in plans)
+
+        def one(node: Node, progress) -> LaunchAnswer:
+            """The node's one call: `launch` where nothing changed, else the upload."""
+            p, plan = params[node.index], plans[node.index]
+            if node not in todo:
+                return stop_and_launch(node.config, node.target, p)
+            archive = archives[node.index]
+            if streamed:
+                return upload_and_deploy(
+                    node.config, node.target, plan, archive, p, progress, verb="build"
+                )
+            return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
+
         if not todo:
             if streamed:
                 setup_env.setup_every_node(nodes, [p.base_release for p in plans], report)
             with report.busy("launching" + (f", stopping {stopping} run(s)" if stopping else "")):
-                answers = launch_everywhere(
-                    nodes,
-                    run_id,
-                    lambda n: stop_and_launch(n.config, n.target, params[n.index]),
-                    report,
-                )
+                answers = launch_everywhere(nodes, run_id, lambda n: one(n, None), report)
             where = " on every node" if names_each_node(nodes) else ""
             report.done(
                 f"no changes: release {plans[0].base_release} stays{where} (nothing sent)", 0.0
@@ -345,17 +353,6 @@ class Execution:
             if streamed
             else "unpacking" + (f", stopping {stopping} run(s)" if stopping else "") + ", launching"
         )
-
-        def one(node: Node, progress) -> LaunchAnswer:
-            p, plan = params[node.index], plans[node.index]
-            if node not in todo:
-                return stop_and_launch(node.config, node.target, p)
-            archive = archives[node.index]
-            if streamed:
-                return upload_and_deploy(
-                    node.config, node.target, plan, archive, p, progress, verb="build"
-                )
-            return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
 
         with report.transfer(total, f"sending {files} files{to}", after) as progress:
             if streamed:
