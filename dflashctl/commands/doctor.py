@@ -18,7 +18,6 @@ from dflashctl.commands.common import ConfigOption, JsonOption
 from dflashctl.errors import EXIT_OK, ConfigError, UsageError
 from dflashctl.ops.doctor_checks import (
     FAIL,
-    NODE_CHECKS,
     PASS,
     SKIP,
     WARN,
@@ -40,8 +39,7 @@ def run_checks(config_path: str | None, on_check: Callable[[Check], None]) -> Do
         config = load_config(config_path)
     except ConfigError as exc:
         doctor.add(Check("config valid", FAIL, exc.message, exc.hint, True))
-        for name in NODE_CHECKS:
-            doctor.skip(name, "needs a valid config")
+        doctor.skip_rest("needs a valid config")
         return doctor
     doctor.add(Check("config valid", PASS, str(config.path)))
     source_check(doctor, config)
@@ -140,7 +138,10 @@ def _doctor_json(result) -> dict[str, Any]:
     per_node: dict[str, list[dict[str, Any]]] = {}
     across: list[dict[str, Any]] = []
     for check in result.checks:
-        data = _check_json(check)
+        data = asdict(check)
+        data.pop("config_problem")
+        data.pop("node")  # where it ran is its entry of `nodes`
+        data["seconds"] = round(check.seconds, 3)
         if check.node is None:
             across.append(data)
         else:
@@ -151,14 +152,6 @@ def _doctor_json(result) -> dict[str, Any]:
         "checks": across,
         "nodes": [{"node": name, "checks": checks} for name, checks in per_node.items()],
     }
-
-
-def _check_json(check: Check) -> dict[str, Any]:
-    data = asdict(check)
-    data.pop("config_problem")
-    data.pop("node")  # where it ran is its entry of `nodes`
-    data["seconds"] = round(check.seconds, 3)
-    return data
 
 
 def register(app: typer.Typer) -> None:

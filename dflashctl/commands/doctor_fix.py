@@ -21,8 +21,8 @@ def _ask(question: str, yes: bool) -> bool:
 
 
 def _apply(found, target, vmid: int, yes: bool) -> tuple[int, int, bool]:
-    """Offer each finding's fix, a snapshot of container `vmid` before each change:
-    (fixed, left, whether a fix waits for a restart)."""
+    """Offer each finding's fix, a snapshot of container `vmid` before each change, then
+    restart the container when a fix needs it: (fixed, left, whether it restarted)."""
     from dflashctl.container import repair
 
     fixed = left = 0
@@ -58,16 +58,14 @@ def _apply(found, target, vmid: int, yes: bool) -> tuple[int, int, bool]:
         terminal.success(f"fixed: {escape(finding.name)}")
         fixed += 1
         restart_needed = restart_needed or finding.restarts
+    if restart_needed:
+        from dflashctl.container.create import is_running, run_pct
+
+        if is_running(target, vmid):
+            terminal.info(f"restarting container {vmid} so that the fixes apply")
+            run_pct(target, ["pct", "stop", str(vmid)])
+        run_pct(target, ["pct", "start", str(vmid)])
     return fixed, left, restart_needed
-
-
-def _restart(target, vmid: int) -> None:
-    from dflashctl.container.create import is_running, run_pct
-
-    if is_running(target, vmid):
-        terminal.info(f"restarting container {vmid} so that the fixes apply")
-        run_pct(target, ["pct", "stop", str(vmid)])
-    run_pct(target, ["pct", "start", str(vmid)])
 
 
 def fix_node(config, target, yes: bool) -> tuple[int, int]:
@@ -81,9 +79,7 @@ def fix_node(config, target, yes: bool) -> tuple[int, int]:
     if not found:
         terminal.success(f"container {vmid}: nothing to fix")
         return 0, 0
-    fixed, left, restart_needed = _apply(found, target, vmid, yes)
-    if restart_needed:
-        _restart(target, vmid)
+    fixed, left, _ = _apply(found, target, vmid, yes)
     return fixed, left
 
 
@@ -94,9 +90,8 @@ def fix_split(group, yes: bool) -> int:
 
     first = group[0]
     vmid = first.config.container.vmid
-    _, left, restart_needed = _apply([split.finding(group)], first.target, vmid, yes)
-    if restart_needed:
-        _restart(first.target, vmid)
+    _, left, restarted = _apply([split.finding(group)], first.target, vmid, yes)
+    if restarted:
         terminal.warning(
             f"container {vmid} now has every GPU of the host; change the config as the fix "
             "line says (one node there), or the ranks stay split"

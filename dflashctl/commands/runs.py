@@ -235,20 +235,18 @@ def _prune(cfg, keep: int, *, yes: bool, dry_run: bool, json_output: bool) -> No
         else:
             terminal.info(f"{outcome.node.describe()}: not pruned: {error_text(outcome.error)}")
     if json_output:
-        entries = []
-        for outcome in outcomes:
-            plan = outcome.value
-            entries.append(
-                {
-                    "node": outcome.node.name,
-                    "target": place[outcome.node.name],
-                    "dry_run": plan.dry if plan else dry,
-                    "removed": plan.removed if plan else [],
-                    "bytes": plan.bytes if plan else 0,
-                    "spared": plan.spared if plan else [],
-                    "error": error_json(outcome.error),
-                }
-            )
+        entries = [
+            {
+                "node": o.node.name,
+                "target": place[o.node.name],
+                "dry_run": o.value.dry if o.value else dry,
+                "removed": o.value.removed if o.value else [],
+                "bytes": o.value.bytes if o.value else 0,
+                "spared": o.value.spared if o.value else [],
+                "error": error_json(o.error),
+            }
+            for o in outcomes
+        ]
         terminal.print_json({"nodes": entries}, command="runs")
     if failure is not None:
         raise failure

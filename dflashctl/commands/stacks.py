@@ -39,8 +39,10 @@ def stacks(
         raise failure
     analysis = analyse_together(outcomes)  # every node's ranks as one job
     if json_output:
+        # A node that did not answer, in the shape of one that did.
+        unanswered = {"run_id": run_id or "", "status": "unknown", "answers": [], "missing": []}
         entries = [
-            {"node": o.node.name, **(o.value or _unanswered(run_id)), "error": error_json(o.error)}
+            {"node": o.node.name, **(o.value or unanswered), "error": error_json(o.error)}
             for o in outcomes
         ]
         terminal.print_json({"nodes": entries, "analysis": analysis}, command="stacks")
@@ -52,11 +54,6 @@ def stacks(
         print_analysis(analysis)
     if failure is not None:
         raise failure
-
-
-def _unanswered(run_id: str | None) -> dict[str, Any]:
-    """A node that did not answer, in the shape of one that did."""
-    return {"run_id": run_id or "", "status": "unknown", "answers": [], "missing": []}
 
 
 # Frames shown per thread, innermost last (the full stacks stay in --json).

@@ -48,11 +48,7 @@ def print_status(status: dict[str, Any]) -> None:
         else:
             out.print(f"[bold]run[/bold]        none launched yet in {escape(status['workdir'])}")
         return
-    colour = {
-        "running": "green",
-        "exited": "green" if run["exit_code"] == 0 else "red",
-        "stopped": "yellow",
-    }.get(run["status"], "red")
+    colour = _colour(run)
     details = [f"[{colour}]{escape(run['state'])}[/{colour}]"]
     if run.get("recovery"):
         details.append(escape(run["recovery"]))
@@ -81,12 +77,14 @@ def state_of(report: dict[str, Any]) -> tuple[str, str]:
         return ("unknown while the container is stopped" if stopped else "none launched yet"), "dim"
     state = run["state"] + (f", {run['recovery']}" if run.get("recovery") else "")
     state += f", {run['hang']}" if run.get("hang") else ""
-    colour = {
-        "running": "green",
-        "exited": "green" if run["exit_code"] == 0 else "red",
-        "stopped": "yellow",
-    }.get(run["status"], "red")
-    return state, "red" if run.get("hanging") or run.get("hung") else colour
+    return state, "red" if run.get("hanging") or run.get("hung") else _colour(run)
+
+
+def _colour(run: dict[str, Any]) -> str:
+    """The active run's colour by its status: green running or exited 0, red else."""
+    if run["status"] == "running" or (run["status"] == "exited" and run["exit_code"] == 0):
+        return "green"
+    return "yellow" if run["status"] == "stopped" else "red"
 
 
 def print_rows(outcomes: list[NodeOutcome[dict[str, Any]]]) -> None:

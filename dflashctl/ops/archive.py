@@ -116,7 +116,6 @@ class Archive:
         # Two zero blocks end a tar; the whole is padded to a record, as tarfile does.
         end = self._members_bytes + 2 * BLOCK
         self.size = end + _padding(end, RECORD)
-        self.files = len(members) - len(extra)
 
     @classmethod
     def of_release(

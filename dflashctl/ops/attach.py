@@ -32,17 +32,6 @@ from dflashctl.remote.transport.base import CommandResult, ConnectionLost
 SHELL = ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i; exec sh -i"]
 
 
-def exec_params(config: Config, argv: list[str], *, describe: bool = False) -> dict[str, Any]:
-    return {
-        "workdir": config.container.workdir,
-        "argv": argv,
-        "env": dict(config.trainer.env),
-        "python": config.container.python,
-        "setup": setup_env.setup_params(config),
-        "describe": describe,
-    }
-
-
 def remote_argv(config: Config, target: Target, ticket: str) -> list[str]:
     """What runs on the host: the agent's exec verb, through pct exec for a container.
     It names only the ticket that holds the parameters (trainer.env's secrets are not
@@ -60,7 +49,14 @@ def remote_argv(config: Config, target: Target, ticket: str) -> list[str]:
 def leave_ticket(config: Config, target: Target, argv: list[str], *, describe: bool) -> str:
     """The exec's parameters kept in the container, sent on the agent's stdin (this
     call also makes the container keep the agent the exec verb runs)."""
-    params = exec_params(config, argv, describe=describe)
+    params = {
+        "workdir": config.container.workdir,
+        "argv": argv,
+        "env": dict(config.trainer.env),
+        "python": config.container.python,
+        "setup": setup_env.setup_params(config),
+        "describe": describe,
+    }
     return agent_client.call_agent(target, config.container.python, "exec_ticket", params)["ticket"]
 
 

@@ -163,38 +163,32 @@ def _failure(nodes, run_id, futures, errors) -> NodesFailed:
     for node in nodes:
         error = errors[node.index]
         if error is None:
-            left.append(NodeLeft(node.name, NEW_RUN, None, f"run {run_id} launched"))
+            state, detail = NEW_RUN, f"run {run_id} launched"
         elif getattr(error, "aborted", False):
-            left.append(NodeLeft(node.name, OLD_RUN, error, "aborted: nothing stopped"))
+            state, detail = OLD_RUN, "aborted: nothing stopped"
         elif getattr(error, "in_doubt", False):
-            left.append(NodeLeft(node.name, OLD_RUN, error, "in doubt: nothing stopped there"))
+            state, detail = OLD_RUN, "in doubt: nothing stopped there"
         elif getattr(error, "rolled_back", None):
             left.append(rolled_back(node, error, run_id))
+            continue
         elif isinstance(error, agent_client.AgentFailed):
             # It answered: the launch failed there (before the barrier, unless the
             # others committed and it failed after stopping its old run).
-            what = "failed after the commit" if committed else "failed: nothing stopped"
-            left.append(NodeLeft(node.name, UNKNOWN if committed else OLD_RUN, error, what))
+            state = UNKNOWN if committed else OLD_RUN
+            detail = "failed after the commit" if committed else "failed: nothing stopped"
         elif committed:
-            left.append(
-                NodeLeft(
-                    node.name,
-                    NEW_RUN,
-                    error,
-                    f"connection lost, but the other nodes committed, so it did too (the "
-                    f"decision needs every node): run {run_id} runs there",
-                )
+            state = NEW_RUN
+            detail = (
+                f"connection lost, but the other nodes committed, so it did too (the "
+                f"decision needs every node): run {run_id} runs there"
             )
         else:
-            left.append(
-                NodeLeft(
-                    node.name,
-                    OLD_RUN,
-                    error,
-                    "no answer (connection lost); the other nodes aborted, so it did not "
-                    "launch: its old run goes on",
-                )
+            state = OLD_RUN
+            detail = (
+                "no answer (connection lost); the other nodes aborted, so it did not "
+                "launch: its old run goes on"
             )
+        left.append(NodeLeft(node.name, state, error, detail))
     # The node to name: the one whose own step failed, not one that aborted or rolled
     # back because of it.
     first = next(

@@ -53,18 +53,17 @@ from dflashctl.ops.deploy_plan import (  # noqa: F401 - DeployOptions, inspect, 
     make_plans,
     preflight,
 )
-from dflashctl.ops.launch_command import commit_deadline, node_launch_params, rendezvous_for
+from dflashctl.ops.launch_command import every_launch_params
 from dflashctl.ops.launching import (
     config_meta,
     follow_unless_detached,
     git_state,
     import_follower,
-    lineage_summary,
-    say_launched,
-    say_what_interrupt_left,
+    interrupt_said,
+    launch_timeout,
+    say_every_launch,
     start_line,
     stop_and_launch,
-    summary_of,
 )
 from dflashctl.ops.source_cache import SourceCache
 from dflashctl.remote import agent_client, pct
@@ -80,9 +79,6 @@ from dflashctl.remote.nodes import (
 )
 from dflashctl.reporting import SILENT, Reporter
 from dflashctl.runs import records as runs
-
-# How long a `--wait` deploy may queue behind another before the call gives up.
-QUEUED_WAIT_S = 24 * 3600
 
 # --------------------------------------------------------------------------- uploading
 
@@ -131,13 +127,7 @@ def upload_and_deploy(
     stdin = itertools.chain([program], archive.chunks(progress))
     argv = upload_argv(config, target, verb)
     # Room for a slow link: 1 MB/s on top of the agent's own work.
-    timeout = 600 + float(params["grace_s"]) + archive.size / 1e6
-    if params.get("setup"):  # the deploy verb makes the venv when it is missing
-        timeout += float(params["setup"]["timeout_s"])
-    if params.get("wait"):
-        timeout += QUEUED_WAIT_S
-    if params.get("commit"):  # waiting for the other nodes (agent/commit.py's slack too)
-        timeout += float(params["commit"]["deadline_s"]) + 300
+    timeout = launch_timeout(params, 600 + archive.size / 1e6)
     try:
         result = target.transport.run_bulk(argv, stdin=stdin, timeout=timeout)
     except HostError as exc:
@@ -161,12 +151,6 @@ def upload_and_deploy(
 # --------------------------------------------------------------------------- deploy
 
 
-def _rules(config: Config) -> list[Any]:
-    from dflashctl.crash import rules_for
-
-    return rules_for(config)
-
-
 def deploy(
     config: Config, options: DeployOptions, report: Reporter = SILENT
 ) -> tuple[int, dict[str, Any]]:
@@ -181,7 +165,11 @@ def deploy(
     # A detached deploy that waits for the run's start line (launching.start_line)
     # follows its start, and weighs a crash before it, as following does.
     follows = not options.detach or start_line(config) is not None
-    rules = _rules(config) if config.crash_patterns or follows else []
+    rules = []
+    if config.crash_patterns or follows:
+        from dflashctl.crash import rules_for
+
+        rules = rules_for(config)
     if follows:
         import_follower()
     manifest, skipped = check_source(config, report)
@@ -290,44 +278,28 @@ class Execution:
         config, options, report = self.config, self.options, self.report
         run_id = runs.new_id()
         meta = dict(self.meta, **self.git.result())
-        rendezvous = rendezvous_for(config, nodes)
-        deadline = commit_deadline(
-            config, max(p.bytes_to_send if p.new_release else 0 for p in plans)
-        )
-        if setup_env.setup_params(config):  # a node may make its venv before it arrives
-            deadline += float(setup_env.setup_params(config)["timeout_s"])
-        params = {}
-        for node, plan in zip(nodes, plans, strict=True):
-            params[node.index] = node_launch_params(
-                config, nodes, node, run_id, plan.release, rendezvous, meta,
-                extra_args=options.extra_args, fresh=plan.fresh, by="deploy", wait=plan.wait,
-                deadline_s=deadline,
-            )  # fmt: skip
+        rendezvous, params = every_launch_params(
+            config, nodes, run_id, [p.release for p in plans], meta,
+            extra_args=options.extra_args, fresh=options.fresh, by="deploy", wait=options.wait,
+            upload_bytes=max(p.bytes_to_send if p.new_release else 0 for p in plans),
+        )  # fmt: skip
+        for node in nodes:
             last = lasts[node.index]
             if last is not None:
                 params[node.index]["expect"] = {"release": last.release, "manifest": last.manifest}
-        try:
+        with interrupt_said(report, nodes, run_id, params):
             answers, synced_s, t0 = self.send_and_launch(nodes, plans, params)
-        except KeyboardInterrupt:
-            say_what_interrupt_left(report, nodes, run_id, params)
-            raise
         for node, answer, plan in zip(nodes, answers, plans, strict=True):
             releases.save_last_deploy(node.config, answer["release"], plan.manifest)
-        entries = []
-        for node, answer, plan in zip(nodes, answers, plans, strict=True):
-            prefix = f"{node.name}: " if names_each_node(nodes) else ""
-            command = answer["run"].get("command") or params[node.index]["command"]
-            seconds = time.monotonic() - t0 - synced_s
-            source = Path(node.config.trainer.source)
-            say_launched(report, answer, run_id, command, seconds, prefix=prefix, source=source)
-            entries.append(node_entry(node, plan, answer, command, self.started))
-        top = {
-            "run_id": run_id,
-            "release": answers[0]["release"],
-            **lineage_summary(answers[0]["run"]),
-            "rendezvous": rendezvous.endpoint if rendezvous is not None else None,
-        }
-        return summary_of(dict(top, dry_run=False), entries)
+        top, commands = say_every_launch(
+            report, nodes, answers, params, t0 + synced_s, deployed=True
+        )
+        entries = [
+            node_entry(node, plan, answer, command, self.started)
+            for node, answer, plan, command in zip(nodes, answers, plans, commands, strict=True)
+        ]
+        rendezvous_at = rendezvous.endpoint if rendezvous is not None else None
+        return {**top, "rendezvous": rendezvous_at, "dry_run": False, "nodes": entries}
 
     def send_and_launch(
         self, nodes: list[Node], plans: list[Plan], params: dict[int, LaunchParams]
@@ -350,16 +322,24 @@ class Execution:
                 source, plan.manifest, plan.diff.changed, SourceCache(source)
             )
         stopping = sum(len(p.to_stop) for p in plans)
+
+        def one(node: Node, progress) -> LaunchAnswer:
+            """The node's one call: `launch` where nothing changed, else the upload."""
+            p, plan = params[node.index], plans[node.index]
+            if node not in todo:
+                return stop_and_launch(node.config, node.target, p)
+            archive = archives[node.index]
+            if streamed:
+                return upload_and_deploy(
+                    node.config, node.target, plan, archive, p, progress, verb="build"
+                )
+            return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
+
         if not todo:
             if streamed:
                 setup_env.setup_every_node(nodes, [p.base_release for p in plans], report)
             with report.busy("launching" + (f", stopping {stopping} run(s)" if stopping else "")):
-                answers = launch_everywhere(
-                    nodes,
-                    run_id,
-                    lambda n: stop_and_launch(n.config, n.target, params[n.index]),
-                    report,
-                )
+                answers = launch_everywhere(nodes, run_id, lambda n: one(n, None), report)
             where = " on every node" if names_each_node(nodes) else ""
             report.done(
                 f"no changes: release {plans[0].base_release} stays{where} (nothing sent)", 0.0
@@ -373,17 +353,6 @@ class Execution:
             if streamed
             else "unpacking" + (f", stopping {stopping} run(s)" if stopping else "") + ", launching"
         )
-
-        def one(node: Node, progress) -> LaunchAnswer:
-            p, plan = params[node.index], plans[node.index]
-            if node not in todo:
-                return stop_and_launch(node.config, node.target, p)
-            archive = archives[node.index]
-            if streamed:
-                return upload_and_deploy(
-                    node.config, node.target, plan, archive, p, progress, verb="build"
-                )
-            return upload_and_deploy(node.config, node.target, plan, archive, p, progress)
 
         with report.transfer(total, f"sending {files} files{to}", after) as progress:
             if streamed:

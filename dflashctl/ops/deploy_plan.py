@@ -13,7 +13,7 @@ from dflashctl.errors import UsageError
 from dflashctl.humanize import human_bytes
 from dflashctl.ops import setup_env, sync
 from dflashctl.ops.launch_command import meet, node_command
-from dflashctl.ops.launching import planned_train_steps, summary_of, trainer_command
+from dflashctl.ops.launching import planned_train_steps, trainer_command
 from dflashctl.ops.source_cache import SourceCache
 from dflashctl.ops.stop import process_scope
 from dflashctl.remote import agent_client, pct
@@ -25,21 +25,9 @@ from dflashctl.runs import records as runs
 
 if TYPE_CHECKING:
     from dflashctl.remote.deploy_target import Target
-    from dflashctl.remote.proxmox import ContainerStatus
 
 
 # --------------------------------------------------------------------------- the target
-
-
-def start_container(config: Config, target: Target) -> ContainerStatus:
-    """Start the container through the Proxmox API (pvesh over this connection, or
-    HTTPS with a token) and wait until it runs; returns its state."""
-    from dflashctl.remote import proxmox
-
-    api = open_proxmox(config, target.transport)
-    return proxmox.start_container(
-        api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
-    )
 
 
 def inspect(
@@ -51,22 +39,29 @@ def inspect(
         "entry": config.trainer.entry,
         "scope": process_scope(config),
     }
+
+    def ask() -> InspectAnswer:
+        answer = agent_client.call_agent(target, config.container.python, "inspect", params)
+        return cast(InspectAnswer, answer)
+
     try:
-        return cast(
-            InspectAnswer,
-            agent_client.call_agent(target, config.container.python, "inspect", params),
-        )
+        return ask()
     except pct.ContainerNotRunning:
         if not may_start:
             raise  # with pct.not_running_hint, the one hint for a stopped container
+    from dflashctl.remote import proxmox
+
     with report.step(f"starting container {target.vmid}") as step:
-        status = start_container(config, target)
+        # Through the Proxmox API (pvesh over this connection, or HTTPS with a token),
+        # waiting until it runs.
+        api = open_proxmox(config, target.transport)
+        status = proxmox.start_container(
+            api, config.proxmox.node, target.vmid, timeout=config.proxmox.start_timeout_s
+        )
         step["done"] = f"started container {target.vmid}"
     if status.warnings:
         report.warning(f"container {target.vmid} started with warnings: {status.warnings}")
-    return cast(
-        InspectAnswer, agent_client.call_agent(target, config.container.python, "inspect", params)
-    )
+    return ask()
 
 
 # --------------------------------------------------------------------------- the plan
@@ -253,8 +248,7 @@ def dry_run_summary(nodes: list[Node], plans: list[Plan]) -> dict[str, Any]:
         {"node": node.name, "node_rank": node.index, **planned(node, plan)}
         for node, plan in zip(nodes, plans, strict=True)
     ]
-    top = {"dry_run": True, "release": plans[0].new_release}
-    return summary_of(top, entries)
+    return {"dry_run": True, "release": plans[0].new_release, "nodes": entries}
 
 
 def planned(node: Node, plan: Plan) -> dict[str, Any]:

@@ -21,13 +21,8 @@ PYTHON_TIMEOUT_S = 15.0
 TORCH_TIMEOUT_S = 60.0  # importing torch reads a few hundred MB the first time
 MIN_FREE_BYTES = 2 * 1024**3
 PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"
-_CONNECT_STEP = {  # ConnectFailed.reason -> the check that failed
-    "resolve": "SSH reachable",
-    "refused": "SSH reachable",
-    "timeout": "SSH reachable",
-    "unreachable": "SSH reachable",
-    "jump": "SSH reachable",
-    "ssh": "SSH reachable",
+# ConnectFailed.reason -> the check that failed, where it is not "SSH reachable".
+_CONNECT_STEP = {
     "host_key_unknown": "host key known",
     "host_key_changed": "host key known",
     "auth": "SSH login",
@@ -59,6 +54,13 @@ class Doctor:
 
     def skip(self, name: str, because: str) -> None:
         self.add(Check(name, SKIP, f"skipped: {because}"))
+
+    def skip_rest(self, because: str) -> None:
+        """Every check of a node (NODE_CHECKS) not made yet, skipped."""
+        done = {c.name for c in self.checks}
+        for name in NODE_CHECKS:
+            if name not in done:
+                self.skip(name, because)
 
     def run(self, name: str, probe: Callable[[], tuple[str, str] | str]) -> bool:
         """probe returns the detail (or (status, detail)); a DflashError is a failure."""
@@ -155,57 +157,51 @@ _DISK_SCRIPT = (
 )
 
 
-def _disk_probe(target: Target, workdir: str) -> Callable[[], tuple[str, str]]:
-    def probe() -> tuple[str, str]:
-        result = target.run(["sh", "-c", _DISK_SCRIPT, "sh", workdir], timeout=PYTHON_TIMEOUT_S)
-        lines = result.stdout_text.strip().splitlines()
-        checkpoint = next(
-            (line.split(" ", 2) for line in lines if line.startswith("checkpoint ")), None
+def _disk_probe(target: Target, workdir: str) -> tuple[str, str]:
+    result = target.run(["sh", "-c", _DISK_SCRIPT, "sh", workdir], timeout=PYTHON_TIMEOUT_S)
+    lines = result.stdout_text.strip().splitlines()
+    checkpoint = next(
+        (line.split(" ", 2) for line in lines if line.startswith("checkpoint ")), None
+    )
+    fields = [line for line in lines if not line.startswith("checkpoint ")][-1].split()
+    free = int(fields[3]) * 1024
+    mounted = fields[5]
+    detail = f"{human_bytes(free)} free for {workdir} (on {mounted})"
+    prune = hints.command("runs --prune 5")
+    if free < MIN_FREE_BYTES:
+        raise HostError(
+            f"only {detail}",
+            hint="free space there (old runs and their checkpoints go with "
+            f"{prune}) or point container.workdir elsewhere",
         )
-        fields = [line for line in lines if not line.startswith("checkpoint ")][-1].split()
-        free = int(fields[3]) * 1024
-        mounted = fields[5]
-        detail = f"{human_bytes(free)} free for {workdir} (on {mounted})"
-        prune = hints.command("runs --prune 5")
-        if free < MIN_FREE_BYTES:
-            raise HostError(
-                f"only {detail}",
-                hint="free space there (old runs and their checkpoints go with "
-                f"{prune}) or point container.workdir elsewhere",
+    if checkpoint is not None and checkpoint[1].isdigit():
+        needs = int(checkpoint[1]) * 1024
+        if free < needs:
+            return WARN, (
+                f"{detail}, less than a checkpoint takes: the newest, "
+                f"{checkpoint[2]}, is {human_bytes(needs)}; the next one "
+                f"would fill the disk (free space with {prune})"
             )
-        if checkpoint is not None and checkpoint[1].isdigit():
-            needs = int(checkpoint[1]) * 1024
-            if free < needs:
-                return WARN, (
-                    f"{detail}, less than a checkpoint takes: the newest, "
-                    f"{checkpoint[2]}, is {human_bytes(needs)}; the next one "
-                    f"would fill the disk (free space with {prune})"
-                )
-            detail += f", {human_bytes(needs)} per checkpoint"
-        return PASS, detail
-
-    return probe
+        detail += f", {human_bytes(needs)} per checkpoint"
+    return PASS, detail
 
 
-def _python_probe(target: Target, python: str) -> Callable[[], str]:
-    def probe() -> str:
-        # Where a bare name is found (on a root login's PATH in a container) is part of
-        # the answer: "Python 3.11.2 (/usr/local/bin/python3)".
-        script = 'command -v "$0" || true; exec "$0" --version'
-        result = target.run(["sh", "-c", script, python], timeout=PYTHON_TIMEOUT_S, check=False)
-        if result.exit_status != 0:
-            where = " on a login's PATH there" if "/" not in python else ""
-            raise HostError(
-                f"{python} does not run in {target.describe()}{where}: "
-                f"{result.last_error_line() or f'exit status {result.exit_status}'}",
-                hint="install python3 there, or set container.python to its interpreter",
-            )
-        lines = (result.stdout_text + result.stderr_text).strip().splitlines()
-        found = lines[0] if len(lines) > 1 and lines[0].startswith("/") else None
-        version = lines[-1].strip() if lines else "?"
-        return f"{version} ({found})" if found and found != python else version
-
-    return probe
+def _python_probe(target: Target, python: str) -> str:
+    # Where a bare name is found (on a root login's PATH in a container) is part of
+    # the answer: "Python 3.11.2 (/usr/local/bin/python3)".
+    script = 'command -v "$0" || true; exec "$0" --version'
+    result = target.run(["sh", "-c", script, python], timeout=PYTHON_TIMEOUT_S, check=False)
+    if result.exit_status != 0:
+        where = " on a login's PATH there" if "/" not in python else ""
+        raise HostError(
+            f"{python} does not run in {target.describe()}{where}: "
+            f"{result.last_error_line() or f'exit status {result.exit_status}'}",
+            hint="install python3 there, or set container.python to its interpreter",
+        )
+    lines = (result.stdout_text + result.stderr_text).strip().splitlines()
+    found = lines[0] if len(lines) > 1 and lines[0].startswith("/") else None
+    version = lines[-1].strip() if lines else "?"
+    return f"{version} ({found})" if found and found != python else version
 
 
 _TORCH_SCRIPT = (
@@ -218,46 +214,40 @@ _TORCH_SCRIPT = (
 _PIP_NAMES = {"yaml": "pyyaml"}
 
 
-def _torch_probe(target: Target, python: str) -> Callable[[], tuple[str, str]]:
-    def probe() -> tuple[str, str]:
-        result = target.run([python, "-c", _TORCH_SCRIPT], timeout=TORCH_TIMEOUT_S, check=False)
-        if result.exit_status != 0:
-            raise HostError(
-                f"torch cannot be imported by {python} in {target.describe()}: "
-                f"{result.last_error_line()}",
-                hint=f"install it there: `{python} -m pip install torch`",
-            )
-        *missing, version, cuda, count = result.stdout_text.split()
-        gpus = f"CUDA with {count} GPU(s)" if cuda == "True" else "no CUDA (CPU only)"
-        missing = [m for m in missing if m != "-"]
-        if missing:
-            install = " ".join(_PIP_NAMES.get(m, m) for m in missing)
-            return WARN, (
-                f"torch {version}, {gpus}; the bundled trainer also needs {', '.join(missing)}: "
-                f"`{python} -m pip install {install}` there"
-            )
-        return PASS, f"torch {version}, {gpus}"
-
-    return probe
+def _torch_probe(target: Target, python: str) -> tuple[str, str]:
+    result = target.run([python, "-c", _TORCH_SCRIPT], timeout=TORCH_TIMEOUT_S, check=False)
+    if result.exit_status != 0:
+        raise HostError(
+            f"torch cannot be imported by {python} in {target.describe()}: "
+            f"{result.last_error_line()}",
+            hint=f"install it there: `{python} -m pip install torch`",
+        )
+    *missing, version, cuda, count = result.stdout_text.split()
+    gpus = f"CUDA with {count} GPU(s)" if cuda == "True" else "no CUDA (CPU only)"
+    missing = [m for m in missing if m != "-"]
+    if missing:
+        install = " ".join(_PIP_NAMES.get(m, m) for m in missing)
+        return WARN, (
+            f"torch {version}, {gpus}; the bundled trainer also needs {', '.join(missing)}: "
+            f"`{python} -m pip install {install}` there"
+        )
+    return PASS, f"torch {version}, {gpus}"
 
 
-def _gpu_probe(target: Target) -> Callable[[], tuple[str, str]]:
-    def probe() -> tuple[str, str]:
-        result = target.run(["nvidia-smi", "-L"], timeout=PYTHON_TIMEOUT_S, check=False)
-        if result.exit_status in (126, 127):
-            return WARN, "nvidia-smi is not installed there: no GPUs visible (CPU training only)"
-        gpus = [line for line in result.stdout_text.splitlines() if line.startswith("GPU ")]
-        if result.exit_status != 0 or not gpus:
-            raise HostError(
-                f"nvidia-smi finds no GPU: {result.last_error_line() or 'no output'}",
-                hint="set container.gpus and run `dflashctl doctor --fix` (or `dflashctl "
-                "container create`): it passes the GPUs through and installs the host "
-                "driver's libraries",
-            )
-        names = sorted({line.split(":", 1)[1].split("(")[0].strip() for line in gpus})
-        return PASS, f"{len(gpus)} GPU(s): {', '.join(names)}"
-
-    return probe
+def _gpu_probe(target: Target) -> tuple[str, str]:
+    result = target.run(["nvidia-smi", "-L"], timeout=PYTHON_TIMEOUT_S, check=False)
+    if result.exit_status in (126, 127):
+        return WARN, "nvidia-smi is not installed there: no GPUs visible (CPU training only)"
+    gpus = [line for line in result.stdout_text.splitlines() if line.startswith("GPU ")]
+    if result.exit_status != 0 or not gpus:
+        raise HostError(
+            f"nvidia-smi finds no GPU: {result.last_error_line() or 'no output'}",
+            hint="set container.gpus and run `dflashctl doctor --fix` (or `dflashctl "
+            "container create`): it passes the GPUs through and installs the host "
+            "driver's libraries",
+        )
+    names = sorted({line.split(":", 1)[1].split("(")[0].strip() for line in gpus})
+    return PASS, f"{len(gpus)} GPU(s): {', '.join(names)}"
 
 
 def _passthrough_checks(doctor: Doctor, config: Any, target: Target) -> None:
@@ -327,13 +317,9 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
     closes the target. True when its python runs (the agent can be asked things)."""
     from dflashctl.remote.connect import open_proxmox
 
-    remaining = NODE_CHECKS
     transport = target.transport
     if not _connect_checks(doctor, config, transport):
-        done = {c.name for c in doctor.checks}
-        for name in remaining:
-            if name not in done:
-                doctor.skip(name, "needs a working SSH connection")
+        doctor.skip_rest("needs a working SSH connection")
         return False
     vmid = config.container.vmid
     if vmid is None:
@@ -353,8 +339,7 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
         if not doctor.run("Proxmox API answers", api_probe) and api is None:
             # Not even opened (https token, requests): nothing below can work. A
             # failed /version alone says nothing about the rest: go on.
-            for name in remaining[4:]:
-                doctor.skip(name, "needs the Proxmox API")
+            doctor.skip_rest("needs the Proxmox API")
             return False
 
         def container_probe() -> str:
@@ -371,63 +356,59 @@ def check_target(doctor: Doctor, config: Any, target: Target) -> bool:
             )
 
         if not doctor.run("container runs", container_probe):
-            for name in remaining[5:]:
-                doctor.skip(name, "needs the container running")
+            doctor.skip_rest("needs the container running")
             return False
 
     python = config.container.python
-    python_runs = doctor.run("python", _python_probe(target, python))
+    python_runs = doctor.run("python", lambda: _python_probe(target, python))
     if python_runs:
-        doctor.run("torch", _torch_probe(target, python))
+        doctor.run("torch", lambda: _torch_probe(target, python))
     else:
         doctor.skip("torch", "needs python")
-    doctor.run("GPUs", _gpu_probe(target))
+    doctor.run("GPUs", lambda: _gpu_probe(target))
     if vmid is not None and config.container.gpus is not None:
         _passthrough_checks(doctor, config, target)
-    doctor.run("free disk", _disk_probe(target, config.container.workdir))
+    doctor.run("free disk", lambda: _disk_probe(target, config.container.workdir))
     if python_runs:
         from dflashctl.ops.setup_env import doctor_probe
 
-        doctor.run("setup venv", doctor_probe(config, target))
-        doctor.run("trainer config", _trainer_config_probe(config, target))
+        doctor.run("setup venv", lambda: doctor_probe(config, target))
+        doctor.run("trainer config", lambda: _trainer_config_probe(config, target))
     else:
         doctor.skip("setup venv", "needs python")
         doctor.skip("trainer config", "needs python")
     return python_runs
 
 
-def _trainer_config_probe(config: Any, target: Target) -> Callable[[], tuple[str, str]]:
+def _trainer_config_probe(config: Any, target: Target) -> tuple[str, str]:
     """What deploy asks the trainer before it stops the old run (agent/trainer_check.py):
     its config read by the current release with the run's interpreter."""
     from dflashctl.ops import setup_env
     from dflashctl.ops.launching import hang_env, trainer_command
     from dflashctl.remote import agent_client
 
-    def probe() -> tuple[str, str]:
-        params = {
-            "workdir": config.container.workdir,
-            "entry": config.trainer.entry,
-            "command": trainer_command(config, []),
-            "env": {**hang_env(config), **config.trainer.env},
-            "setup": setup_env.setup_params(config),
-        }
-        try:
-            answer = agent_client.call_agent(
-                target, config.container.python, "trainer_check", params, timeout=600
-            )
-        except agent_client.AgentFailed as exc:
-            if "nothing is deployed" in exc.message:
-                return WARN, "nothing deployed yet: deploy checks it before it stops anything"
-            raise
-        where = f"release {answer['release']} with {answer['python']}"
-        if not answer.get("checked"):
-            return PASS, f"not checked: {config.trainer.entry} does not read DFLASH_CHECK_CONFIG"
-        if answer.get("refused"):
-            raise ConfigError(
-                f"{where}: {answer['refused']}",
-                hint="fix the trainer config, then deploy (deploy refuses it before it stops "
-                "the running one)",
-            )
-        return PASS, f"{where}: the trainer accepts {shlex.join(config.trainer.args)}"
-
-    return probe
+    params = {
+        "workdir": config.container.workdir,
+        "entry": config.trainer.entry,
+        "command": trainer_command(config, []),
+        "env": {**hang_env(config), **config.trainer.env},
+        "setup": setup_env.setup_params(config),
+    }
+    try:
+        answer = agent_client.call_agent(
+            target, config.container.python, "trainer_check", params, timeout=600
+        )
+    except agent_client.AgentFailed as exc:
+        if "nothing is deployed" in exc.message:
+            return WARN, "nothing deployed yet: deploy checks it before it stops anything"
+        raise
+    where = f"release {answer['release']} with {answer['python']}"
+    if not answer.get("checked"):
+        return PASS, f"not checked: {config.trainer.entry} does not read DFLASH_CHECK_CONFIG"
+    if answer.get("refused"):
+        raise ConfigError(
+            f"{where}: {answer['refused']}",
+            hint="fix the trainer config, then deploy (deploy refuses it before it stops "
+            "the running one)",
+        )
+    return PASS, f"{where}: the trainer accepts {shlex.join(config.trainer.args)}"

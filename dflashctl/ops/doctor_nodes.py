@@ -22,8 +22,8 @@ from typing import Any
 
 from dflashctl import hints
 from dflashctl.config.schema import Config
-from dflashctl.errors import ConfigError, DflashError
-from dflashctl.ops.doctor_checks import FAIL, NODE_CHECKS, PASS, WARN, Check, Doctor, check_target
+from dflashctl.errors import ConfigError, DflashError, HostError
+from dflashctl.ops.doctor_checks import FAIL, PASS, WARN, Check, Doctor, check_target
 from dflashctl.remote import agent_client
 from dflashctl.remote.deploy_target import Target
 
@@ -88,8 +88,7 @@ def check_node(index: int, config: Config, shown: InOrder) -> NodeCheckup:
         checkup.target = open_target(config)
     except ConfigError as exc:  # ~/.ssh/config unreadable
         doctor.add(Check("SSH reachable", FAIL, exc.message, exc.hint, True))
-        for name_ in NODE_CHECKS[1:]:
-            doctor.skip(name_, "needs SSH")
+        doctor.skip_rest("needs SSH")
     else:
         checkup.usable = check_target(doctor, config, checkup.target)
     checkup.checks = [replace(c, node=name) for c in doctor.checks]
@@ -170,39 +169,28 @@ def _address_check(doctor: Doctor, config: Config, checkups: list[NodeCheckup]) 
     if not first.usable:
         doctor.skip("rendezvous address", f"needs python on node {first.name}")
         return None
-    assert first.target is not None
-    start = time.monotonic()
-    try:
+    address = None
+
+    def probe() -> str:
+        nonlocal address
+        assert first.target is not None
         answer = agent_client.call_agent(first.target, first.config.container.python, "address", {})
-    except DflashError as exc:
-        doctor.add(Check("rendezvous address", FAIL, exc.message, exc.hint))
-        return None
-    seconds = time.monotonic() - start
-    address = answer.get("address")
-    if not address:
-        found = ", ".join(f"{a['interface']} {a['address']}" for a in answer.get("addresses", []))
-        doctor.add(
-            Check(
-                "rendezvous address",
-                FAIL,
+        if not answer.get("address"):
+            found = ", ".join(
+                f"{a['interface']} {a['address']}" for a in answer.get("addresses", [])
+            )
+            raise HostError(
                 f"node {first.name}'s container has no address the other nodes could reach "
                 + (f"(only {found})" if found else "(no interface there has an address)"),
-                "give the container a network (a bridge in its Proxmox config), or set "
+                hint="give the container a network (a bridge in its Proxmox config), or set "
                 f"torchrun.address to an address of node {first.name} that every node reaches",
-                seconds=seconds,
             )
-        )
-        return None
-    via = f" ({answer['interface']})" if answer.get("interface") else ""
-    doctor.add(
-        Check(
-            "rendezvous address",
-            PASS,
-            f"{address}{via}: node {first.name}'s container address on its default route",
-            seconds=seconds,
-        )
-    )
-    return str(address)
+        address = str(answer["address"])
+        via = f" ({answer['interface']})" if answer.get("interface") else ""
+        return f"{address}{via}: node {first.name}'s container address on its default route"
+
+    doctor.run("rendezvous address", probe)
+    return address
 
 
 def _port_check(doctor: Doctor, config: Config, checkups: list[NodeCheckup], address: str) -> None:
@@ -249,33 +237,36 @@ def _port_check(doctor: Doctor, config: Config, checkups: list[NodeCheckup], add
                 answer = {"reached": False, "error": exc.message}
             reached.append((checkup.name, bool(answer.get("reached")), answer.get("error") or ""))
     seconds = time.monotonic() - start
+    doctor.add(
+        Check(
+            "rendezvous port",
+            *_port_verdict(port, where, address, first, heard, reached),
+            seconds=seconds,
+        )
+    )
 
+
+def _port_verdict(
+    port: int, where: str, address: str, first: NodeCheckup, heard: dict, reached: list
+) -> tuple[str, str, str | None]:
+    """The port check's status, detail and fix, from the listener's and probes' answers."""
     if not heard.get("listening") and first.running:
         # Most likely the run's own rendezvous store; a deploy stops the run first.
-        doctor.add(
-            Check(
-                "rendezvous port",
-                WARN,
-                f"port {port} on node {first.name} is in use while run {first.running} runs "
-                f"there (its rendezvous, most likely): not checked; after "
-                f"{hints.command('stop')}, doctor checks it",
-                seconds=seconds,
-            )
+        return (
+            WARN,
+            f"port {port} on node {first.name} is in use while run {first.running} runs "
+            f"there (its rendezvous, most likely): not checked; after "
+            f"{hints.command('stop')}, doctor checks it",
+            None,
         )
-        return
     if not heard.get("listening"):
-        doctor.add(
-            Check(
-                "rendezvous port",
-                FAIL,
-                f"node {first.name} cannot listen on port {port} in its container: "
-                f"{heard.get('error')} (a run still holding it?)",
-                f"stop what holds it ({hints.command('stop')} stops the runs), "
-                "or set torchrun.port to a free port",
-                seconds=seconds,
-            )
+        return (
+            FAIL,
+            f"node {first.name} cannot listen on port {port} in its container: "
+            f"{heard.get('error')} (a run still holding it?)",
+            f"stop what holds it ({hints.command('stop')} stops the runs), "
+            "or set torchrun.port to a free port",
         )
-        return
     failed = [(name, error) for name, ok, error in reached if not ok]
     if failed:
         names = ", ".join(name for name, _ in failed)
@@ -284,39 +275,26 @@ def _port_check(doctor: Doctor, config: Config, checkups: list[NodeCheckup], add
         containers = (
             f"{who}'s container has" if len(failed) == 1 else f"the containers of {who} have"
         )
-        doctor.add(
-            Check(
-                "rendezvous port",
-                FAIL,
-                f"{who} cannot reach {where} on node {first.name} ({why})",
-                f"let TCP port {port} through to node {first.name}'s container (its "
-                f"firewall, the host's), check that {containers} a network route to "
-                f"{address}, or set torchrun.address to an address of node {first.name} "
-                "that every node reaches",
-                seconds=seconds,
-            )
+        return (
+            FAIL,
+            f"{who} cannot reach {where} on node {first.name} ({why})",
+            f"let TCP port {port} through to node {first.name}'s container (its "
+            f"firewall, the host's), check that {containers} a network route to "
+            f"{address}, or set torchrun.address to an address of node {first.name} "
+            "that every node reaches",
         )
-        return
     peers = heard.get("peers") or []
     if len(peers) < len(reached):
-        doctor.add(
-            Check(
-                "rendezvous port",
-                FAIL,
-                f"{len(reached) - len(peers)} of {len(reached)} nodes reached something at "
-                f"{where} that is not node {first.name}'s container",
-                f"set torchrun.address to node {first.name}'s container address",
-                seconds=seconds,
-            )
+        return (
+            FAIL,
+            f"{len(reached) - len(peers)} of {len(reached)} nodes reached something at "
+            f"{where} that is not node {first.name}'s container",
+            f"set torchrun.address to node {first.name}'s container address",
         )
-        return
-    doctor.add(
-        Check(
-            "rendezvous port",
-            PASS,
-            f"node {first.name} listens on port {port}; all {len(reached)} nodes reach {where}",
-            seconds=seconds,
-        )
+    return (
+        PASS,
+        f"node {first.name} listens on port {port}; all {len(reached)} nodes reach {where}",
+        None,
     )
 
 

@@ -30,15 +30,12 @@ _FORMAT = 1
 _started: dict[tuple[str, ...], subprocess.Popen] = {}
 
 
-def _cache_home() -> Path:
-    # platformdirs' user_cache_path on Linux, without importing it this early.
-    home = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return Path(home) if home else Path.home() / ".cache"
-
-
 def _record_path(config_path: Path) -> Path:
     name = hashlib.sha256(str(config_path.resolve()).encode()).hexdigest()[:32]
-    return _cache_home() / "dflashctl" / "uploads" / f"{name}.json"
+    # platformdirs' user_cache_path on Linux, without importing it this early.
+    home = os.environ.get("XDG_CACHE_HOME", "").strip()
+    cache = Path(home) if home else Path.home() / ".cache"
+    return cache / "dflashctl" / "uploads" / f"{name}.json"
 
 
 def _config_named(args: list[str]) -> Path:

@@ -215,32 +215,17 @@ def _mismatches(label: str, present: list[RankInGroup]) -> list[Finding]:
     common = set.intersection(*(set(s.entries) for s in present)) if present else set()
     for seq in sorted(common):
         ops = {s.rank: _op(s.entries[seq]) for s in present}
-        if len(set(ops.values())) > 1:
-            said = ", ".join(f"rank {r}: {op}" for r, op in sorted(ops.items()))
-            return [
-                Finding(
-                    label,
-                    seq,
-                    "/".join(sorted(set(ops.values()))),
-                    "mismatch",
-                    sorted(ops),
-                    detail=f"the ranks issued different collectives ({said})",
-                )
-            ]
         sizes = {s.rank: repr(s.entries[seq].get("input_sizes")) for s in present}
-        if len(set(sizes.values())) > 1:
-            said = ", ".join(f"rank {r}: {v}" for r, v in sorted(sizes.items()))
-            op = ops[present[0].rank]
-            return [
-                Finding(
-                    label,
-                    seq,
-                    op,
-                    "mismatch",
-                    sorted(sizes),
-                    detail=f"{op} with different input sizes ({said})",
-                )
-            ]
+        op = ops[present[0].rank]
+        for differ, what in (
+            (ops, "the ranks issued different collectives"),
+            (sizes, f"{op} with different input sizes"),
+        ):
+            if len(set(differ.values())) > 1:
+                said = ", ".join(f"rank {r}: {v}" for r, v in sorted(differ.items()))
+                name = "/".join(sorted(set(ops.values())))  # (one op, when only sizes differ)
+                detail = f"{what} ({said})"
+                return [Finding(label, seq, name, "mismatch", sorted(differ), detail=detail)]
     return []
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from dflashctl.config.schema import Config
 from dflashctl.errors import HostError
+from dflashctl.ops import setup_env
 from dflashctl.ops.launching import launch_params, trainer_command
 from dflashctl.remote import agent_client
 from dflashctl.remote.agent_messages import LaunchParams
@@ -155,85 +156,95 @@ def commit_deadline(config: Config, upload_bytes: int) -> float:
     """How long the nodes wait for each other at the barrier: run.commit_timeout_s, plus
     room for the largest upload (the slowest node's, at 1 MB/s as the upload's own
     timeout reckons); half of it with nothing to build, when every node is about as far
-    along."""
+    along. A node may make its venv before it arrives: the setup's timeout on top."""
+    setup = setup_env.setup_params(config)
     base = config.run.commit_timeout_s
-    if not upload_bytes:
-        return base / 2
-    return base + upload_bytes / 1e6
+    wait = base / 2 if not upload_bytes else base + upload_bytes / 1e6
+    return wait + (float(setup["timeout_s"]) if setup else 0.0)
 
 
-def node_launch_params(
+def every_launch_params(
     config: Config,
     nodes: list[Node],
-    node: Node,
     run_id: str,
-    release: str | None,
-    rendezvous: Rendezvous | None,
+    releases: list[str | None],
     meta: dict[str, Any],
     *,
     extra_args: list[str],
     fresh: bool,
     by: str,
     wait: bool,
-    deadline_s: float,
-) -> LaunchParams:
-    """What node `node`'s agent launches: the parameters of its `launch` (or `deploy`)
-    verb. On one node, the plain run; on several, its torchrun, its place in the job,
-    and the commit it waits at."""
-    where = (rendezvous.address, rendezvous.port) if rendezvous else None
-    command = node_command(config, node, len(nodes), where, run_id, extra_args)
-    if rendezvous is None:
-        return launch_params(
-            node.config, run_id, release, command, meta, fresh=fresh, by=by, wait=wait
+    upload_bytes: int = 0,
+) -> tuple[Rendezvous | None, dict[int, LaunchParams]]:
+    """Where the nodes meet (rendezvous_for) and what each node's agent launches: the
+    parameters of its `launch` (or `deploy`) verb, by node index (`releases`: each
+    node's, None for its current one: a restart). On one node, the plain run; on
+    several, each node's torchrun, its place in the job, and the commit it waits at."""
+    rendezvous = rendezvous_for(config, nodes)
+    deadline_s = commit_deadline(config, upload_bytes)
+
+    def one(node: Node) -> LaunchParams:
+        release = releases[node.index]
+        where = (rendezvous.address, rendezvous.port) if rendezvous else None
+        command = node_command(config, node, len(nodes), where, run_id, extra_args)
+        node_meta = (
+            None
+            if rendezvous is None
+            else {
+                "name": node.name,
+                "rank": node.index,
+                "count": len(nodes),
+                "names": [n.name for n in nodes],
+                "rendezvous": rendezvous.endpoint,
+            }
         )
-    node_meta = {
-        "name": node.name,
-        "rank": node.index,
-        "count": len(nodes),
-        "names": [n.name for n in nodes],
-        "rendezvous": rendezvous.endpoint,
-    }
-    params = launch_params(
-        node.config,
-        run_id,
-        release,
-        command,
-        dict(meta, node=node_meta),
-        # Only the first node continues a checkpoint: rank 0 is there, and the trainer
-        # gives every rank what rank 0 resumes from.
-        fresh=fresh or node.index > 0,
-        by=by,
-        wait=wait,
-    )
-    params["env"].update(
-        {
-            "DFLASH_NODE_NAME": node.name,
-            "DFLASH_NODE_RANK": str(node.index),
-            "DFLASH_NUM_NODES": str(len(nodes)),
-            "DFLASH_RDZV_ENDPOINT": rendezvous.endpoint,
+        params = launch_params(
+            node.config,
+            run_id,
+            release,
+            command,
+            dict(meta, node=node_meta) if node_meta else meta,
+            # Only the first node continues a checkpoint: rank 0 is there, and the trainer
+            # gives every rank what rank 0 resumes from.
+            fresh=fresh or node.index > 0,
+            by=by,
+            wait=wait,
+        )
+        if rendezvous is None:
+            return params
+        params["env"].update(
+            {
+                "DFLASH_NODE_NAME": node.name,
+                "DFLASH_NODE_RANK": str(node.index),
+                "DFLASH_NUM_NODES": str(len(nodes)),
+                "DFLASH_RDZV_ENDPOINT": rendezvous.endpoint,
+            }
+        )
+        # gloo binds the address the hostname resolves to, in a container often loopback
+        # (127.0.1.1 in /etc/hosts): the other nodes could not connect. Tell it the
+        # interface that reaches the rendezvous (unless trainer.env says otherwise).
+        params["env"].setdefault("GLOO_SOCKET_IFNAME", rendezvous.interfaces[node.index])
+        # Each node's supervisor would restart its own torchrun on its own: not across nodes.
+        params["recovery"]["retry"]["max_restarts"] = 0
+        params["commit"] = {
+            "world": len(nodes),
+            "rank": node.index,
+            "names": [n.name for n in nodes],
+            "address": rendezvous.address,
+            "port": rendezvous.commit_port,
+            "job_port": rendezvous.port,
+            "run_id": run_id,
+            "deadline_s": deadline_s,
+            "program": barrier_program(),
+            "secret": barrier_secret(run_id),
         }
-    )
-    # gloo binds the address the hostname resolves to, in a container often loopback
-    # (127.0.1.1 in /etc/hosts): the other nodes could not connect. Tell it the
-    # interface that reaches the rendezvous (unless trainer.env says otherwise).
-    params["env"].setdefault("GLOO_SOCKET_IFNAME", rendezvous.interfaces[node.index])
-    # Each node's supervisor would restart its own torchrun on its own: not across nodes.
-    params["recovery"]["retry"]["max_restarts"] = 0
-    params["commit"] = {
-        "world": len(nodes),
-        "rank": node.index,
-        "names": [n.name for n in nodes],
-        "address": rendezvous.address,
-        "port": rendezvous.commit_port,
-        "job_port": rendezvous.port,
-        "run_id": run_id,
-        "deadline_s": deadline_s,
-        "program": barrier_program(),
-        "secret": barrier_secret(run_id),
-    }
-    if os.environ.get(ACK_WAIT_ENV):
-        params["commit"]["ack_wait_s"] = float(os.environ[ACK_WAIT_ENV])
-    return params
+        if release is None:  # a restart: the barrier also checks every node's current release
+            params["commit"]["same_release"] = True
+        if os.environ.get(ACK_WAIT_ENV):
+            params["commit"]["ack_wait_s"] = float(os.environ[ACK_WAIT_ENV])
+        return params
+
+    return rendezvous, {node.index: one(node) for node in nodes}
 
 
 # The commit store (a torch TCPStore) has no authentication: whoever reaches its port

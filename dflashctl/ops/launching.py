@@ -4,10 +4,13 @@ reported and followed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,7 +27,6 @@ from dflashctl.remote.agent_messages import (
     LaunchParams,
     ProcessToStop,
     Resume,
-    StartedRun,
 )
 from dflashctl.remote.connect import open_target
 from dflashctl.reporting import SILENT, Reporter
@@ -37,21 +39,17 @@ if TYPE_CHECKING:
 
 def git_state(source: Path) -> dict[str, Any]:
     """The source's git commit and whether it has uncommitted changes (if in git)."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10
         )
+
+    try:
+        head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return {}
-        status = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        status = git("status", "--porcelain", "--", ".")
     except (OSError, subprocess.TimeoutExpired):
         return {}
     return {"git_commit": head.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
@@ -62,14 +60,8 @@ def config_meta(config: Config) -> dict[str, Any]:
     return {"config_digest": config.digest, "config_path": str(config.path)}
 
 
-def source_meta(config: Config) -> dict[str, Any]:
-    """config_meta and the provenance of the trainer source as it is here now."""
-    return {**config_meta(config), **git_state(Path(config.trainer.source))}
-
-
-def lock_holder(command: str) -> dict[str, Any]:
-    """Who holds the workdir's lock while this command runs: said to anyone refused."""
-    return {"command": command, "machine": socket.gethostname(), "pid": os.getpid()}
+# How long a `--wait` deploy or restart may queue behind another before the call gives up.
+QUEUED_WAIT_S = 24 * 3600
 
 
 def trainer_command(config: Config, extra_args: list[str]) -> list[str]:
@@ -83,28 +75,23 @@ def hang_env(config: Config) -> dict[str, str]:
     return {"DFLASH_HANG_FACTOR": f"{hang.factor:g}", "DFLASH_HANG_MIN_S": f"{hang.min_s:g}"}
 
 
-def gpu_env(config: Config) -> dict[str, str]:
-    """run.gpus: the run sees only those GPUs (renumbered from 0 inside it)."""
-    gpus = config.run.gpus
-    return {} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-
-
 def launch_params(
     config: Config,
     run_id: str,
     release: str | None,
     command: list[str],
     meta: dict[str, Any],
-    grace_s: float | None = None,
     *,
     fresh: bool = False,
     by: str = "deploy",
     wait: bool = False,
 ) -> LaunchParams:
+    gpus = config.run.gpus
     return {
         "fresh": fresh,
         "by": by,
-        "holder": lock_holder(by),
+        # Who holds the workdir's lock while this command runs: said to anyone refused.
+        "holder": {"command": by, "machine": socket.gethostname(), "pid": os.getpid()},
         "wait": wait,
         "workdir": config.container.workdir,
         "release": release,
@@ -116,11 +103,12 @@ def launch_params(
             **hang_env(config),
             **config.trainer.env,
             **({"DFLASH_ON_EXIT": config.run.on_exit} if config.run.on_exit else {}),
-            **gpu_env(config),
+            # run.gpus: the run sees only those GPUs (renumbered from 0 inside it).
+            **({} if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}),
         },
-        "grace_s": config.run.stop_grace_s if grace_s is None else grace_s,
+        "grace_s": config.run.stop_grace_s,
         "keep_releases": config.run.keep_releases,
-        "meta": dict(meta, hang=config.run.hang.model_dump(), gpus=config.run.gpus),
+        "meta": dict(meta, hang=config.run.hang.model_dump(), gpus=gpus),
         "supervisor": recovery.supervisor_program(),
         "recovery": recovery.recovery_settings(config),
         # The venv the run starts from (agent/venvs.py): made by the launch if missing.
@@ -128,18 +116,24 @@ def launch_params(
     }
 
 
+def launch_timeout(params: LaunchParams, base: float) -> float:
+    """A launching call's timeout: `base` and the stop's grace, plus what the agent may
+    wait for: a deploy in flight (--wait), the venv it makes when it is missing, the
+    other nodes at the commit barrier (agent/commit.py's slack too)."""
+    timeout = base + float(params["grace_s"]) + (QUEUED_WAIT_S if params.get("wait") else 0)
+    if params.get("setup"):
+        timeout += float(params["setup"]["timeout_s"])
+    if params.get("commit"):
+        timeout += float(params["commit"]["deadline_s"]) + 300
+    return timeout
+
+
 def stop_and_launch(config: Config, target: Target, params: LaunchParams) -> LaunchAnswer:
     """Stop stale runs and launch `params["release"]` (None: the current one) in one
     round trip: a deploy with nothing to send, and restart."""
-    grace = float(params["grace_s"])
-    timeout = grace + 120 + (24 * 3600 if params.get("wait") else 0)
-    if params.get("setup"):  # the launch makes the venv itself when it is missing
-        timeout += float(params["setup"]["timeout_s"])
-    if params.get("commit"):  # waiting for the other nodes (agent/commit.py's slack too)
-        timeout += float(params["commit"]["deadline_s"]) + 300
     try:
         answer = agent_client.call_agent(
-            target, config.container.python, "launch", params, timeout=timeout
+            target, config.container.python, "launch", params, timeout=launch_timeout(params, 120)
         )
         return cast(LaunchAnswer, answer)
     except HostError as exc:
@@ -199,39 +193,6 @@ def planned_train_steps(command: list[str], source: Path | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def say_launched(
-    report: Reporter,
-    launched: LaunchAnswer,
-    run_id: str,
-    command: list[str],
-    seconds: float,
-    *,
-    prefix: str = "",
-    source: Path | None = None,
-) -> None:
-    """The runs the agent stopped, then the one it launched; `seconds` is the time the
-    stop and launch took together; `prefix` names the node when there are several."""
-    stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
-    for index, item in enumerate(launched["stopped"]):
-        report.done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
-    report.done(
-        f"{prefix}launched run {run_id} (pid {launched['run']['pid']}) from release "
-        f"{launched['release']}: {shlex.join(command)}",
-        max(seconds - stop_s, 0.0),
-    )
-    steps = planned_train_steps(command, source)
-    report.info(f"  {describe_lineage(launched['run'], steps)}")
-
-
-def describe_lineage(run: StartedRun, train_steps: int | None = None) -> str:
-    """Where the new run's training starts, as the agent decided it."""
-    if "resume" not in run:  # an agent that does not say
-        return "starts at step 0"
-    return describe_start(
-        run.get("resume"), run.get("previous_run"), fresh=run.get("fresh"), train_steps=train_steps
-    )
-
-
 def describe_start(
     resume: Resume | None,
     previous: str | None,
@@ -275,22 +236,55 @@ def describe_start(
     return "starts at step 0"
 
 
-def lineage_summary(run: StartedRun) -> dict[str, Any]:
-    resume = run.get("resume")
-    return {
+def say_every_launch(
+    report: Reporter,
+    nodes: list[Node],
+    answers: list[LaunchAnswer],
+    params: dict[int, LaunchParams],
+    since: float,
+    *,
+    deployed: bool = False,
+) -> tuple[dict[str, Any], list[list[str]]]:
+    """On each node, the runs the agent stopped, then the one it launched and where its
+    training starts (`since`: when the stop and launch began; `deployed`: the trainer
+    tree here is the one launched, its train.steps known); returns the run's part of
+    the summary, and each node's command as the agent ran it."""
+    from dflashctl.remote.nodes import names_each_node
+
+    run_id = params[nodes[0].index]["run_id"]
+    commands = []
+    for node, launched in zip(nodes, answers, strict=True):
+        prefix = f"{node.name}: " if names_each_node(nodes) else ""
+        command = launched["run"].get("command") or params[node.index]["command"]
+        stop_s = float(launched.get("stop_seconds") or 0.0) if launched["stopped"] else 0.0
+        for index, item in enumerate(launched["stopped"]):
+            report.done(prefix + describe_stopped(item), stop_s if index == 0 else 0.0)
+        report.done(
+            f"{prefix}launched run {run_id} (pid {launched['run']['pid']}) from release "
+            f"{launched['release']}: {shlex.join(command)}",
+            max(time.monotonic() - since - stop_s, 0.0),
+        )
+        run = launched["run"]
+        steps = planned_train_steps(command, Path(node.config.trainer.source) if deployed else None)
+        start = describe_start(
+            run.get("resume"), run.get("previous_run"), fresh=run.get("fresh"), train_steps=steps
+        )
+        # An agent that does not say where it resumed: step 0.
+        report.info(f"  {start if 'resume' in run else 'starts at step 0'}")
+        commands.append(command)
+    resume = answers[0]["run"].get("resume")
+    top = {
+        "run_id": run_id,
+        "release": answers[0]["release"],
         "resumed_from": resume["run_id"] if resume else None,
         "resumed_step": resume.get("step") if resume else None,
         "resumed_checkpoint": resume["checkpoint"] if resume else None,
-        "replaced_run": run.get("previous_run"),
+        "replaced_run": answers[0]["run"].get("previous_run"),
     }
+    return top, commands
 
 
 # --------------------------------------------------------------------------- following
-
-
-def summary_of(top: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """A deploy's or restart's summary: what belongs to the run, and each node's entry."""
-    return {**top, "nodes": entries}
 
 
 def import_follower() -> None:
@@ -409,11 +403,16 @@ def what_interrupt_left(config: Config, run_id: str, grace_s: float) -> str:
     return "interrupted before anything was launched; nothing is running"
 
 
-def say_what_interrupt_left(report: Reporter, nodes: list[Node], run_id: str, params) -> None:
-    """What a Ctrl-C left on each node (headed by the node's name when there are
+@contextlib.contextmanager
+def interrupt_said(report: Reporter, nodes: list[Node], run_id: str, params) -> Iterator[None]:
+    """On a Ctrl-C, what it left on each node (headed by the node's name when there are
     several), told to `report`: deploy's and restart's one way of saying it."""
     from dflashctl.remote.nodes import names_each_node
 
-    for node in nodes:
-        left = what_interrupt_left(node.config, run_id, float(params[node.index]["grace_s"]))
-        report.warning(f"{node.name}: {left}" if names_each_node(nodes) else left)
+    try:
+        yield
+    except KeyboardInterrupt:
+        for node in nodes:
+            left = what_interrupt_left(node.config, run_id, float(params[node.index]["grace_s"]))
+            report.warning(f"{node.name}: {left}" if names_each_node(nodes) else left)
+        raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -139,37 +140,28 @@ def choose(nodes: list[Node], answers: list[dict[str, Any]], run_id: str, step: 
     files: list[PullFile] = []
     checkpoint = None
     if with_ckpt:
-        node, answer = with_ckpt[0]
-        checkpoint = answer["checkpoint"]
+        checkpoint = with_ckpt[0][1]["checkpoint"]
         prefix = f"checkpoints{os.sep}"
-        files += [
-            _file(f, i, node, answer)
-            for i, f in enumerate(answer["files"])
-            if f["rel"].startswith(prefix)
-        ]
-    with_metrics = [
-        (n, a) for n, a in found if any(not f["rel"].startswith("checkpoints") for f in a["files"])
-    ]
+        files += _files(*with_ckpt[0], lambda rel: rel.startswith(prefix))
+
+    def metrics(rel: str) -> bool:  # everything of the run that is not a checkpoint
+        return not rel.startswith("checkpoints")
+
+    with_metrics = [(n, a) for n, a in found if any(metrics(f["rel"]) for f in a["files"])]
     if with_metrics:
-        node, answer = with_metrics[0]
-        files += [
-            _file(f, i, node, answer)
-            for i, f in enumerate(answer["files"])
-            if not f["rel"].startswith("checkpoints")
-        ]
+        files += _files(*with_metrics[0], metrics)
     return files, checkpoint
 
 
-def _file(entry: dict[str, Any], index: int, node: Node, answer: dict[str, Any]) -> PullFile:
-    return PullFile(
-        entry["rel"],
-        entry["path"],
-        int(entry["size"]),
-        node,
-        index,
-        answer["list"],
-        int(entry.get("mode", 0o644)),
-    )
+def _files(node: Node, answer: dict[str, Any], wanted: Callable[[str], bool]) -> list[PullFile]:
+    """The files of `answer`'s list whose path is `wanted`."""
+    return [
+        PullFile(
+            f["rel"], f["path"], int(f["size"]), node, i, answer["list"], int(f.get("mode", 0o644))
+        )
+        for i, f in enumerate(answer["files"])
+        if wanted(f["rel"])
+    ]
 
 
 def links_left_out(answers: list[dict[str, Any]]) -> list[str]:
@@ -250,7 +242,8 @@ def pull_files(files: list[PullFile], dest: Path, report: Reporter = SILENT) -> 
         elif _size(final) == f.size:
             here[f.rel] = local_sha256(final)
         else:
-            offsets[f.rel] = _partial_size(final + PARTIAL, f)
+            partial = _size(final + PARTIAL) or 0  # (longer than the file: not its start)
+            offsets[f.rel] = partial if partial <= f.size else 0
     resumed = {rel for rel, offset in offsets.items() if offset}
     made: set[str] = set()
     todo = files
@@ -325,11 +318,6 @@ def _size(path: str) -> int | None:
         return os.stat(path).st_size
     except OSError:
         return None
-
-
-def _partial_size(partial: str, f: PullFile) -> int:
-    size = _size(partial) or 0
-    return size if size <= f.size else 0
 
 
 def wanted_specs(items: list[tuple[int, int | None]]) -> list[str]:

@@ -4,25 +4,25 @@ round trip to the agent per node, nothing synced (`stop` is stopping.py)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from dflashctl.config.schema import Config
 from dflashctl.crash import rules_for
 from dflashctl.ops import setup_env
 from dflashctl.ops.committing import launch_everywhere
-from dflashctl.ops.launch_command import commit_deadline, node_launch_params, rendezvous_for
+from dflashctl.ops.launch_command import every_launch_params
 from dflashctl.ops.launching import (
+    config_meta,
     follow_unless_detached,
+    git_state,
     import_follower,
-    lineage_summary,
-    say_launched,
-    say_what_interrupt_left,
-    source_meta,
+    interrupt_said,
+    say_every_launch,
     start_line,
     stop_and_launch,
-    summary_of,
 )
-from dflashctl.remote.nodes import names_each_node, node_sessions
+from dflashctl.remote.nodes import node_sessions
 from dflashctl.reporting import SILENT, Reporter
 from dflashctl.runs import records as runs
 
@@ -46,22 +46,14 @@ def restart(
         run_id = runs.new_id()
         # The provenance of the release: the source as it is here now (restart sends
         # nothing, so this says what the user would deploy, which is usually it).
-        meta = dict(source_meta(config), restart=True)
-        rendezvous = rendezvous_for(config, nodes)
-        params = {}
-        for node in nodes:
-            params[node.index] = node_launch_params(
-                config, nodes, node, run_id, None, rendezvous, meta,
-                extra_args=extra_args or [], fresh=fresh, by="restart", wait=wait,
-                deadline_s=commit_deadline(config, 0)
-                + (float(setup_env.setup_params(config)["timeout_s"])
-                   if setup_env.setup_params(config) else 0.0),
-            )  # fmt: skip
-            if "commit" in params[node.index]:
-                params[node.index]["commit"]["same_release"] = True
+        meta = {**config_meta(config), **git_state(Path(config.trainer.source)), "restart": True}
+        rendezvous, params = every_launch_params(
+            config, nodes, run_id, [None] * len(nodes), meta,
+            extra_args=extra_args or [], fresh=fresh, by="restart", wait=wait,
+        )  # fmt: skip
         setup_env.setup_every_node(nodes, [None] * len(nodes), report)  # a failure stops nothing
         t0 = time.monotonic()
-        try:
+        with interrupt_said(report, nodes, run_id, params):
             with report.busy("stopping stale runs and launching"):
                 answers = launch_everywhere(
                     nodes,
@@ -69,30 +61,22 @@ def restart(
                     lambda n: stop_and_launch(n.config, n.target, params[n.index]),
                     report,
                 )
-        except KeyboardInterrupt:
-            say_what_interrupt_left(report, nodes, run_id, params)
-            raise
-        entries = []
-        for node, answer in zip(nodes, answers, strict=True):
-            command = answer["run"].get("command") or params[node.index]["command"]
-            prefix = f"{node.name}: " if names_each_node(nodes) else ""
-            say_launched(report, answer, run_id, command, time.monotonic() - t0, prefix=prefix)
-            entries.append(
-                {
-                    "node": node.name,
-                    "node_rank": node.index,
-                    "release": answer["release"],
-                    "pid": answer["run"]["pid"],
-                    "runs_stopped": answer["stopped"],
-                    "command": command,
-                    "target": node.target.describe(),
-                }
-            )
-        top = {
-            "release": answers[0]["release"],
-            "run_id": run_id,
-            **lineage_summary(answers[0]["run"]),
+        top, commands = say_every_launch(report, nodes, answers, params, t0)
+        entries = [
+            {
+                "node": node.name,
+                "node_rank": node.index,
+                "release": answer["release"],
+                "pid": answer["run"]["pid"],
+                "runs_stopped": answer["stopped"],
+                "command": command,
+                "target": node.target.describe(),
+            }
+            for node, answer, command in zip(nodes, answers, commands, strict=True)
+        ]
+        summary = {
+            **top,
             "rendezvous": rendezvous.endpoint if rendezvous is not None else None,
+            "nodes": entries,
         }
-        summary = summary_of(top, entries)
         return follow_unless_detached(nodes, rules, summary, detach=detach, report=report)

@@ -51,19 +51,16 @@ def setup_params(config: Config) -> dict[str, Any] | None:
     }
 
 
-def _content_digest(config: Config, params: dict[str, Any]) -> str:
+def _memory(config: Config, params: dict[str, Any]) -> Path:
+    """Where this machine notes that the setup of this content succeeded on this target."""
     text = ""
     if params.get("requirements"):
         text = (Path(config.trainer.source) / params["requirements"]).read_text(errors="replace")
     host, ct = config.host, config.container
     where = [host.address, host.port, host.user, ct.vmid, ct.workdir, ct.python]
     blob = json.dumps([where, text, params["commands"], params["pip_args"]])
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-def _memory(config: Config, params: dict[str, Any]) -> Path:
     folder = user_cache_path("dflashctl", appauthor=False) / "setups"
-    return folder / _content_digest(config, params)
+    return folder / hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def needs_streaming(config: Config) -> bool:
@@ -183,40 +180,36 @@ def setup_every_node(
     values_or_raise(outcomes, "setting up the venv")
 
 
-def doctor_probe(config: Config, target: Target):
+def doctor_probe(config: Config, target: Target) -> tuple[str, str]:
     """doctor's check: the venv of the current release's setup exists, and its python
     imports the top-level modules of what the requirements name."""
-
-    def probe() -> tuple[str, str]:
-        params = setup_params(config)
-        if params is None:
-            return "pass", "nothing to install (no setup.requirements file, no setup.commands)"
-        call = {"workdir": config.container.workdir, "setup": params}
-        try:
-            answer = agent_client.call_agent(
-                target, config.container.python, "setup_check", call, timeout=600
-            )
-        except agent_client.AgentFailed as exc:
-            if "nothing is deployed" in exc.message:
-                return "warn", "nothing deployed yet: the first deploy makes the venv"
-            raise
-        if not answer.get("needed"):
-            return "pass", "the current release installs nothing"
-        if not answer.get("ready"):
-            raise HostError(
-                f"no venv for the current release's setup (expected {answer.get('venv')})",
-                hint="deploy or restart makes it (its output shows pip's errors, if any)",
-            )
-        imports = answer.get("imports") or {}
-        broken = {name: why for name, why in imports.items() if why != "ok"}
-        if broken:
-            listed = "; ".join(f"{name}: {why}" for name, why in broken.items())
-            raise HostError(
-                f"the venv {answer.get('venv')} does not import: {listed}",
-                hint="deploy again with the requirement fixed; a package installed by hand "
-                "in the venv is lost at the next setup",
-            )
-        names = ", ".join(imports) if imports else "no named requirements"
-        return "pass", f"venv {answer.get('venv')} imports {names}"
-
-    return probe
+    params = setup_params(config)
+    if params is None:
+        return "pass", "nothing to install (no setup.requirements file, no setup.commands)"
+    call = {"workdir": config.container.workdir, "setup": params}
+    try:
+        answer = agent_client.call_agent(
+            target, config.container.python, "setup_check", call, timeout=600
+        )
+    except agent_client.AgentFailed as exc:
+        if "nothing is deployed" in exc.message:
+            return "warn", "nothing deployed yet: the first deploy makes the venv"
+        raise
+    if not answer.get("needed"):
+        return "pass", "the current release installs nothing"
+    if not answer.get("ready"):
+        raise HostError(
+            f"no venv for the current release's setup (expected {answer.get('venv')})",
+            hint="deploy or restart makes it (its output shows pip's errors, if any)",
+        )
+    imports = answer.get("imports") or {}
+    broken = {name: why for name, why in imports.items() if why != "ok"}
+    if broken:
+        listed = "; ".join(f"{name}: {why}" for name, why in broken.items())
+        raise HostError(
+            f"the venv {answer.get('venv')} does not import: {listed}",
+            hint="deploy again with the requirement fixed; a package installed by hand "
+            "in the venv is lost at the next setup",
+        )
+    names = ", ".join(imports) if imports else "no named requirements"
+    return "pass", f"venv {answer.get('venv')} imports {names}"

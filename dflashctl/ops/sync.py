@@ -198,14 +198,6 @@ def unreadable(path: Path, exc: OSError) -> UsageError:
     )
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # A .py file up to this size is kept in memory once read for its hash, so that the
 # syntax check does not read it again (thousands of small files: half the reads).
 KEEP_TEXT_BYTES = 1 << 20
