@@ -9,7 +9,13 @@ import types
 import dflash.budget as budget
 import pytest
 import torch
-from dflash.budget import fit_anchors, fit_seq_len, measure_step_seconds, steps_for_budget
+from dflash.budget import (
+    fit_anchors,
+    fit_seq_len,
+    many_epochs_warning,
+    measure_step_seconds,
+    steps_for_budget,
+)
 from dflash.dflash_workload import DFlashWorkload
 from dflash.pipeline.logging import RunLog
 from dflash.pipeline.run import train
@@ -61,6 +67,24 @@ def test_a_budgeted_run_takes_the_steps_its_budget_holds(tmp_path, monkeypatch):
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     assert steps[-1]["step"] == 21 and steps[-1]["total_steps"] == 21
+    # 21 steps x 2 rows over 16 samples: 2.6 epochs, nothing to warn about.
+    assert not any("by heart" in x for x in log.lines)
+
+
+def test_a_budget_far_past_the_data_is_a_warning_that_says_what_to_do(tmp_path, monkeypatch):
+    # 0.1 s a step for a minute over 16 samples, 2 a step: about 60 epochs.
+    monkeypatch.setattr(budget, "measure_step_seconds", lambda *args, **kw: 0.1)
+    monkeypatch.setattr(budget, "time", types.SimpleNamespace(perf_counter=lambda: 1000.0))
+    cfg = tiny_config(tmp_path, budget_minutes=1)
+    workload = DFlashWorkload(cfg)
+    workload.created = 1000.0
+    lines = []
+    budget.size_to_budget(cfg, workload, 1, 1, lines.append)
+    assert cfg.train.steps == 510
+    warned = [x for x in lines if x.startswith("warning:")]
+    assert len(warned) == 1 and "64 epochs of only 16 samples" in warned[0]
+    assert "regenerate answers for more prompts" in warned[0]
+    assert many_epochs_warning(20, 500) is None and many_epochs_warning(20.5, 500)
 
 
 def test_the_probe_times_real_training_steps(tmp_path):

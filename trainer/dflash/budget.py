@@ -21,6 +21,10 @@ import time
 # Kept out of the step budget: the step probe does not time the tau~ walk on log lines,
 # the mid-run evals or the final checkpoint and eval.
 BUDGET_RESERVE = 0.15
+# Past this many passes over the samples a drafter learns the answers by heart: the
+# training rows' tau~ climbs towards the block size while the eval's stays where it was
+# (a zoo target with ~500 samples ran ~130 epochs: tau~ 16.0, eval tau 3.2).
+MANY_EPOCHS = 20
 
 
 def steps_for_budget(
@@ -129,4 +133,18 @@ def size_to_budget(cfg, workload, num_replicas: int, world_size: int, log) -> No
         f"{step_s * 1000:.0f} ms a step (probe), {spent:.0f} s spent before training, "
         f"{BUDGET_RESERVE:.0%} kept for evals and the checkpoint; "
         f"{cfg.train.steps * per_step / max(1, samples):.1f} epochs of {samples} samples"
+    )
+    warning = many_epochs_warning(cfg.train.steps * per_step / max(1, samples), samples)
+    if warning:
+        log("warning: " + warning)
+
+
+def many_epochs_warning(epochs: float, samples: int) -> str | None:
+    """What to say when the budget holds far more passes over the data than help."""
+    if epochs <= MANY_EPOCHS:
+        return None
+    return (
+        f"the budget holds {epochs:.0f} epochs of only {samples} samples: the drafter will "
+        "learn them by heart (training tau~ rises, eval tau does not); regenerate answers "
+        "for more prompts, or lower train.budget_minutes to save the GPU time"
     )
