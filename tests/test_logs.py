@@ -204,19 +204,27 @@ def test_ctrl_c_stops_following_and_leaves_the_run_running(project):
         text=True,
         env=env,
     )
+    # One reader per pipe, and no communicate(): a second reader of stdout would take
+    # lines from this one, and the test would see a gap the follower never left.
     printed: list[str] = []
-    reader = threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)
+    errors: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True),
+        threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True),
+    ]
     try:
-        reader.start()
+        for reader in readers:
+            reader.start()
         # Ctrl-C once the follower has printed lines (it is following, not starting up).
         wait_for(lambda: len(step_lines("".join(printed))) > 5, timeout=120, what="lines")
         proc.send_signal(signal.SIGINT)
-        err = proc.communicate(timeout=60)[1]
-        reader.join(10)
+        proc.wait(timeout=60)
+        for reader in readers:
+            reader.join(10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    out = "".join(printed)
+    out, err = "".join(printed), "".join(errors)
     assert proc.returncode == 130, err
     assert "dflashctl logs -f 20261129-100003-dddd" in err
     shown, everything = step_lines(out), expected_lines(400, "hang")
