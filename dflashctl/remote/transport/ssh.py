@@ -198,15 +198,12 @@ class SSHTransport(Transport):
         previous: tuple[paramiko.SSHClient, SSHDestination] | None = None
         try:
             for dest in [*hops, self.destination]:
-                if previous is None and dest.proxy_command:
+                if previous is not None:
+                    client = connect_one(dest, host, policy, tunnel(*previous, dest, timeout))
+                elif dest.proxy_command:
                     client = self._connect_by_command(dest, policy)
-                    previous = (client, dest)
-                    continue
-                if previous is None:
-                    sock = open_socket(dest, timeout)
                 else:
-                    sock = tunnel(previous[0], previous[1], dest, timeout)
-                client = connect_one(dest, host, policy, sock)
+                    client = connect_one(dest, host, policy, open_socket(dest, timeout))
                 if dest is not self.destination:
                     self._jump_clients.append(client)
                 previous = (client, dest)
