@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from dflashctl.container import ctconfig
-from dflashctl.container.split import gpus_in, raise_missing, split_groups
+from dflashctl.container.repair import missing_container
+from dflashctl.container.split import gpus_in, split_groups
 from dflashctl.errors import HostError
 
 
@@ -45,5 +46,7 @@ def test_the_gpus_a_container_config_passes_through():
 
 def test_a_missing_first_container_says_how_to_make_it():
     with pytest.raises(HostError, match="container 200 does not exist on root@pve1:22") as gone:
-        raise_missing(node("a", SimpleNamespace(description="root@pve1:22"), 200))
+        raise missing_container(
+            200, SimpleNamespace(transport=SimpleNamespace(description="root@pve1:22"))
+        )
     assert "dflashctl container create" in gone.value.hint

@@ -55,6 +55,25 @@ def run_pct(target: Target, argv: list[str], timeout: float = 600.0) -> str:
     return result.stdout_text
 
 
+def set_argv(vmid: int, entries: Any) -> list[str]:
+    argv = pct_argv("set", vmid)
+    for key, value in entries:
+        argv += [f"--{key}", value]
+    return argv
+
+
+def pct_action(
+    target: Target, what: str, *argvs: list[str], timeout: float = 600.0, restarts: bool = False
+) -> Action:
+    """An Action running these pct commands in order."""
+
+    def apply() -> None:
+        for argv in argvs:
+            run_pct(target, argv, timeout)
+
+    return Action(what, [shlex.join(argv) for argv in argvs], apply, restarts)
+
+
 def read_config(target: Target, vmid: int) -> CtConfig | None:
     """The container's config, or None when the node has no container `vmid`."""
     result = target.transport.run(pct_argv("config", vmid), check=False)
@@ -168,19 +187,16 @@ def node_plan(config: Any, target: Target, host_gpus: HostGpus) -> tuple[Plan, b
                     lambda: oci.pull(target, pull),
                 )
             )
-        argv = _create_argv(config, vmid, volume, wanted)
-        plan.actions.append(
-            Action(
+        plan.actions += [
+            pct_action(
+                target,
                 f"create container {vmid} from {ct.template} with {len(wanted)} devices",
-                [shlex.join(argv)],
-                lambda: run_pct(target, argv, timeout=INSTALL_TIMEOUT_S),
-            )
-        )
-        plan.actions.append(shm_action(target, vmid, shm))
-        start = pct_argv("start", vmid)
-        plan.actions.append(
-            Action(f"start container {vmid}", [shlex.join(start)], lambda: run_pct(target, start))
-        )
+                _create_argv(config, vmid, volume, wanted),
+                timeout=INSTALL_TIMEOUT_S,
+            ),
+            shm_action(target, vmid, shm),
+            pct_action(target, f"start container {vmid}", pct_argv("start", vmid)),
+        ]
         return plan, False
     _compare_options(plan, target, config, current)
     missing = ctconfig.missing_devices(current, wanted)
@@ -191,14 +207,11 @@ def node_plan(config: Any, target: Target, host_gpus: HostGpus) -> tuple[Plan, b
             "rewrites them as devN entries (left as they are here)"
         )
     elif missing:
-        argv = pct_argv("set", vmid)
-        for key, value in missing:
-            argv += [f"--{key}", value]
         plan.actions.append(
-            Action(
+            pct_action(
+                target,
                 "pass through " + ", ".join(value.split(",")[0] for _, value in missing),
-                [shlex.join(argv)],
-                lambda: run_pct(target, argv),
+                set_argv(vmid, missing),
                 restarts=True,
             )
         )
@@ -215,21 +228,18 @@ def node_plan(config: Any, target: Target, host_gpus: HostGpus) -> tuple[Plan, b
             "is not: PVE cannot change that on an existing container (left as it is)"
         )
     running = is_running(target, vmid)
-    restart = running and any(a.restarts for a in plan.actions)
-    if restart:
-        stop, start = pct_argv("stop", vmid), pct_argv("start", vmid)
+    start = pct_argv("start", vmid)
+    if running and any(a.restarts for a in plan.actions):
         plan.actions.append(
-            Action(
+            pct_action(
+                target,
                 f"restart container {vmid} (new devices and /dev/shm apply at its start)",
-                [shlex.join(stop), shlex.join(start)],
-                lambda: (run_pct(target, stop), run_pct(target, start)),
+                pct_argv("stop", vmid),
+                start,
             )
         )
     elif not running:
-        start = pct_argv("start", vmid)
-        plan.actions.append(
-            Action(f"start container {vmid}", [shlex.join(start)], lambda: run_pct(target, start))
-        )
+        plan.actions.append(pct_action(target, f"start container {vmid}", start))
     else:
         plan.matches.append(f"container {vmid} runs")
     return plan, True
@@ -251,14 +261,11 @@ def _compare_options(plan: Plan, target: Target, config: Any, current: CtConfig)
     if same:
         plan.matches.append(", ".join(same))
     if changes:
-        argv = pct_argv("set", ct.vmid)
-        for key, value in changes.items():
-            argv += [f"--{key}", value]
         plan.actions.append(
-            Action(
+            pct_action(
+                target,
                 ", ".join(f"{k} {current.options.get(k, '-')} -> {v}" for k, v in changes.items()),
-                [shlex.join(argv)],
-                lambda: run_pct(target, argv),
+                set_argv(ct.vmid, changes.items()),
             )
         )
     if ct.disk is not None:
@@ -285,12 +292,12 @@ def _compare_disk(plan: Plan, target: Target, ct: Any, current: CtConfig) -> Non
             f"(set container.disk to {-(-have // ctconfig.GIB)} or more to silence this)"
         )
     else:
-        argv = pct_argv("resize", ct.vmid, "rootfs", f"{ct.disk}G")
         plan.actions.append(
-            Action(
+            pct_action(
+                target,
                 f"grow the root disk {shown} -> {ct.disk}G",
-                [shlex.join(argv)],
-                lambda: run_pct(target, argv, timeout=INSTALL_TIMEOUT_S),
+                pct_argv("resize", ct.vmid, "rootfs", f"{ct.disk}G"),
+                timeout=INSTALL_TIMEOUT_S,
             )
         )
 

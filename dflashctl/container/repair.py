@@ -41,14 +41,18 @@ class Survey:
     inside: inside.Inside | None  # None while the container does not run
 
 
+def missing_container(vmid: int, target: Target) -> HostError:
+    return HostError(
+        f"container {vmid} does not exist on {target.transport.description}",
+        hint="make it with `dflashctl container create`",
+    )
+
+
 def survey(config: Any, target: Target) -> Survey:
     vmid = config.container.vmid
     found = create.read_config(target, vmid)
     if found is None:
-        raise HostError(
-            f"container {vmid} does not exist on {target.transport.description}",
-            hint="make it with `dflashctl container create`",
-        )
+        raise missing_container(vmid, target)
     seen = None
     if create.is_running(target, vmid):
         seen = inside.probe(target, config.container.python)
@@ -106,7 +110,7 @@ def findings(config: Any, target: Target, seen: Survey) -> list[Finding]:
                     "not passed through: " + ", ".join(v.split(",")[0] for _, v in missing),
                     "add them as devN entries: pct set "
                     + " ".join(f"--{k} {v}" for k, v in missing),
-                    lambda: create.run_pct(target, set_argv(vmid, missing)),
+                    lambda: create.run_pct(target, create.set_argv(vmid, missing)),
                     restarts=True,
                 )
             )
@@ -140,13 +144,6 @@ def findings(config: Any, target: Target, seen: Survey) -> list[Finding]:
     return found
 
 
-def set_argv(vmid: int, entries: list[tuple[str, str]]) -> list[str]:
-    argv = create.pct_argv("set", vmid)
-    for key, value in entries:
-        argv += [f"--{key}", value]
-    return argv
-
-
 def _rewrite_raw(config: Any, target: Target, seen: Survey, wanted: list[str]) -> None:
     vmid = config.container.vmid
     old = host.read_conf(target.transport, vmid)
@@ -159,7 +156,7 @@ def _rewrite_raw(config: Any, target: Target, seen: Survey, wanted: list[str]) -
     )
     missing = ctconfig.missing_devices(seen.config, wanted)
     if missing:
-        create.run_pct(target, set_argv(vmid, missing))
+        create.run_pct(target, create.set_argv(vmid, missing))
 
 
 def snapshot(target: Target, vmid: int, number: int) -> str | None:

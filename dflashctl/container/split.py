@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from dflashctl.container import create, ctconfig, host
-from dflashctl.container.repair import Finding, set_argv
+from dflashctl.container.repair import Finding, missing_container
 
 
 def split_groups(nodes: list[Any]) -> list[list[Any]]:
@@ -47,7 +47,7 @@ def finding(group: list[Any]) -> Finding:
         if node is first:
             first_config = found
     if first_config is None:
-        raise_missing(first)
+        raise missing_container(vmid, target)
     every = sorted(set().union(*gpus_by_vmid.values()))
     held = ", ".join(
         f"{v} (GPU {', '.join(map(str, sorted(g))) or 'none'})" for v, g in gpus_by_vmid.items()
@@ -67,21 +67,11 @@ def finding(group: list[Any]) -> Finding:
     )
     if not missing:
         return Finding("ranks split", problem, f"container {vmid} has them all; {advice}", None)
-    argv = set_argv(vmid, missing)
+    argv = create.set_argv(vmid, missing)
     return Finding(
         "ranks split",
         problem,
         f"give container {vmid} every GPU ({' '.join(argv)}); {advice}",
         lambda: create.run_pct(target, argv),
         restarts=True,
-    )
-
-
-def raise_missing(node: Any) -> None:
-    from dflashctl.errors import HostError
-
-    raise HostError(
-        f"container {node.config.container.vmid} does not exist on "
-        f"{node.target.transport.description}",
-        hint="make it with `dflashctl container create`",
     )

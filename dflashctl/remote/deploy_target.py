@@ -56,14 +56,9 @@ class Target:
 
     def describe(self) -> str:
         """For messages: "CT 200 on root@127.0.0.1:2222", or the host alone."""
-        if self.vmid is None:
-            return (
-                self.transport.description
-                if self.transport.description != "local"
-                else "this machine"
-            )
         where = self.transport.description
-        return f"CT {self.vmid} on {'this machine' if where == 'local' else where}"
+        where = "this machine" if where == "local" else where
+        return where if self.vmid is None else f"CT {self.vmid} on {where}"
 
     def __str__(self) -> str:
         return self.describe()

@@ -106,9 +106,8 @@ def error_json(error: BaseException | None) -> dict[str, Any] | None:
     """A node's failure for --json: its message and hint (None when it answered)."""
     if error is None:
         return None
-    if isinstance(error, DflashError):
-        return {"message": error.message, "hint": error.hint}
-    return {"message": str(error) or type(error).__name__, "hint": None}
+    hint = error.hint if isinstance(error, DflashError) else None
+    return {"message": error_text(error), "hint": hint}
 
 
 def error_text(error: BaseException | None) -> str:

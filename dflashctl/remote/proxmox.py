@@ -15,7 +15,7 @@ import contextlib
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -145,12 +145,7 @@ class ContainerStatus:
         return self.status == "running"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "vmid": self.vmid,
-            "status": self.status,
-            "uptime_s": self.uptime_s,
-            "name": self.name,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "warnings"}
 
 
 def _api_error(exc: Exception, node: str, vmid: int | None, doing: str) -> HostError:

@@ -75,13 +75,6 @@ class RemoteTransport(Transport):
         self._preparing = threading.Thread(target=prepare, name="openssh-master", daemon=True)
         self._preparing.start()
 
-    # What doctor asks of the connection itself.
-    def connect(self) -> None:
-        self.paramiko.connect()
-
-    def server_summary(self) -> tuple[str, str]:
-        return self.paramiko.server_summary()
-
     @property
     def saved_host_keys(self) -> list[str]:
         return self._paramiko.saved_host_keys if self._paramiko is not None else []

@@ -198,15 +198,12 @@ class SSHTransport(Transport):
         previous: tuple[paramiko.SSHClient, SSHDestination] | None = None
         try:
             for dest in [*hops, self.destination]:
-                if previous is None and dest.proxy_command:
+                if previous is not None:
+                    client = connect_one(dest, host, policy, tunnel(*previous, dest, timeout))
+                elif dest.proxy_command:
                     client = self._connect_by_command(dest, policy)
-                    previous = (client, dest)
-                    continue
-                if previous is None:
-                    sock = open_socket(dest, timeout)
                 else:
-                    sock = tunnel(previous[0], previous[1], dest, timeout)
-                client = connect_one(dest, host, policy, sock)
+                    client = connect_one(dest, host, policy, open_socket(dest, timeout))
                 if dest is not self.destination:
                     self._jump_clients.append(client)
                 previous = (client, dest)
@@ -248,10 +245,15 @@ class SSHTransport(Transport):
                 self._client = None
             self._close_jumps()
 
-    def _channel(self, argv: Sequence[str], command: str) -> paramiko.Channel:
+    def _channel(
+        self, argv: Sequence[str], command: str, pty_size: tuple[int, int] | None = None
+    ) -> paramiko.Channel:
         transport = self._transport()
         try:
             chan = transport.open_session(timeout=self.host.connect_timeout_s)
+            if pty_size is not None:
+                term = os.environ.get("TERM") or "xterm"
+                chan.get_pty(term=term, width=pty_size[0], height=pty_size[1])
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectionLost(self.description, f"starting `{command_text(argv)}`") from exc
@@ -263,16 +265,7 @@ class SSHTransport(Transport):
         """A session running argv that the caller pumps itself (dflashctl/ops/attach.py):
         with a pty of pty_size (columns, rows) when given, as `ssh -t` does."""
         argv = [str(a) for a in argv]
-        transport = self._transport()
-        try:
-            chan = transport.open_session(timeout=self.host.connect_timeout_s)
-            if pty_size is not None:
-                term = os.environ.get("TERM") or "xterm"
-                chan.get_pty(term=term, width=pty_size[0], height=pty_size[1])
-            chan.exec_command(shlex.join(argv))
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ConnectionLost(self.description, f"starting `{command_text(argv)}`") from exc
-        return chan
+        return self._channel(argv, shlex.join(argv), pty_size)
 
     # ---------------------------------------------------------------- commands
 

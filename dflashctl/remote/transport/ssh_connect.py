@@ -18,9 +18,7 @@ from paramiko.common import MSG_CHANNEL_REQUEST
 
 from dflashctl.config.schema import HostConfig
 from dflashctl.remote.transport import host_keys
-from dflashctl.remote.transport.base import (
-    ConnectFailed,
-)
+from dflashctl.remote.transport.base import ConnectFailed
 from dflashctl.remote.transport.ssh_config import SSHDestination
 
 # --------------------------------------------------------------------------- exit signals
@@ -247,6 +245,3 @@ def tunnel(
             hint="check host.address and host.port as the jump host sees them, "
             "and that the jump host allows TCP forwarding",
         ) from exc
-
-
-# --------------------------------------------------------------------------- the transport
