@@ -7,7 +7,9 @@ allowed, before anything is contacted (see config_errors.py for the wording).
 
 Types are strict (a quoted "22" is not a port, `yes please` is not a boolean), except
 where a slip is harmless: numbers in trainer.args/env become text, since they end
-up on a command line or in the environment anyway. Declare one field per line.
+up on a command line or in the environment anyway. A check of one field's value is
+written in its type (config/base.checked); validators are left for checks that
+change the value or read several fields.
 """
 
 from __future__ import annotations
