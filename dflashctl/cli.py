@@ -104,11 +104,6 @@ def _say_notices() -> None:
     warnings.showwarning = show
 
 
-def _register_commands() -> None:
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"dflashctl.commands.{name}").register(app)
-
-
 class CommandInterrupted(Exception):
     """Ctrl-C inside a command, carried past typer (which turns a KeyboardInterrupt
     into a silent exit 130) to main, which says it."""
@@ -130,11 +125,11 @@ def _wrap_commands(typer_app: typer.Typer, prefix: str = "") -> None:
     for command in typer_app.registered_commands:
         name = prefix + (command.name or command.callback.__name__)
         command.callback = _saying_interrupts(command.callback)
-        command.cls = help.command_class(name)
+        command.cls = help.help_class(name, help.PlainHelpCommand)
         command.short_help = help.SHORT_HELP[name]
     for group in typer_app.registered_groups:
         if group.typer_instance is not None:
-            group.cls = help.group_class(group.name)
+            group.cls = help.help_class(group.name, help.PlainHelpGroup)
             group.short_help = help.SHORT_HELP[group.name]
             _wrap_commands(group.typer_instance, f"{group.name} ")
             callback = group.typer_instance.registered_callback
@@ -142,7 +137,8 @@ def _wrap_commands(typer_app: typer.Typer, prefix: str = "") -> None:
                 callback.callback = _saying_interrupts(callback.callback)
 
 
-_register_commands()
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"dflashctl.commands.{_name}").register(app)
 _wrap_commands(app)
 
 

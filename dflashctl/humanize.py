@@ -9,7 +9,6 @@ def human_bytes(n: int) -> str:
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{n} B"
 
 
 def human_duration(seconds: int) -> str:

@@ -5,10 +5,13 @@ absolute against the config's folder."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo
+
+from dflashctl.config.errors import invalid
 
 
 def scalar_text(value: Any) -> Any:
@@ -33,6 +36,18 @@ def text_mapping(value: Any) -> Any:
 
 TextList = Annotated[list[str], BeforeValidator(texts)]
 TextMapping = Annotated[dict[str, str], BeforeValidator(text_mapping)]
+
+
+def checked(ok: Callable[[Any], Any], message: str, hint: str | None = None) -> AfterValidator:
+    """A field's check, written in its type: `message` (its {value} filled in) and `hint`
+    when `ok(value)` is false. None (an optional field left null) is not checked."""
+
+    def check(value: Any) -> Any:
+        if value is not None and not ok(value):
+            raise invalid(message.format(value=value), hint)
+        return value
+
+    return AfterValidator(check)
 
 
 def resolve_path(value: str, info: ValidationInfo) -> str:

@@ -131,7 +131,6 @@ def problems(exc: ValidationError, model: type[BaseModel], source: YamlSource) -
 def _problem(first: Any, model: type[BaseModel], source: YamlSource) -> Problem:
     loc = tuple(first["loc"])
     kind, ctx = first["type"], first.get("ctx") or {}
-    hint = None
     if kind == "extra_forbidden":
         parent, key = loc[:-1], str(loc[-1])
         allowed = _field_names(model, parent)
@@ -144,8 +143,8 @@ def _problem(first: Any, model: type[BaseModel], source: YamlSource) -> Problem:
         suggestion = f" (did you mean {prefix}{close[0]}?)" if close else ""
         text = f"unknown key {prefix}{key}{suggestion}"
         hint = f"allowed keys in {key_path(parent) or 'the top level'}: {', '.join(allowed)}"
-        place = source.place(loc, key=True)
-    elif kind == "missing":
+        return Problem(source.place(loc, key=True), text, hint)
+    if kind == "missing":
         parent = loc[:-1]
         text = f"missing required value {key_path(loc)}"
         hint = (
@@ -153,19 +152,15 @@ def _problem(first: Any, model: type[BaseModel], source: YamlSource) -> Problem:
             if parent
             else f"add a `{loc[-1]}:` section"
         )
-        place = source.place(parent) if parent else None
-    elif kind == _OUR_CHECK:
+        return Problem(source.place(parent) if parent else None, text, hint)
+    if kind == _OUR_CHECK:
         loc = (*loc, *ctx["keys"])
-        text = f"{key_path(loc)}: {ctx['message']}"
-        hint = ctx.get("hint")
-        place = source.place(loc)
-    elif kind in _EXPECTED:
-        text = f"{key_path(loc)}: expected {_EXPECTED[kind]}, got {describe(first['input'])}"
-        place = source.place(loc)
-    else:  # a pydantic check we did not word ourselves
-        text = f"{key_path(loc)}: {first['msg']}, got {describe(first['input'])}"
-        place = source.place(loc)
-    return Problem(place, text, hint)
+        return Problem(source.place(loc), f"{key_path(loc)}: {ctx['message']}", ctx.get("hint"))
+    # A pydantic check: what it expected in our words, else in its own.
+    expected = f"expected {_EXPECTED[kind]}" if kind in _EXPECTED else first["msg"]
+    return Problem(
+        source.place(loc), f"{key_path(loc)}: {expected}, got {describe(first['input'])}"
+    )
 
 
 def _field_names(model: type[BaseModel], loc: KeyPath) -> list[str]:

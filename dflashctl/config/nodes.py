@@ -54,10 +54,6 @@ def merge_node_sections(raw: dict[str, Any], source: YamlSource) -> dict[str, An
     return raw
 
 
-def _host_key(host: Any) -> tuple[Any, ...]:
-    return (host.address, host.port, host.user)
-
-
 def name_nodes(nodes: list[Any]) -> None:
     """An unnamed node is called after its host, plus its vmid where hosts repeat."""
     hosts = [n.host.address for n in nodes]
@@ -76,7 +72,8 @@ def no_duplicate_nodes(nodes: list[Any]) -> None:
     seen_names: dict[str, int] = {}
     seen_places: dict[tuple[Any, ...], int] = {}
     for index, node in enumerate(nodes):
-        place = (*_host_key(node.host), node.container.vmid, node.container.workdir)
+        host, container = node.host, node.container
+        place = (host.address, host.port, host.user, container.vmid, container.workdir)
         if place in seen_places:
             other = seen_places[place]
             where = (

@@ -4,39 +4,30 @@ crash (run.retry) and judged to hang (run.hang)."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from dflashctl.config.base import Section, TextList
+from dflashctl.config.base import Section, TextList, checked
 from dflashctl.config.errors import invalid
+
+# Seconds that may be 0 (run.stop_grace_s, run.retry's waits).
+Seconds = Annotated[float, checked(lambda v: v >= 0, "must be 0 or more seconds, got {value}")]
 
 
 class RetryConfig(Section):
     """Automatic recovery: the run's supervisor restarts the trainer after a crash a
     restart fixes, resuming from the run's latest checkpoint (dflashctl/ops/recovery.py)."""
 
-    max_restarts: int = 3  # 0: off
+    max_restarts: Annotated[
+        int, checked(lambda v: v >= 0, "must be 0 (off) or more, got {value}")
+    ] = 3  # 0: off
     # Categories to retry; None: those whose crash rule says `retryable: true`.
     categories: list[str] | None = None
-    backoff_s: float = 10.0  # the first wait, doubled for each restart within the window
-    max_backoff_s: float = 300.0
-    window_s: float = 3600.0  # restarts counted within this window (0: the whole run)
+    backoff_s: Seconds = 10.0  # the first wait, doubled for each restart within the window
+    max_backoff_s: Seconds = 300.0
+    window_s: Seconds = 3600.0  # restarts counted within this window (0: the whole run)
     resume_args: TextList = Field(default_factory=lambda: ["--resume"])
-
-    @field_validator("max_restarts")
-    @classmethod
-    def _restarts(cls, value: int) -> int:
-        if value < 0:
-            raise invalid(f"must be 0 (off) or more, got {value}")
-        return value
-
-    @field_validator("backoff_s", "max_backoff_s", "window_s")
-    @classmethod
-    def _seconds(cls, value: float) -> float:
-        if value < 0:
-            raise invalid(f"must be 0 or more seconds, got {value}")
-        return value
 
     @field_validator("categories")
     @classmethod
@@ -55,33 +46,30 @@ class HangConfig(Section):
     recent interval between step lines, and at least `min_s` (dflashctl/agent/progress.py).
     The trainer's own watchdog dumps every thread's stack at the same threshold."""
 
-    factor: float = 4.0
-    min_s: float = 60.0
-
-    @field_validator("factor")
-    @classmethod
-    def _factor(cls, value: float) -> float:
-        if not value > 1:  # (NaN and infinity are refused for every section)
-            raise invalid(
-                f"must be more than 1 (times the run's recent step interval), got {value}",
-                "e.g. 4: hanging after 4 times the usual time between step lines",
-            )
-        return value
-
-    @field_validator("min_s")
-    @classmethod
-    def _min_s(cls, value: float) -> float:
-        if not value > 0:
-            raise invalid(
-                f"must be more than 0 seconds, got {value}",
-                "e.g. 60: never hanging before a minute without a step line",
-            )
-        return value
+    # (NaN and infinity are refused for every section)
+    factor: Annotated[
+        float,
+        checked(
+            lambda v: v > 1,
+            "must be more than 1 (times the run's recent step interval), got {value}",
+            "e.g. 4: hanging after 4 times the usual time between step lines",
+        ),
+    ] = 4.0
+    min_s: Annotated[
+        float,
+        checked(
+            lambda v: v > 0,
+            "must be more than 0 seconds, got {value}",
+            "e.g. 60: never hanging before a minute without a step line",
+        ),
+    ] = 60.0
 
 
 class RunConfig(Section):
-    stop_grace_s: float = 20.0
-    keep_releases: int = 5
+    stop_grace_s: Seconds = 20.0
+    keep_releases: Annotated[
+        int, checked(lambda v: v >= 1, "must be at least 1 (the current release), got {value}")
+    ] = 5
     # A shell command run where the trainer ran once it has ended (exit_code written),
     # with DFLASH_RUN_ID, DFLASH_RUN_DIR and DFLASH_EXIT_CODE set: a notification
     # that works with nobody following the log.
@@ -96,11 +84,20 @@ class RunConfig(Section):
     # line where the entry script names DFLASH_START_GATE, else no wait at all.
     start_line: str | None = None
     # ... for at most this long (then a warning, exit 0: the run goes on); 0: no wait.
-    start_timeout_s: float = 300.0
+    start_timeout_s: Annotated[
+        float, checked(lambda v: v >= 0, "must be 0 (no wait) or more seconds, got {value}")
+    ] = 300.0
     # On several nodes: how long each node, its release built and nothing stopped, waits
     # at the commit barrier for the others before every node aborts; the largest upload
     # (at 1 MB/s) and setup.timeout_s come on top. Half of it when nothing is uploaded.
-    commit_timeout_s: float = 120.0
+    commit_timeout_s: Annotated[
+        float,
+        checked(
+            lambda v: v > 0,
+            "must be more than 0 seconds, got {value}",
+            "e.g. 120: how long the nodes wait for each other before all of them abort",
+        ),
+    ] = 120.0
 
     @field_validator("start_line")
     @classmethod
@@ -118,23 +115,6 @@ class RunConfig(Section):
             raise invalid("empty: it would find any line", "leave it out, or name a line")
         return value
 
-    @field_validator("start_timeout_s")
-    @classmethod
-    def _start_timeout(cls, value: float) -> float:
-        if value < 0:
-            raise invalid(f"must be 0 (no wait) or more seconds, got {value}")
-        return value
-
-    @field_validator("commit_timeout_s")
-    @classmethod
-    def _commit_timeout(cls, value: float) -> float:
-        if not value > 0:
-            raise invalid(
-                f"must be more than 0 seconds, got {value}",
-                "e.g. 120: how long the nodes wait for each other before all of them abort",
-            )
-        return value
-
     @field_validator("gpus", mode="before")
     @classmethod
     def _gpus(cls, value: Any) -> Any:
@@ -149,18 +129,4 @@ class RunConfig(Section):
                 f"GPU indices are distinct whole numbers from 0, got {value}",
                 "e.g. [0, 1], or leave run.gpus out for every GPU",
             )
-        return value
-
-    @field_validator("stop_grace_s")
-    @classmethod
-    def _grace(cls, value: float) -> float:
-        if value < 0:
-            raise invalid(f"must be 0 or more seconds, got {value}")
-        return value
-
-    @field_validator("keep_releases")
-    @classmethod
-    def _keep(cls, value: int) -> int:
-        if value < 1:
-            raise invalid(f"must be at least 1 (the current release), got {value}")
         return value

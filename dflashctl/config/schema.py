@@ -7,7 +7,9 @@ allowed, before anything is contacted (see config_errors.py for the wording).
 
 Types are strict (a quoted "22" is not a port, `yes please` is not a boolean), except
 where a slip is harmless: numbers in trainer.args/env become text, since they end
-up on a command line or in the environment anyway. Declare one field per line.
+up on a command line or in the environment anyway. A check of one field's value is
+written in its type (config/base.checked); validators are left for checks that
+change the value or read several fields.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -35,6 +37,7 @@ from dflashctl.config.base import (
     Section,
     TextList,
     TextMapping,
+    checked,
     resolve_path,
 )
 from dflashctl.config.crash_patterns import rule_problems
@@ -64,99 +67,68 @@ _PROXY_JUMP = re.compile(r"^(?:[^@\s]+@)?[^@:\s]+(?::\d{1,5})?$")
 _TOKEN_ID = re.compile(r"^[^@\s]+@[^!\s]+![^\s]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+Port = Annotated[
+    int,
+    checked(lambda v: 1 <= v <= 65535, "expected a port between 1 and 65535, got {value}"),
+]
+
 
 class HostConfig(Section):
-    address: str
+    address: Annotated[
+        str,
+        checked(
+            str.strip,
+            "must not be empty",
+            "a hostname, an IP, an ~/.ssh/config alias or 'local'",
+        ),
+    ]
     # None: take Port/User from ~/.ssh/config, else 22 and root.
-    port: int | None = None
+    port: Port | None = None
     user: str | None = None
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     accept_new_host_key: bool = False
-    proxy_jump: str | None = None
-    connect_timeout_s: float = 10.0
-    keepalive_s: int = 15
+    proxy_jump: Annotated[
+        str | None,
+        checked(
+            lambda v: not v or _PROXY_JUMP.match(v), "expected user@host[:port], got {value!r}"
+        ),
+    ] = None
+    connect_timeout_s: Annotated[float, checked(lambda v: v > 0, "must be positive")] = 10.0
+    keepalive_s: Annotated[
+        int, checked(lambda v: v >= 0, "must be 0 (off) or a number of seconds")
+    ] = 15
 
     @property
     def is_local(self) -> bool:
         return self.address == LOCAL_ADDRESS
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        if not value.strip():
-            raise invalid(
-                "must not be empty", "a hostname, an IP, an ~/.ssh/config alias or 'local'"
-            )
-        return value
-
-    @field_validator("port")
-    @classmethod
-    def _port(cls, value: int | None) -> int | None:
-        if value is not None and not 1 <= value <= 65535:
-            raise invalid(f"expected a port between 1 and 65535, got {value}")
-        return value
 
     @field_validator("known_hosts", "identity_file")
     @classmethod
     def _local_path(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else resolve_path(value, info)
 
-    @field_validator("proxy_jump")
-    @classmethod
-    def _proxy_jump(cls, value: str | None) -> str | None:
-        if value and not _PROXY_JUMP.match(value):
-            raise invalid(f"expected user@host[:port], got {value!r}")
-        return value
-
-    @field_validator("connect_timeout_s")
-    @classmethod
-    def _timeout(cls, value: float) -> float:
-        if value <= 0:
-            raise invalid("must be positive")
-        return value
-
-    @field_validator("keepalive_s")
-    @classmethod
-    def _keepalive(cls, value: int) -> int:
-        if value < 0:
-            raise invalid("must be 0 (off) or a number of seconds")
-        return value
-
 
 class ProxmoxConfig(Section):
-    node: str = "pve"
-    api: str = "ssh"
+    node: Annotated[
+        str, checked(str.strip, "is empty", "the Proxmox node's name, as `pvecm nodes` lists it")
+    ] = "pve"
+    api: Annotated[
+        str, checked(lambda v: v in ("ssh", "https"), "expected 'ssh' or 'https', got {value!r}")
+    ] = "ssh"
     url: str | None = None
     token_id: str | None = None
-    token_secret_env: str = "PVE_TOKEN_SECRET"
+    token_secret_env: Annotated[
+        str, checked(_ENV_NAME.match, "not an environment variable name: {value!r}")
+    ] = "PVE_TOKEN_SECRET"
     # true | false | a CA bundle path | sha256:AB:CD:... (the certificate pinned, as
     # `pvenode cert info` prints its fingerprint); see remote/proxmox_tls.py
     verify_tls: bool | str = True
     # A container start can wait on storage, hooks and GPU set-up; an HA start on the
     # cluster resource manager. pvesh's own 60 s is too short for some of those.
-    start_timeout_s: float = 300.0
-
-    @field_validator("node")
-    @classmethod
-    def _node(cls, value: str) -> str:
-        if not value.strip():
-            raise invalid("is empty", "the Proxmox node's name, as `pvecm nodes` lists it")
-        return value
-
-    @field_validator("start_timeout_s")
-    @classmethod
-    def _start_timeout(cls, value: float) -> float:
-        if value <= 0:
-            raise invalid("must be a positive number of seconds")
-        return value
-
-    @field_validator("api")
-    @classmethod
-    def _api(cls, value: str) -> str:
-        if value not in ("ssh", "https"):
-            raise invalid(f"expected 'ssh' or 'https', got {value!r}")
-        return value
+    start_timeout_s: Annotated[
+        float, checked(lambda v: v > 0, "must be a positive number of seconds")
+    ] = 300.0
 
     @field_validator("verify_tls")
     @classmethod
@@ -167,13 +139,6 @@ class ProxmoxConfig(Section):
             parse_verify_tls(value)
         except ValueError as exc:
             raise invalid(str(exc)) from None
-        return value
-
-    @field_validator("token_secret_env")
-    @classmethod
-    def _secret_env(cls, value: str) -> str:
-        if not _ENV_NAME.match(value):
-            raise invalid(f"not an environment variable name: {value!r}")
         return value
 
     @model_validator(mode="after")
@@ -188,18 +153,28 @@ class ProxmoxConfig(Section):
         return self
 
 
+Count = Annotated[int | None, checked(lambda v: v >= 1, "must be 1 or more, got {value}")]
+
+
 class ContainerConfig(Section):
-    vmid: int | None = None
+    vmid: Annotated[
+        int | None,
+        checked(
+            lambda v: 100 <= v <= 999_999_999,
+            "Proxmox vmids run from 100 to 999999999, got {value}",
+            "or null to run directly on the host",
+        ),
+    ] = None
     workdir: str = "/root/dflash"
-    python: str = "python3"
+    python: Annotated[str, checked(str.strip, "must name an interpreter, e.g. python3")] = "python3"
     start_if_stopped: bool = False
     # What `dflashctl container create` makes (dflashctl/container/spec.py reads them).
     template: str | None = None  # e.g. local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst
     storage: str = "local-lvm"  # where the root disk goes
     hostname: str | None = None
-    cores: int | None = None
-    memory: int | None = None  # MiB, as pct takes it
-    disk: int | None = None  # GiB
+    cores: Count = None
+    memory: Count = None  # MiB, as pct takes it
+    disk: Count = None  # GiB
     gpus: Literal["all"] | list[int] | None = None
     shm_size: str | None = None  # /dev/shm, e.g. 16G; default: 1G per rank of the node
     unprivileged: bool = True
@@ -231,30 +206,6 @@ class ContainerConfig(Section):
             raise invalid(f"{value!r} is not a size", "e.g. 16G or 512M")
         return None if value is None else str(value).strip().upper()
 
-    @field_validator("cores", "memory", "disk")
-    @classmethod
-    def _positive(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise invalid(f"must be 1 or more, got {value}")
-        return value
-
-    @field_validator("vmid")
-    @classmethod
-    def _vmid(cls, value: int | None) -> int | None:
-        if value is not None and not 100 <= value <= 999_999_999:
-            raise invalid(
-                f"Proxmox vmids run from 100 to 999999999, got {value}",
-                "or null to run directly on the host",
-            )
-        return value
-
-    @field_validator("python")
-    @classmethod
-    def _python(cls, value: str) -> str:
-        if not value.strip():
-            raise invalid("must name an interpreter, e.g. python3")
-        return value
-
 
 # Left out of a deploy unless trainer.exclude says otherwise: caches, version control,
 # and the weights, data and run outputs that a trainer folder often holds (a deploy
@@ -270,20 +221,24 @@ DEFAULT_EXCLUDE = [
 
 class TrainerConfig(Section):
     source: str = "trainer"
-    entry: str = "train_dflash_pipeline.py"
+    entry: Annotated[
+        str,
+        checked(
+            lambda v: v.endswith(".py") and not v.startswith("/") and ".." not in Path(v).parts,
+            "expected a .py file inside trainer.source, got {value!r}",
+        ),
+    ] = "train_dflash_pipeline.py"
     args: TextList = Field(default_factory=list)
     env: TextMapping = Field(default_factory=dict)
     exclude: list[str] = Field(default_factory=lambda: list(DEFAULT_EXCLUDE))
     # A deploy that would send more than this asks first (off a terminal: needs --yes);
     # null: never ask.
-    confirm_above_mb: float | None = 100.0
-
-    @field_validator("confirm_above_mb")
-    @classmethod
-    def _confirm_above(cls, value: float | None) -> float | None:
-        if value is not None and value < 0:
-            raise invalid(f"must be 0 or more megabytes, got {value}", "or null to never ask")
-        return value
+    confirm_above_mb: Annotated[
+        float | None,
+        checked(
+            lambda v: v >= 0, "must be 0 or more megabytes, got {value}", "or null to never ask"
+        ),
+    ] = 100.0
 
     @field_validator("source")
     @classmethod
@@ -291,13 +246,6 @@ class TrainerConfig(Section):
         if not value.strip():  # would deploy the config's own folder
             raise invalid("is empty", "name the trainer's folder, e.g. trainer.source: trainer")
         return resolve_path(value, info)
-
-    @field_validator("entry")
-    @classmethod
-    def _entry(cls, value: str) -> str:
-        if not value.endswith(".py") or value.startswith("/") or ".." in Path(value).parts:
-            raise invalid(f"expected a .py file inside trainer.source, got {value!r}")
-        return value
 
     @field_validator("env")
     @classmethod
@@ -316,19 +264,18 @@ class NodeConfig(Section):
     each section holds only what differs from the top-level section of the same name
     (merged in parse_config)."""
 
-    name: str | None = None  # None: the host's address (and the vmid, when shared)
+    # None: the host's address (and the vmid, when shared)
+    name: Annotated[
+        str | None,
+        checked(
+            _NODE_NAME.match,
+            "{value!r} is not a node name",
+            "letters, digits, '.', '_' and '-', e.g. gpu-a",
+        ),
+    ] = None
     host: HostConfig
     proxmox: ProxmoxConfig = Field(default_factory=ProxmoxConfig)
     container: ContainerConfig = Field(default_factory=ContainerConfig)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str | None) -> str | None:
-        if value is not None and not _NODE_NAME.match(value):
-            raise invalid(
-                f"{value!r} is not a node name", "letters, digits, '.', '_' and '-', e.g. gpu-a"
-            )
-        return value
 
     def label(self) -> str:
         assert self.name is not None  # named by Config._nodes
@@ -340,13 +287,19 @@ class TorchrunConfig(Section):
     ranks r*N .. r*N+N-1, so rank 0, which writes the checkpoints, is on the first node)."""
 
     nproc_per_node: int | str = "gpu"  # processes per node: a number, or gpu/auto/cpu
-    port: int = 29400  # on the first node's container: torchrun's rendezvous store
+    port: Port = 29400  # on the first node's container: torchrun's rendezvous store
     # On the first node's container too: where every node's launch agrees to go on
     # (the old run's torchrun still holds `port` then); default port + 1.
-    commit_port: int | None = None
+    commit_port: Port | None = None
     # Where the other nodes reach the first node's container; None: the address it
     # has on its default route, asked from inside it at each launch.
-    address: str | None = None
+    address: Annotated[
+        str | None,
+        checked(
+            lambda v: v.strip() and not any(c.isspace() for c in v),
+            "expected a hostname or an IP address, got {value!r}",
+        ),
+    ] = None
     args: TextList = Field(default_factory=list)  # more torchrun options, before the script
 
     @field_validator("nproc_per_node", mode="before")
@@ -358,20 +311,6 @@ class TorchrunConfig(Section):
             raise invalid(f"must be at least 1, got {value}")
         if isinstance(value, str) and value not in ("gpu", "auto", "cpu"):
             raise invalid(f"expected a number or gpu, auto or cpu, got {value!r}")
-        return value
-
-    @field_validator("port")
-    @classmethod
-    def _port(cls, value: int) -> int:
-        if not 1 <= value <= 65535:
-            raise invalid(f"expected a port between 1 and 65535, got {value}")
-        return value
-
-    @field_validator("commit_port")
-    @classmethod
-    def _commit_port(cls, value: int | None) -> int | None:
-        if value is not None and not 1 <= value <= 65535:
-            raise invalid(f"expected a port between 1 and 65535, got {value}")
         return value
 
     @model_validator(mode="after")
@@ -390,13 +329,6 @@ class TorchrunConfig(Section):
                 key="commit_port",
             )
         return self
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
-            raise invalid(f"expected a hostname or an IP address, got {value!r}")
-        return value
 
 
 class Config(Section):

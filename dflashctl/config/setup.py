@@ -13,10 +13,11 @@ others (strict types, unknown keys refused).
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from dflashctl.config.base import Section
+from dflashctl.config.base import Section, checked
 from dflashctl.config.errors import invalid
 
 DEFAULT_REQUIREMENTS = "requirements.txt"
@@ -32,7 +33,9 @@ class SetupConfig(Section):
     # Extra pip options for the requirements (an index, --find-links, --no-index).
     pip_args: list[str] = Field(default_factory=list)
     # The longest the whole setup may take in the container.
-    timeout_s: float = 3600.0
+    timeout_s: Annotated[
+        float, checked(lambda v: v > 0, "must be more than 0 seconds, got {value}")
+    ] = 3600.0
 
     @field_validator("requirements")
     @classmethod
@@ -53,11 +56,4 @@ class SetupConfig(Section):
         for index, line in enumerate(value):
             if not line.strip():
                 raise invalid("an empty command", "remove it or write the command", key=str(index))
-        return value
-
-    @field_validator("timeout_s")
-    @classmethod
-    def _timeout(cls, value: float) -> float:
-        if value <= 0:
-            raise invalid(f"must be more than 0 seconds, got {value}")
         return value

@@ -325,13 +325,13 @@ def active_run_and_release(
 
 
 def get_run(target: Target, workdir: str, run_id: str, *, python: str = DEFAULT_PYTHON) -> RunInfo:
-    answer = _runs(target, python, {"workdir": workdir, "run_id": run_id})
-    if not answer["runs"]:
+    run, _ = find_run(target, workdir, run_id, python=python)
+    if run is None:
         raise HostError(
             f"no run {run_id} in {workdir}/runs",
             hint=f"list the runs with {hints.command('runs')}",
         )
-    return _run_from_agent(answer["runs"][0], answer.get("active_run"))
+    return run
 
 
 def find_run(

@@ -117,10 +117,6 @@ def _argument_name(param: Any) -> str:
     return name if param.metavar or param.nargs == 1 else f"{name}..."
 
 
-def _argument_record(param: Any, declared: dict[str, str]) -> tuple[str, str]:
-    return _argument_name(param), getattr(param, "help", None) or declared.get(param.name, "")
-
-
 def _declared_helps(callback: Any) -> dict[str, str]:
     """The help each parameter declares in its Annotated typer.Argument/Option: older
     typer releases leave an argument's help off the click parameter."""
@@ -159,7 +155,8 @@ class _PlainHelp:
         declared = _declared_helps(getattr(self, "callback", None))
         for param in self.get_params(ctx):  # type: ignore[attr-defined]
             if param.param_type_name == "argument":
-                arguments.append(_argument_record(param, declared))
+                help_text = getattr(param, "help", None) or declared.get(param.name, "")
+                arguments.append((_argument_name(param), help_text))
             else:
                 record = _option_record(param)
                 if record:
@@ -201,10 +198,7 @@ class RootHelpGroup(PlainHelpGroup):
     examples = ["dflashctl init", "dflashctl doctor", "dflashctl deploy", "dflashctl logs -f"]
 
 
-def command_class(name: str) -> type:
-    """A PlainHelpCommand with the examples of command `name` ("runs show")."""
-    return type("Help_" + name.replace(" ", "_"), (PlainHelpCommand,), {"examples": EXAMPLES[name]})
-
-
-def group_class(name: str) -> type:
-    return type("Help_" + name, (PlainHelpGroup,), {"examples": EXAMPLES[name]})
+def help_class(name: str, base: type) -> type:
+    """`base` (PlainHelpCommand or PlainHelpGroup) with the examples of command `name`
+    ("runs show")."""
+    return type("Help_" + name.replace(" ", "_"), (base,), {"examples": EXAMPLES[name]})

@@ -41,8 +41,10 @@ FOLLOW_DEFAULTS: dict[str, Any] = {"root_cause": None, "consequences": []}
 def document(command: str, data: dict[str, Any], node: str | None = None) -> dict[str, Any]:
     """`data` (with `nodes`: each node's entry; the run's keys beside it) in the common
     shape; `node`: the one node's name of a follow result written flat."""
-    if not isinstance(data.get("nodes"), list):
-        data = _follow_nodes(data, node)
+    if not isinstance(data.get("nodes"), list):  # a follow result, written flat
+        entry = {k: v for k, v in data.items() if k not in FOLLOW_RUN_KEYS}
+        run = {k: v for k, v in data.items() if k in FOLLOW_RUN_KEYS}
+        data = {**run, "nodes": [{"node": node, **entry}]}
         if command == "logs":  # a classified log file's: the keys a followed run's has
             data = {**FOLLOW_DEFAULTS, **data}
     top = {k: v for k, v in data.items() if k != "nodes"}
@@ -52,12 +54,6 @@ def document(command: str, data: dict[str, Any], node: str | None = None) -> dic
         top["result"].pop("schema_version", None)
         top["result"].pop("command", None)
     return {"schema_version": SCHEMA_VERSION, "command": command, "nodes": nodes, **top}
-
-
-def _follow_nodes(data: dict[str, Any], node: str | None) -> dict[str, Any]:
-    entry = {k: v for k, v in data.items() if k not in FOLLOW_RUN_KEYS}
-    run = {k: v for k, v in data.items() if k in FOLLOW_RUN_KEYS}
-    return {**run, "nodes": [{"node": node, **entry}]}
 
 
 def error_document(

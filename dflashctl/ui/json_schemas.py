@@ -187,8 +187,7 @@ class StacksNode(NodeEntry):
     missing: list[int] = Field(description="the ranks that did not answer in time")
 
 
-class StacksAnalysis(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class StacksAnalysis(Open):
     ranks: list[dict[str, Any]] = Field(
         description="every rank of every node: node, last step, threads"
     )

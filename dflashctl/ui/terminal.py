@@ -252,27 +252,13 @@ class TerminalReporter(Reporter):
     spinners and progress bars on a terminal, plain lines elsewhere, nothing extra on
     stdout under --json."""
 
-    @contextlib.contextmanager
-    def step(self, message: str) -> Iterator[dict]:
-        with step(message) as result:
-            yield result
-
-    def done(self, message: str, seconds: float) -> None:
-        step_done(message, seconds)
-
-    def info(self, message: str) -> None:
-        info(message)
-
-    def warning(self, message: str) -> None:
-        warning(message)
-
-    def busy(self, message: str) -> contextlib.AbstractContextManager:
-        return spinner(message)
-
-    @contextlib.contextmanager
-    def transfer(self, total: int, message: str, then: str) -> Iterator[Callable[[int], None]]:
-        with transfer(total, message, then) as sent:
-            yield sent
+    # This module's functions, the same for the logic as for the commands.
+    step = staticmethod(step)
+    done = staticmethod(step_done)
+    info = staticmethod(info)
+    warning = staticmethod(warning)
+    busy = staticmethod(spinner)
+    transfer = staticmethod(transfer)
 
     def output(self, label: str, line: str) -> None:
         prefix = f"[dim]{escape(label + ' ' if label else '')}setup |[/dim] "
