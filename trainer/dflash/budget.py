@@ -128,13 +128,14 @@ def size_to_budget(cfg, workload, num_replicas: int, world_size: int, log) -> No
     cfg.train.steps = steps_for_budget(budget_s, step_s, spent_s=spent)
     samples = workload.num_samples()
     per_step = cfg.data.batch_size * num_replicas * world_size
+    epochs = cfg.train.steps * per_step / max(1, samples)
     log(
         f"train.budget_minutes {cfg.train.budget_minutes:g}: {cfg.train.steps} steps at "
         f"{step_s * 1000:.0f} ms a step (probe), {spent:.0f} s spent before training, "
         f"{BUDGET_RESERVE:.0%} kept for evals and the checkpoint; "
-        f"{cfg.train.steps * per_step / max(1, samples):.1f} epochs of {samples} samples"
+        f"{epochs:.1f} epochs of {samples} samples"
     )
-    warning = many_epochs_warning(cfg.train.steps * per_step / max(1, samples), samples)
+    warning = many_epochs_warning(epochs, samples)
     if warning:
         log("warning: " + warning)
 
