@@ -88,8 +88,8 @@ def test_the_walk_line_and_record_say_which_samples_were_walked(tmp_path, heldou
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     walked = [r for r in records if r["kind"] == "step" and r["tau_walk"] is not None]
     assert walked and all(r["tau_walk_heldout"] is bool(heldout) for r in walked)
-    if heldout:  # in turn: the second walk starts where the first stopped
-        assert workload.walk_set._next == (3 * len(walked)) % len(workload.walk_set.samples)
+    if heldout:  # in turn: each walk starts where the one before stopped (warm-up's first)
+        assert workload.walk_set._next == (3 * (1 + len(walked))) % len(workload.walk_set.samples)
 
 
 # -- train.tau_walk_eval --------------------------------------------------------------------
@@ -191,3 +191,29 @@ def test_the_eval_walk_also_walks_the_last_step_whatever_its_budget(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     walked = [r["step"] for r in records if r["kind"] == "step" and r["tau_walk"] is not None]
     assert walked == [2, 8]
+
+
+class _TimedWalks(DFlashWorkload):
+    """Writes down when each walk ran and whether the meter had started training."""
+
+    def __init__(self, cfg, log):
+        super().__init__(cfg)
+        self.log, self.walked_after = log, []
+
+    def serving_tau(self, drafter, inputs):
+        ready = any(" ready (warm-up" in line for line in self.log.lines)
+        self.walked_after.append("warm-up" if ready else "in warm-up")
+        return super().serving_tau(drafter, inputs)
+
+
+def test_warm_up_walks_once_so_the_first_walk_in_training_costs_what_the_rest_do(tmp_path):
+    """The walk's one-off costs (kernels, memory for its shapes) land in warm-up, not in
+    the walk budget: else a run would walk at its first logged step and then hardly ever."""
+    cfg = _eval_config(tmp_path)
+    log = RunLog(io.StringIO())
+    workload = _TimedWalks(cfg, log)
+    assert train(cfg, workload, log, handle_signals=False).exit_code == 0
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    walked = [r["step"] for r in records if r["kind"] == "step" and r["tau_walk"] is not None]
+    assert walked == [2, 4]
+    assert workload.walked_after == ["in warm-up", "warm-up", "warm-up"]  # not recorded

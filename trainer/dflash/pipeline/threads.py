@@ -119,9 +119,7 @@ def inject(ctx: RunContext, thread: str, stage: str, step: int = 0) -> None:
         if stage != "step" or hang.step == step:
             deadlock(ctx, thread, f"step {step}" if stage == "step" else stage)
     point = ctx.fail_point
-    if point is None or point.thread != thread or point.stage != stage:
-        return
-    if not ctx.debug_applies():
+    if point is None or (point.thread, point.stage) != (thread, stage) or not ctx.debug_applies():
         return
     if stage == "step" and point.step != step:
         return
@@ -153,10 +151,6 @@ def deadlock(ctx: RunContext, thread: str, where: str) -> None:
     lock = threading.Lock()
     lock.acquire()
     lock.acquire()  # blocks for good
-
-
-def _device_text(device: torch.device) -> str:
-    return str(device)
 
 
 # ---------------------------------------------------------------- prefetcher
@@ -193,14 +187,14 @@ def run_target_loop(
     if ctx.workload.target_compiled(device):
         # A compile is no capture, but Dynamo is not thread-safe and its first runs may
         # synchronize: under the capture lock, counted at the gate like a drafter.
-        say = lambda text: ctx.log.line(stage_line(name, _device_text(device), text))  # noqa: E731
+        say = lambda text: ctx.log.line(stage_line(name, str(device), text))  # noqa: E731
         warm_target(ctx.gate, say, lambda: ctx.workload.warm_target(target, device))
         ctx.gate.mark_warm()
     ctx.gate.wait_all_warm()
     # The crash detector takes a thread's stage from its last stage line.
     how = ctx.workload.target_forward_text(target, device)
     running = f"running target forwards ({how})" if how else "running target forwards"
-    ctx.log.line(stage_line(name, _device_text(device), running))
+    ctx.log.line(stage_line(name, str(device), running))
     # A side stream lets target forwards overlap the drafter steps on a shared GPU.
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     timer = TargetTimer(stream)
@@ -292,7 +286,7 @@ def _target_forward(
 
 
 def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
-    name, device = replica.name, _device_text(replica.device)
+    name, device = replica.name, str(replica.device)
     if replica.device.type == "cuda":
         torch.cuda.set_device(replica.device)  # the current device is per thread
     inject(ctx, name, "start")
@@ -451,6 +445,11 @@ def _warm_up(ctx: RunContext, replica: DrafterReplica) -> None:
         replica.optimizer.set_master_grads(replica.optimizer.model_grads())
         replica.optimizer.step()
     replica.optimizer.restore(snapshot)
+    if replica.rank == 0 and ctx.is_lead:
+        # The walk's first call pays one-off costs (3 s at 30M, 10 s at 8B: kernels and
+        # memory for its shapes). Paid here, out of training time, the walk budget prices
+        # the walks at what they cost from then on, and a run gets a curve of them.
+        ctx.workload.serving_tau(replica.model, example)
     if ctx.cfg.debug.hold_in_warmup:
         if replica.rank == 0:
             ctx.log.line("debug: holding in warm-up until SIGTERM")
