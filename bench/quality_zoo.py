@@ -62,7 +62,14 @@ RECIPE = {
             "tau_walk_eval": True,
         },
         "eval": {"num_prompts": 32, "max_new_tokens": 256, "every": 0, "batch_size": 32},
-        "regenerate": {"budget_minutes": 1.75, "max_new_tokens": 256, "batch_size": 512},
+        # Up to 8 answers a prompt, the budget deciding: few prompts get more of the
+        # target's text (the docs target has ~1,000), many get one each.
+        "regenerate": {
+            "budget_minutes": 1.75,
+            "max_new_tokens": 256,
+            "batch_size": 512,
+            "answers_per_prompt": 8,
+        },
         "dtype": "bfloat16",
         "compile": "eager",
     },
@@ -77,7 +84,12 @@ RECIPE = {
             "tau_walk_eval": True,
         },
         "eval": {"num_prompts": 2, "max_new_tokens": 12, "every": 0, "batch_size": 2},
-        "regenerate": {"budget_minutes": 0.2, "max_new_tokens": 16, "batch_size": 16},
+        "regenerate": {
+            "budget_minutes": 0.2,
+            "max_new_tokens": 16,
+            "batch_size": 16,
+            "answers_per_prompt": 8,
+        },
         "dtype": "float32",
         "compile": "eager",
     },

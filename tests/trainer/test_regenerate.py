@@ -181,7 +181,7 @@ def test_answers_to_prompts_no_longer_in_the_input_are_left_out(tmp_path, target
     assert main(["--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "3 already answered, 1 to answer" in out
-    assert "3 answers to prompts no longer in the input: left out" in out
+    assert "3 answers to prompts no longer in the input (or past" in out
     kept = [json.loads(x)["messages"][0]["content"] for x in output.read_text().splitlines()]
     assert kept == QUESTIONS[:3] + ["a new question"]
 
@@ -208,3 +208,52 @@ def test_a_regeneration_budget_answers_a_share_and_a_rerun_the_rest(tmp_path, ta
     assert len(output.read_text().splitlines()) == 2
     assert main(["--config", str(config)]) == 0
     assert "2 already answered, 4 to answer" in capsys.readouterr().out
+
+
+def test_extra_answers_per_prompt_are_sampled_pass_by_pass_and_keep_the_first(
+    tmp_path, target_dir, capsys
+):
+    config, output = regenerate_config(tmp_path, target_dir)
+    assert main(["--config", str(config)]) == 0
+    first = _answers(output)
+    capsys.readouterr()
+    # Raising answers_per_prompt keeps the greedy answers and adds sampled ones.
+    config, output = regenerate_config(tmp_path, target_dir, answers_per_prompt=3)
+    assert main(["--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "6 prompts x 3 answers, 6 already answered, 12 to answer" in out
+    assert "the extra answers sampled" in out
+    records = [json.loads(x) for x in output.read_text().splitlines()]
+    assert [(r["prompt_id"], r.get("answer", 0)) for r in records] == [
+        (pid, k) for pid, _ in first for k in range(3)
+    ]  # input order, a prompt's answers together
+    assert [(r["prompt_id"], r["messages"][-1]["content"]) for r in records[::3]] == first
+    texts = {pid: set() for pid, _ in first}
+    for r in records:
+        texts[r["prompt_id"]].add(r["messages"][-1]["content"])
+    assert sum(len(t) for t in texts.values()) > len(first)  # sampled, not the greedy again
+    tokenizer = build_tiny_tokenizer()
+    samples, stats = load_samples(output, tokenizer, max_length=64, block_size=2)
+    assert stats.unrenderable == 0 and stats.kept + stats.too_few_loss_tokens == 18
+
+    # A rerun has nothing to do; fewer answers per prompt leaves the extra ones out.
+    assert main(["--config", str(config)]) == 0
+    assert "18 already answered, 0 to answer" in capsys.readouterr().out
+    config, output = regenerate_config(tmp_path, target_dir, answers_per_prompt=2)
+    assert main(["--config", str(config)]) == 0
+    assert "6 answers to prompts no longer in the input (or past" in capsys.readouterr().out
+    assert [r.get("answer", 0) for r in map(json.loads, output.read_text().splitlines())] == [
+        0,
+        1,
+    ] * 6
+
+
+def test_a_budget_cut_drops_later_passes_before_any_prompt(tmp_path, target_dir, capsys):
+    # A budget below one batch's time answers one batch: of first answers, never an extra.
+    config, output = regenerate_config(
+        tmp_path, target_dir, batch_size=6, budget_minutes=1e-6, answers_per_prompt=4
+    )
+    assert main(["--config", str(config)]) == 0
+    assert "spent: 6 of 24 answered" in capsys.readouterr().out
+    records = [json.loads(x) for x in output.read_text().splitlines()]
+    assert len(records) == 6 and all("answer" not in r for r in records)

@@ -11,6 +11,12 @@ prompt) followed by the target's own answer, as chat JSONL the trainer reads as 
 
 - Greedy or sampled as the target's `generation_config.json` says (do_sample,
   temperature, top_p, top_k); `regenerate.sample`/`temperature` override it.
+- Several answers per prompt (`regenerate.answers_per_prompt`): the first as above, the
+  others sampled (the generation config's temperature when it samples, else
+  `regenerate.temperature` or 0.7). A small prompt set otherwise trains the drafter on
+  the same few answers for tens of epochs, and it learns them instead of the target.
+  Answers are made pass by pass (every prompt's first answer, then every second one), so
+  a budget cut drops the later passes, not prompts.
 - Batched on the GPU with a KV cache: transformers' `generate` over left-padded
   batches of prompts of similar length.
 - Sharded under torchrun: rank r takes prompts i % world == r and appends to its own
@@ -61,6 +67,16 @@ def prompt_id(messages: list[dict]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+def answer_key(pid: str, answer: int) -> str:
+    """One answer's key: the prompt id for the first answer (as records without an
+    `answer` field have it), `<prompt id>#<k>` for the k-th extra one."""
+    return f"{pid}#{answer}" if answer else pid
+
+
+def record_key(record: dict) -> str:
+    return answer_key(record["prompt_id"], int(record.get("answer") or 0))
+
+
 @dataclass
 class Job:
     index: int  # line order in the input (the merged output keeps it)
@@ -92,8 +108,8 @@ def parts_dir(output: Path) -> Path:
 
 
 def answered(output: Path) -> dict[str, str | None]:
-    """Prompt id -> the `answered_by` digest of its answer (None: a record made before
-    answers carried one), over the merged output and every rank's part file."""
+    """Answer key (answer_key) -> the `answered_by` digest of the answer (None: a record
+    made before answers carried one), over the merged output and every rank's part file."""
     found: dict[str, str | None] = {}
     files = [output] + sorted(parts_dir(output).glob("rank-*.jsonl"))
     for path in files:
@@ -102,8 +118,8 @@ def answered(output: Path) -> dict[str, str | None]:
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
-                found.setdefault(record["prompt_id"], record.get("answered_by"))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                found.setdefault(record_key(record), record.get("answered_by"))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
                 continue  # a line cut off by an interrupted write: answered again
     return found
 
@@ -155,6 +171,13 @@ def answer_settings(cfg, tokenizer, generator) -> dict:
     }
 
 
+def extra_settings(settings: dict, generator, seed) -> dict:
+    """What the extra (sampled) answers depend on: the first answer's settings, their own
+    sampling. Its own digest, so adding extra answers keeps the first ones valid."""
+    extra = {k: v for k, v in generator.extra_kwargs.items() if v is not None}
+    return {**settings, "extra answers": json.dumps({**extra, "seed": seed}, sort_keys=True)}
+
+
 def settings_digest(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -165,14 +188,27 @@ def settings_path(output: Path) -> Path:
 
 
 def check_answered_by(
-    output: Path, found: dict, settings: dict, on_mismatch: str, log, rank: int = 0, world: int = 1
+    output: Path,
+    found: dict,
+    settings: dict,
+    on_mismatch: str,
+    log,
+    rank: int = 0,
+    world: int = 1,
+    extra: dict | None = None,
 ) -> dict:
     """The answers a run may count as done: refuse, drop (restart) or keep (keep) those
-    made by another target or with other settings. Returns the prompt ids to skip.
-    Under torchrun each rank removes the merged output and its own part (every rank
-    decides alike, from the same files)."""
+    made by another target or with other settings (`extra`: the settings of the extra
+    answers, keys with `#`). Returns the answer keys to skip. Under torchrun each rank
+    removes the merged output and its own part (every rank decides alike, from the same
+    files)."""
     digest = settings_digest(settings)
-    other = [pid for pid, by in found.items() if by != digest]
+    extra_digest = settings_digest(extra) if extra else None
+
+    def expected(key: str) -> str | None:
+        return extra_digest if "#" in key else digest
+
+    other = [key for key, by in found.items() if by != expected(key)]
     known = {}
     try:
         known = json.loads(settings_path(output).read_text(encoding="utf-8"))
@@ -196,13 +232,17 @@ def check_answered_by(
     elif other:
         raise MismatchedAnswers(
             f"{output} already holds {len(other)} answers made "
-            + _what_differs({by for pid, by in found.items() if by != digest}, known, settings)
+            + _what_differs(
+                {by for key, by in found.items() if by != expected(key)}, known, settings
+            )
             + ". Training on a mix teaches the drafter a target that will not serve it. "
             "Rerun with --restart to remove them and answer every prompt with this target, "
             "or --keep-mismatched to keep them as they are (or set regenerate.output to a "
             "new file)"
         )
     known[digest] = settings
+    if extra:
+        known[extra_digest] = extra
     settings_path(output).parent.mkdir(parents=True, exist_ok=True)
     settings_path(output).write_text(json.dumps(known, indent=1) + "\n", encoding="utf-8")
     return found
@@ -246,11 +286,22 @@ class Generator:
             )
         else:  # greedy: no sampling knobs (transformers warns about stray ones)
             self.kwargs.update(temperature=None, top_p=None, top_k=None)
+        # Extra answers are sampled: as the first when it samples, else at
+        # regenerate.temperature or 0.7 (other text than the greedy answer, still close to
+        # what the target says most).
+        self.extra_kwargs = dict(self.kwargs)
+        if not sample:
+            self.extra_kwargs.update(
+                do_sample=True,
+                temperature=section.temperature or 0.7,
+                top_p=section.top_p or 1.0,
+                top_k=section.top_k or 0,
+            )
         self.stop_ids = stop_token_ids(tokenizer, gen)
-        self.kwargs["eos_token_id"] = self.stop_ids or None
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
-        self.kwargs["pad_token_id"] = self.pad_id
+        for kwargs in (self.kwargs, self.extra_kwargs):
+            kwargs.update(eos_token_id=self.stop_ids or None, pad_token_id=self.pad_id)
 
     def encode(self, messages: list[dict]) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -259,10 +310,11 @@ class Generator:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def answer(
-        self, prompts: list[list[int]]
+        self, prompts: list[list[int]], extra: bool = False
     ) -> tuple[list[str], int, list[tuple[list[int], bool]]]:
         """Answers for token-id prompts (one batch), the tokens generated, and per answer
-        its token ids (stop token left out) and whether it ended with a stop token."""
+        its token ids (stop token left out) and whether it ended with a stop token.
+        `extra`: with the extra answers' (sampled) settings."""
         import torch
 
         width = max(len(p) for p in prompts)
@@ -273,7 +325,9 @@ class Generator:
             mask[row, width - len(p) :] = 1
         with torch.no_grad():
             out = self.target.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **self.kwargs
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                **(self.extra_kwargs if extra else self.kwargs),
             )
         texts, count, ids_out = [], 0, []
         for row in out[:, width:].tolist():
@@ -334,34 +388,49 @@ def run(cfg, *, log=print, on_mismatch: str = "refuse") -> dict:
     tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.target.path)
     generator = Generator(target, tokenizer, section, device)
     settings = answer_settings(cfg, tokenizer, generator)
-    by = settings_digest(settings)
-    wanted = {j.pid for j in jobs}  # answers to prompts no longer in the input do not count
-    found = {pid: by for pid, by in answered(output).items() if pid in wanted}
-    done = check_answered_by(output, found, settings, on_mismatch, log, rank, world)
-    mine = [j for j in jobs if j.index % world == rank and j.pid not in done]
+    extra = extra_settings(settings, generator, section.seed)
+    by, extra_by = settings_digest(settings), settings_digest(extra)
+    per_prompt = section.answers_per_prompt
+    # Answers to prompts no longer in the input (or past answers_per_prompt) do not count.
+    wanted = {answer_key(j.pid, k) for j in jobs for k in range(per_prompt)}
+    found = {key: by for key, by in answered(output).items() if key in wanted}
+    done = check_answered_by(
+        output, found, settings, on_mismatch, log, rank, world, extra if per_prompt > 1 else None
+    )
     if section.seed is not None:
         torch.manual_seed(section.seed + rank)
-    log(
-        f"regenerate | rank {rank}/{world} | {len(jobs)} prompts, {len(done)} already answered, "
-        f"{len(mine)} to answer here on {device} | "
-        f"{'sampled' if generator.kwargs['do_sample'] else 'greedy'}, "
-        f"max {section.max_new_tokens} new tokens, batch {section.batch_size}"
-    )
     part = parts_dir(output) / f"rank-{rank}-of-{world}.jsonl"
     part.parent.mkdir(parents=True, exist_ok=True)
-    encoded = [(j, generator.encode(j.messages)) for j in mine]
-    encoded.sort(key=lambda item: len(item[1]))  # similar lengths: little padding per batch
-    batches = [
-        encoded[first : first + section.batch_size]
-        for first in range(0, len(encoded), section.batch_size)
-    ]
+    encoded = {j.pid: generator.encode(j.messages) for j in jobs if j.index % world == rank}
     budget_s = section.budget_minutes * 60 if section.budget_minutes else None
-    if budget_s is not None:  # a cut leaves a random share unanswered, not the longest
-        random.Random(section.seed or 0).shuffle(batches)
+    batches = []  # (answer number, [(job, prompt ids)]): pass by pass, first answers first
+    for k in range(per_prompt):
+        todo = [
+            (j, encoded[j.pid])
+            for j in jobs
+            if j.pid in encoded and answer_key(j.pid, k) not in done
+        ]
+        todo.sort(key=lambda item: len(item[1]))  # similar lengths: little padding per batch
+        one_pass = [
+            (k, todo[first : first + section.batch_size])
+            for first in range(0, len(todo), section.batch_size)
+        ]
+        if budget_s is not None:  # a cut leaves a random share unanswered, not the longest
+            random.Random((section.seed or 0) + k).shuffle(one_pass)
+        batches += one_pass
+    to_answer = sum(len(batch) for _, batch in batches)
+    log(
+        f"regenerate | rank {rank}/{world} | {len(jobs)} prompts"
+        + (f" x {per_prompt} answers" if per_prompt > 1 else "")
+        + f", {len(done)} already answered, {to_answer} to answer here on {device} | "
+        f"{'sampled' if generator.kwargs['do_sample'] else 'greedy'}"
+        + (", the extra answers sampled" if per_prompt > 1 else "")
+        + f", max {section.max_new_tokens} new tokens, batch {section.batch_size}"
+    )
     tokens, capped, done_count, started = 0, 0, 0, time.perf_counter()
     with part.open("a", encoding="utf-8") as out:
-        for batch in batches:
-            texts, count, answers = generator.answer([ids for _, ids in batch])
+        for k, batch in batches:
+            texts, count, answers = generator.answer([ids for _, ids in batch], extra=k > 0)
             tokens += count
             for (job, prompt), text, (kept, ended) in zip(batch, texts, answers, strict=True):
                 capped += not ended
@@ -373,24 +442,25 @@ def run(cfg, *, log=print, on_mismatch: str = "refuse") -> dict:
                     **job.record,
                     "messages": job.messages + [answer],
                     "prompt_id": job.pid,
-                    "answered_by": by,
+                    **({"answer": k} if k else {}),
+                    "answered_by": extra_by if k else by,
                     "token_ids": ids,
                 }
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()  # an interrupted run keeps every finished batch
             done_count += len(batch)
-            log(f"regenerate | rank {rank} | {done_count}/{len(encoded)}")
+            log(f"regenerate | rank {rank} | {done_count}/{to_answer}")
             if budget_s is not None and time.perf_counter() - started > budget_s:
-                if done_count < len(encoded):
+                if done_count < to_answer:
                     log(
                         f"regenerate | rank {rank} | regenerate.budget_minutes "
-                        f"{section.budget_minutes:g} spent: {done_count} of {len(encoded)} "
+                        f"{section.budget_minutes:g} spent: {done_count} of {to_answer} "
                         "answered (a rerun answers the rest)"
                     )
                 break
     seconds = time.perf_counter() - started
     (parts_dir(output) / f"rank-{rank}-of-{world}.done").write_text(str(done_count))
-    merged = merge_if_complete(jobs, output, world, log)
+    merged = merge_if_complete(jobs, output, world, log, per_prompt)
     rate = tokens / seconds if seconds > 0 else 0.0
     log(
         f"regenerate | rank {rank} | {done_count} answered, {tokens} tokens in {seconds:.1f} s "
@@ -414,10 +484,13 @@ def run(cfg, *, log=print, on_mismatch: str = "refuse") -> dict:
     }
 
 
-def merge_if_complete(jobs: list[Job], output: Path, world: int, log=print) -> bool:
-    """Once every rank has marked itself done: the output in input order, parts removed.
-    The output keeps what it had (an earlier run) for prompts still in the input and gains
-    the parts' records; answers to prompts no longer in the input are left out."""
+def merge_if_complete(
+    jobs: list[Job], output: Path, world: int, log=print, per_prompt: int = 1
+) -> bool:
+    """Once every rank has marked itself done: the output in input order (a prompt's
+    answers together), parts removed. The output keeps what it had (an earlier run) for
+    prompts still in the input and gains the parts' records; answers to prompts no longer
+    in the input (or past `per_prompt`) are left out."""
     folder = parts_dir(output)
     if any(not (folder / f"rank-{r}-of-{world}.done").exists() for r in range(world)):
         return False
@@ -427,13 +500,17 @@ def merge_if_complete(jobs: list[Job], output: Path, world: int, log=print) -> b
             continue
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                by_id.setdefault(json.loads(line)["prompt_id"], line)
-            except (json.JSONDecodeError, KeyError, TypeError):
+                by_id.setdefault(record_key(json.loads(line)), line)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue
-    order = [j.pid for j in jobs if j.pid in by_id]
+    keys = (answer_key(j.pid, k) for j in jobs for k in range(per_prompt))
+    order = [key for key in keys if key in by_id]
     dropped = len(by_id) - len(order)
     if dropped:
-        log(f"regenerate | {dropped} answers to prompts no longer in the input: left out")
+        log(
+            f"regenerate | {dropped} answers to prompts no longer in the input (or past "
+            "regenerate.answers_per_prompt): left out"
+        )
     tmp = output.with_name(output.name + ".tmp")
     tmp.write_text("".join(by_id[pid] + "\n" for pid in order), encoding="utf-8")
     os.replace(tmp, output)
