@@ -6,9 +6,9 @@ or the set-up failed (its traceback is in the log), 2 the config is wrong.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
@@ -37,9 +37,10 @@ def crashed(world: World, log: RunLog, exc: BaseException) -> NoReturn:
     exit_without_teardown(EXIT_FAILED)
 
 
-def run_status(world: World, result) -> int:
-    """The status of a run that returned (a run.TrainResult). A failed one has logged why
-    and joined its threads (up to run.STOP_GRACE_S); it ends without teardown."""
+def run_status(world: World, result) -> NoReturn:
+    """End the process with the status of a run that returned (a run.TrainResult). A
+    failed one has logged why and joined its threads (up to run.STOP_GRACE_S); no run ends
+    through interpreter teardown (exit_without_teardown says why)."""
     failed = result.exit_code != EXIT_OK or bool(result.stuck_threads)
     if failed:
         world.leave_after_failure()  # the failing thread posted its cause already
@@ -47,9 +48,13 @@ def run_status(world: World, result) -> int:
         record_exception(result.failure)
     if failed:
         exit_without_teardown(result.exit_code or EXIT_FAILED)
-    if threading.active_count() > 1:
-        exit_without_teardown(result.exit_code)
-    return result.exit_code  # clean finish (or a stop with its checkpoint written)
+    # A clean finish (or a stop with its checkpoint written): the exit handlers run (a
+    # tracker's last upload), then the process ends without finalizing the interpreter.
+    # A thread torch started in C++ can outlive training, and the C++ runtime's teardown
+    # then aborts on it ("terminate called without an active exception", SIGABRT) after
+    # "training complete": seen on CPU in the test suite, turning a good run into exit -6.
+    atexit._run_exitfuncs()
+    exit_without_teardown(result.exit_code)
 
 
 def exit_without_teardown(code: int) -> NoReturn:
