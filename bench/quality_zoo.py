@@ -64,12 +64,8 @@ RECIPE = {
         "eval": {"num_prompts": 32, "max_new_tokens": 256, "every": 0, "batch_size": 32},
         # Up to 8 answers a prompt, the budget deciding: few prompts get more of the
         # target's text (the docs target has ~1,000), many get one each.
-        "regenerate": {
-            "budget_minutes": 1.75,
-            "max_new_tokens": 256,
-            "batch_size": 512,
-            "answers_per_prompt": 8,
-        },
+        "regenerate": {"budget_minutes": 1.75, "max_new_tokens": 256, "batch_size": 512,
+                       "answers_per_prompt": 8},
         "dtype": "bfloat16",
         "compile": "eager",
     },
@@ -77,23 +73,15 @@ RECIPE = {
         "drafter": {"num_layers": 1, "block_size": 4, "attention": "sdpa_dense"},
         "data": {"seq_len": 256, "batch_size": 4, "num_anchors": 64, "fit": True},
         "optim": {"lr": 1e-2, "warmup_ratio": 0.04, "min_lr_ratio": 0.1},
-        "train": {
-            "budget_minutes": 0.25,
-            "log_every": 2,
-            "tau_walk_rows": 2,
-            "tau_walk_eval": True,
-        },
+        "train": {"budget_minutes": 0.25, "log_every": 2, "tau_walk_rows": 2,
+                  "tau_walk_eval": True},
         "eval": {"num_prompts": 2, "max_new_tokens": 12, "every": 0, "batch_size": 2},
-        "regenerate": {
-            "budget_minutes": 0.2,
-            "max_new_tokens": 16,
-            "batch_size": 16,
-            "answers_per_prompt": 8,
-        },
+        "regenerate": {"budget_minutes": 0.2, "max_new_tokens": 16, "batch_size": 16,
+                       "answers_per_prompt": 8},
         "dtype": "float32",
         "compile": "eager",
     },
-}
+}  # fmt: skip
 
 # Targets: shape, tokenizer and how long the target itself trains (not in the budget:
 # the target is the user's, made before the recipe runs).
