@@ -308,14 +308,10 @@ class RegenerateSection(Section):
     top_p: Number | None = None
     top_k: Amount | None = None
     seed: int | None = 0  # sampling seed (plus the rank)
-    # Answers per prompt: the first as the generation config says, the rest sampled (at
-    # `temperature`, else 0.7, when the first is greedy). More text of the target's from
-    # few prompts: a drafter trained for tens of epochs on one answer each learns them.
-    answers_per_prompt: Count = 1
+    answers_per_prompt: Count = 1  # the first as above, the rest sampled (dflash.regenerate)
     device: Text | None = None  # None: cuda:LOCAL_RANK when there is a GPU, else cpu
     template_kwargs: dict[str, Any] = Field(default_factory=dict)  # e.g. {enable_thinking: false}
-    # Stop answering after this long (a random share of the prompts, rerun to continue).
-    budget_minutes: Annotated[Number, AfterValidator(_above_zero)] | None = None
+    budget_minutes: Annotated[Number, AfterValidator(_above_zero)] | None = None  # then stop
 
 
 def _tracker_switch(value: Any) -> Any:
