@@ -69,6 +69,39 @@ def test_held_out_samples_are_kept_from_training_the_same_way_in_every_process(t
     assert plain.walk_set is None and len(plain.samples) == 40 and plain.walk_set_label == ""
 
 
+def test_a_prompt_with_several_answers_is_held_out_whole(tmp_path):
+    # regenerate.answers_per_prompt: 3 answers to each of 20 questions. Another answer
+    # to a held-out prompt in training would make the held-out walk read what it learnt.
+    words = "numbers and lists and a short answer about them".split()
+    records = [
+        {
+            "messages": [
+                {"role": "user", "content": f"question {i}"},
+                {"role": "assistant", "content": " ".join(words[k:] + words[:k])},
+            ]
+        }
+        for i in range(20)
+        for k in range(3)
+    ]
+    source = tmp_path / "answers.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    workload = DFlashWorkload(_config(tmp_path, source, tau_walk_heldout=4))
+    held = workload.walk_set.samples
+    held_prompts = {tuple(s.prompt_ids) for s in held}
+    assert len(held) == 3 * len(held_prompts) and len(held) >= 4  # whole prompts, 3 each
+    assert not any(tuple(s.prompt_ids) in held_prompts for s in workload.samples)
+    assert len(workload.samples) + len(held) == 60
+
+    # eval.holdout alike: 4 prompts, one answer each evaluated, none of them trained on
+    # (before, another answer of an eval prompt in training was refused as an overlap).
+    cfg = _config(tmp_path, source).model_copy(deep=True)
+    cfg.eval.enabled, cfg.eval.num_prompts = True, 4
+    evals = DFlashWorkload(cfg)
+    eval_prompts = {tuple(s.prompt_ids) for s in evals.heldout}
+    assert len(evals.heldout) == len(eval_prompts) == 4
+    assert len(evals.samples) == 60 - 3 * 4
+
+
 def test_too_few_samples_to_hold_out_warn_and_walk_training_batches(tmp_path):
     workload = DFlashWorkload(_config(tmp_path, _chat_file(tmp_path, 12), tau_walk_heldout=8))
     assert len(workload.walk_set.samples) == 1  # a tenth of 12, not 8

@@ -154,6 +154,27 @@ def tokenize_conversation(
     return Sample(list(encoded["input_ids"]), mask, prompt_ids)
 
 
+def split_by_prompt(
+    samples: list[Sample], count: int, seed: int
+) -> tuple[list[Sample], list[list[Sample]]]:
+    """(training samples, `count` held-out prompts, each with all of its samples): a
+    seeded choice, the same in every process. Samples share a prompt when it was answered
+    several times (regenerate.answers_per_prompt); a held-out prompt takes every answer to
+    it out of training, or what is held out would read what the drafter learnt. Samples
+    without a prompt (plain text) are each their own."""
+    key = lambda i: tuple(samples[i].prompt_ids) if samples[i].prompt_ids else i  # noqa: E731
+    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))
+    groups: dict = {}
+    for i in order.tolist():
+        if len(groups) >= count:
+            break
+        groups.setdefault(key(i), [])
+    for i, sample in enumerate(samples):
+        if key(i) in groups:
+            groups[key(i)].append(sample)
+    return [s for i, s in enumerate(samples) if key(i) not in groups], list(groups.values())
+
+
 def _sample_from_ids(tokenizer, messages, prompt_ids, token_ids, template_kwargs):
     """The sample as the target saw and wrote it: prompt ids + answer ids + the turn's end.
 

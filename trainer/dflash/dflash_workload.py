@@ -29,6 +29,7 @@ from dflash.data import (
     load_samples,
     load_tokenizer,
     prompts_in_training,
+    split_by_prompt,
     synthetic_samples,
 )
 from dflash.flops import drafter_flops, target_flops
@@ -248,10 +249,9 @@ class DFlashWorkload(Workload):
                 f"eval.holdout: {count} held-out samples leave none of the {len(samples)} to "
                 "train on; lower eval.holdout or set eval.source to a separate eval file"
             )
-        gen = torch.Generator().manual_seed(self.cfg.seed * 7_919 + 17)
-        chosen = set(torch.randperm(len(samples), generator=gen)[:count].tolist())
-        keep = [s for i, s in enumerate(samples) if i not in chosen]
-        return keep, [s for i, s in enumerate(samples) if i in chosen]
+        # Whole prompts: one answer each is an eval prompt, the others leave training too.
+        keep, held = split_by_prompt(samples, count, self.cfg.seed * 7_919 + 17)
+        return keep, [group[0] for group in held]
 
     def _walk_set(self, samples: list[Sample]) -> tuple[list[Sample], WalkSet | None]:
         """(training samples, what the tau walk walks where not the batch): samples kept

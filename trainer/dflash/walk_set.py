@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .data import Sample, collate
+from .data import Sample, collate, split_by_prompt
 from .decode_batch import greedy_generate_batch_padded
 from .target import target_context
 
@@ -78,16 +78,10 @@ class WalkSet:
 def split_heldout(
     samples: list[Sample], count: int, seed: int
 ) -> tuple[list[Sample], list[Sample]]:
-    """(training samples, `count` held out): the last ones of a seeded order, the same in
-    every process."""
-    if not count:
-        return samples, []
-    gen = torch.Generator().manual_seed(seed * 7_919 + 29)
-    held = set(torch.randperm(len(samples), generator=gen).tolist()[-count:])
-    return (
-        [s for i, s in enumerate(samples) if i not in held],
-        [s for i, s in enumerate(samples) if i in held],
-    )
+    """(training samples, held out): `count` prompts with all their answers (the walk
+    walks them all), the same in every process."""
+    keep, held = split_by_prompt(samples, count, seed * 7_919 + 29)
+    return keep, [sample for group in held for sample in group]
 
 
 @torch.no_grad()
