@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 from dflash.dflash_workload import DFlashWorkload
+from dflash.pipeline.config_errors import TrainConfigError
 from dflash.pipeline.logging import RunLog
 from dflash.pipeline.run import train
 from dflash.pipeline.train_config import config_from_dict
@@ -88,7 +89,7 @@ def test_a_prompt_with_several_answers_is_held_out_whole(tmp_path):
     workload = DFlashWorkload(_config(tmp_path, source, tau_walk_heldout=4))
     held = workload.walk_set.samples
     held_prompts = {tuple(s.prompt_ids) for s in held}
-    assert len(held) == 3 * len(held_prompts) and len(held) >= 4  # whole prompts, 3 each
+    assert len(held) == 6 and len(held_prompts) == 2  # whole prompts until 4 samples
     assert not any(tuple(s.prompt_ids) in held_prompts for s in workload.samples)
     assert len(workload.samples) + len(held) == 60
 
@@ -100,6 +101,9 @@ def test_a_prompt_with_several_answers_is_held_out_whole(tmp_path):
     eval_prompts = {tuple(s.prompt_ids) for s in evals.heldout}
     assert len(evals.heldout) == len(eval_prompts) == 4
     assert len(evals.samples) == 60 - 3 * 4
+    cfg.eval.num_prompts = 20  # every prompt: nothing left to train on
+    with pytest.raises(TrainConfigError, match="20 held-out prompts leave none of the 60"):
+        DFlashWorkload(cfg)
 
 
 def test_too_few_samples_to_hold_out_warn_and_walk_training_batches(tmp_path):

@@ -155,24 +155,27 @@ def tokenize_conversation(
 
 
 def split_by_prompt(
-    samples: list[Sample], count: int, seed: int
+    samples: list[Sample], count: int, seed: int, *, count_samples: bool = False
 ) -> tuple[list[Sample], list[list[Sample]]]:
-    """(training samples, `count` held-out prompts, each with all of its samples): a
-    seeded choice, the same in every process. Samples share a prompt when it was answered
-    several times (regenerate.answers_per_prompt); a held-out prompt takes every answer to
-    it out of training, or what is held out would read what the drafter learnt. Samples
-    without a prompt (plain text) are each their own."""
-    key = lambda i: tuple(samples[i].prompt_ids) if samples[i].prompt_ids else i  # noqa: E731
-    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))
-    groups: dict = {}
-    for i in order.tolist():
-        if len(groups) >= count:
+    """(training samples, held-out prompts, each with all of its samples): `count` prompts
+    (`count_samples`: prompts until `count` samples) in a seeded order, the same in every
+    process. Samples share a prompt when it was answered several times
+    (regenerate.answers_per_prompt); a held-out prompt takes every answer to it out of
+    training, or what is held out would read what the drafter learnt. Samples without a
+    prompt (plain text) are each their own."""
+    keys = [tuple(s.prompt_ids) if s.prompt_ids else i for i, s in enumerate(samples)]
+    members: dict = {}
+    for sample, key in zip(samples, keys, strict=True):
+        members.setdefault(key, []).append(sample)
+    held: dict = {}
+    taken = 0
+    for i in torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed)).tolist():
+        if (taken if count_samples else len(held)) >= count:
             break
-        groups.setdefault(key(i), [])
-    for i, sample in enumerate(samples):
-        if key(i) in groups:
-            groups[key(i)].append(sample)
-    return [s for i, s in enumerate(samples) if key(i) not in groups], list(groups.values())
+        if keys[i] not in held:
+            held[keys[i]] = members[keys[i]]
+            taken += len(members[keys[i]])
+    return [s for s, key in zip(samples, keys, strict=True) if key not in held], list(held.values())
 
 
 def _sample_from_ids(tokenizer, messages, prompt_ids, token_ids, template_kwargs):

@@ -244,13 +244,13 @@ class DFlashWorkload(Workload):
             count = ev.num_prompts if ev.enabled and not ev.source else 0
         if count == 0:
             return samples, []
-        if count >= len(samples):
-            raise TrainConfigError(
-                f"eval.holdout: {count} held-out samples leave none of the {len(samples)} to "
-                "train on; lower eval.holdout or set eval.source to a separate eval file"
-            )
         # Whole prompts: one answer each is an eval prompt, the others leave training too.
         keep, held = split_by_prompt(samples, count, self.cfg.seed * 7_919 + 17)
+        if not keep:
+            raise TrainConfigError(
+                f"eval.holdout: {count} held-out prompts leave none of the {len(samples)} "
+                "samples to train on; lower eval.holdout or set eval.source to a separate file"
+            )
         return keep, [group[0] for group in held]
 
     def _walk_set(self, samples: list[Sample]) -> tuple[list[Sample], WalkSet | None]:

@@ -78,9 +78,9 @@ class WalkSet:
 def split_heldout(
     samples: list[Sample], count: int, seed: int
 ) -> tuple[list[Sample], list[Sample]]:
-    """(training samples, held out): `count` prompts with all their answers (the walk
-    walks them all), the same in every process."""
-    keep, held = split_by_prompt(samples, count, seed * 7_919 + 29)
+    """(training samples, about `count` held out): whole prompts with all their answers
+    (the walk walks them all) until `count` samples, the same in every process."""
+    keep, held = split_by_prompt(samples, count, seed * 7_919 + 29, count_samples=True)
     return keep, [sample for group in held for sample in group]
 
 
