@@ -401,19 +401,20 @@ def run(cfg, *, log=print, on_mismatch: str = "refuse") -> dict:
         torch.manual_seed(section.seed + rank)
     part = parts_dir(output) / f"rank-{rank}-of-{world}.jsonl"
     part.parent.mkdir(parents=True, exist_ok=True)
-    encoded = {j.pid: generator.encode(j.messages) for j in jobs if j.index % world == rank}
+    mine = [j for j in jobs if j.index % world == rank]
+    todo = [[j for j in mine if answer_key(j.pid, k) not in done] for k in range(per_prompt)]
+    # Each prompt rendered once, and only where an answer to it is still missing (a rerun
+    # of a large input encodes what is left, not everything again).
+    needed = {j.pid: j for jobs_k in todo for j in jobs_k}
+    encoded = {pid: generator.encode(j.messages) for pid, j in needed.items()}
     budget_s = section.budget_minutes * 60 if section.budget_minutes else None
     batches = []  # (answer number, [(job, prompt ids)]): pass by pass, first answers first
     for k in range(per_prompt):
-        todo = [
-            (j, encoded[j.pid])
-            for j in jobs
-            if j.pid in encoded and answer_key(j.pid, k) not in done
-        ]
-        todo.sort(key=lambda item: len(item[1]))  # similar lengths: little padding per batch
+        pending = [(j, encoded[j.pid]) for j in todo[k]]
+        pending.sort(key=lambda item: len(item[1]))  # similar lengths: little padding per batch
         one_pass = [
-            (k, todo[first : first + section.batch_size])
-            for first in range(0, len(todo), section.batch_size)
+            (k, pending[first : first + section.batch_size])
+            for first in range(0, len(pending), section.batch_size)
         ]
         if budget_s is not None:  # a cut leaves a random share unanswered, not the longest
             random.Random((section.seed or 0) + k).shuffle(one_pass)
