@@ -15,9 +15,10 @@ Per target, in its own process (they share the GPU: each gets less than a whole 
 build the target, then the measured part, sized by the same RECIPE: regenerate its
 prompts (regenerate.budget_minutes), train the drafter (train.budget_minutes, data.fit),
 the trainer's final eval on the held-out prompts (tau, per-position acceptance,
-lossless with near-ties counted), prompt lookup on the same prompts, and the eval's own
-cost: 32 prompts x 256 tokens batched, and batch-1 speculative vs plain greedy tokens/s
-in the same process. One table, a row per target, every goal judged in the run.
+lossless with near-ties counted), prompt lookup on the same prompts. Then, one row at a
+time with the GPU to itself (zoo_cost.py), the eval's own cost: 32 prompts x 256 tokens
+batched, and batch-1 speculative vs plain greedy tokens/s in the same process. One
+table, a row per target, every goal judged in the run.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "trainer"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import torch  # noqa: E402
 from quality_target import (  # noqa: E402
     build_tokenizer,
     conversations,
@@ -47,6 +47,7 @@ from quality_target import (  # noqa: E402
     train_target,
     write_jsonl,
 )
+from zoo_cost import add_eval_cost, cost_inputs  # noqa: E402
 
 # The one recipe: every target gets exactly this (paths and devices aside). Budgets in
 # minutes; seq_len and anchors are ceilings that data.fit brings down to the data.
@@ -331,7 +332,7 @@ def run_fp8_twin(name: str, scale: str, out: Path, wait_s: float = 900.0) -> dic
     results["budget_seconds"] = round(results["regen_seconds"] + time.perf_counter() - measured, 1)
     s_lookup = lookup_settings(cfg, r)
     results["prompt_lookup"] = prompt_lookup_tau(twin / "target", twin / "eval.jsonl", s_lookup)
-    results["eval_cost"] = eval_cost(
+    results["cost_inputs"] = cost_inputs(
         twin / "target", results["drafter"]["checkpoint"], twin, s_lookup
     )
     results["seconds"] = round(time.perf_counter() - began, 1)
@@ -393,76 +394,14 @@ def run_target(name: str, scale: str, out: Path) -> dict:
     results["budget_seconds"] = round(time.perf_counter() - measured, 1)
     s_lookup = lookup_settings(drafter_cfg, r)
     results["prompt_lookup"] = prompt_lookup_tau(target_dir, out / "eval.jsonl", s_lookup)
-    results["eval_cost"] = eval_cost(target_dir, results["drafter"]["checkpoint"], out, s_lookup)
+    results["cost_inputs"] = cost_inputs(
+        target_dir, results["drafter"]["checkpoint"], out, s_lookup
+    )
     results["seconds"] = round(time.perf_counter() - began, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return results
 
 
-def eval_cost(target_dir: Path, checkpoint: str, out: Path, s: dict) -> dict:
-    """What the eval costs and what speculative decoding buys, in one process: the
-    batched eval (all prompts x max tokens, the greedy reference included), and at batch
-    1 speculative decoding against the target's plain greedy decoding, tokens/s each."""
-    from dflash.checkpoint import load_drafter
-    from dflash.data import load_tokenizer
-    from dflash.regenerate import prompt_messages
-    from dflash.spec_decode import evaluate, speculative_generate
-    from dflash.target import greedy_generate, load_target, target_parts
-
-    device, dtype = s["device"], getattr(torch, s["dtype"])
-    target = load_target(target_dir, device=device, dtype=dtype)
-    drafter = load_drafter(Path(checkpoint) / "drafter", device=device, dtype=dtype)
-    drafter.bind_target(*target_parts(target))
-    drafter.eval()
-    tokenizer = load_tokenizer(target_dir)
-    prompts = []
-    for line in (out / "eval.jsonl").read_text().splitlines()[: s["eval_prompts"]]:
-        text = tokenizer.apply_chat_template(
-            prompt_messages(json.loads(line)), tokenize=False, add_generation_prompt=True
-        )
-        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    stops = [tokenizer.eos_token_id]
-    kw = dict(max_new_tokens=s["eval_tokens"], stop_token_ids=stops)
-
-    def timed(fn):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        value = fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return value, time.perf_counter() - started
-
-    evaluate(drafter, target, prompts[:2], batch_size=2, **kw)  # warm-up (kernels, allocator)
-    batched, eval_s = timed(
-        lambda: evaluate(drafter, target, prompts, batch_size=len(prompts), **kw)
-    )
-    few = [torch.tensor([p], device=device) for p in prompts[: max(1, len(prompts) // 4)]]
-    with torch.no_grad():
-        greedy, greedy_s = timed(
-            lambda: [greedy_generate(target, p, s["eval_tokens"], stops)[0] for p in few]
-        )
-        spec, spec_s = timed(
-            lambda: [speculative_generate(drafter, target, p, s["eval_tokens"], stops) for p in few]
-        )
-    greedy_tokens = sum(len(g) for g in greedy)
-    spec_tokens = sum(len(x.tokens) for x in spec)
-    greedy_rate, spec_rate = greedy_tokens / greedy_s, spec_tokens / spec_s
-    return {
-        "eval_prompts": len(prompts),
-        "eval_max_new_tokens": s["eval_tokens"],
-        "eval_seconds": round(eval_s, 2),
-        "eval_tau": round(batched.tau, 3),
-        "accepted_by_position": batched.accepted_by_position,
-        "batch1_prompts": len(few),
-        "batch1_greedy_tokens_per_s": round(greedy_rate, 1),
-        "batch1_speculative_tokens_per_s": round(spec_rate, 1),
-        "batch1_speedup": round(spec_rate / greedy_rate, 2),
-        "batch1_same_tokens": [g for g in greedy] == [x.tokens for x in spec],
-    }
-
-
-# -- the table ----------------------------------------------------------------------------------
 def _tau_estimate(d: dict) -> float:
     """The trainer's estimate of serving tau: the walk's on text never trained on (the
     recipe's: the eval prompts answered by the target) where there is one."""
@@ -539,45 +478,50 @@ def main(argv=None) -> int:
         help="also train this target's drafter with target.fp8 on the same target and data",
     )
     parser.add_argument("--fp8", action="store_true", help=argparse.SUPPRESS)  # a twin's process
+    # a row's process under the parent: the eval cost is timed later, with the GPU to itself
+    parser.add_argument("--defer-cost", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--deadline", type=float, default=3600.0, help="seconds before unfinished targets stop"
     )
     args = parser.parse_args(argv)
-    if args.target and args.fp8:
-        run_fp8_twin(args.target, args.scale, args.out / f"{args.target}+fp8")
-        return 0
     if args.target:
-        run_target(args.target, args.scale, args.out / args.target)
+        row = args.out / (f"{args.target}+fp8" if args.fp8 else args.target)
+        (run_fp8_twin if args.fp8 else run_target)(args.target, args.scale, row)
+        if not args.defer_cost:
+            add_eval_cost(row)
         return 0
     names = args.only or sorted(CORPORA)
     twins = [n for n in args.fp8_twin if n in names]
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
+    left = lambda: max(1.0, args.deadline - (time.perf_counter() - began))  # noqa: E731
     # On the GPU the targets run side by side (small models leave most of an H200
     # idle); on CPU one after the other (two cores).
     parallel = args.scale == "gpu"
-    procs = {}
+    procs, failed = {}, {}
     jobs = [(name, ["--target", name]) for name in names]
     jobs += [(f"{name}+fp8", ["--target", name, "--fp8"]) for name in twins]
+    cmd = [sys.executable, __file__, "--scale", args.scale, "--out", str(args.out)]
     for job, flags in jobs:
-        cmd = [sys.executable, __file__, "--scale", args.scale, "--out", str(args.out)]
         handle = (args.out / f"{job}.log").open("w")
-        procs[job] = subprocess.Popen(cmd + flags, stdout=handle, stderr=handle)
+        procs[job] = subprocess.Popen(cmd + flags + ["--defer-cost"], stdout=handle, stderr=handle)
         if not parallel and not flags[-1] == "--fp8":
             procs[job].wait()
-    failed = []
     for name, proc in procs.items():
-        try:
-            proc.wait(timeout=max(1.0, args.deadline - (time.perf_counter() - began)))
-        except subprocess.TimeoutExpired:
-            proc.kill()  # past --deadline: the row is missing, the others still count
-            proc.wait()
-        if proc.returncode != 0:
-            failed.append(name)
+        failed[name] = _finished(proc, left())
+    # Then each row's eval cost, one at a time: batch-1 rates taken beside another
+    # target's training measure that training (zoo_cost.py says why).
+    cost = [sys.executable, str(Path(__file__).with_name("zoo_cost.py"))]
+    for name in [n for n, why in failed.items() if why is None]:
+        with (args.out / f"{name}.log").open("a") as handle:
+            proc = subprocess.Popen(cost + [str(args.out / name)], stdout=handle, stderr=handle)
+            failed[name] = _finished(proc, left())
+    for name, why in failed.items():
+        if why:
             print((args.out / f"{name}.log").read_text()[-3000:], file=sys.stderr)
     rows = []
     for name, _ in jobs:
-        if name in failed:
+        if failed[name]:
             continue
         r = json.loads((args.out / name / "results.json").read_text())
         r["goals"] = goals_of(r)
@@ -588,10 +532,22 @@ def main(argv=None) -> int:
     log(f"one recipe ({json.dumps(RECIPE[args.scale])}), {len(rows)} targets")
     for line in table(rows):
         log(line)
-    for name in failed:
-        log(f"{name}: FAILED (exit status or past --deadline): see {args.out / name}.log")
+    for name, why in failed.items():
+        if why:
+            log(f"{name}: FAILED ({why}): see {args.out / name}.log")
     log(f"total {summary['seconds']:.0f} s")
-    return 1 if failed else 0
+    return 1 if any(failed.values()) else 0
+
+
+def _finished(proc: subprocess.Popen, timeout: float) -> str | None:
+    """Wait for a row's process; None when it succeeded, else why it did not."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # past --deadline: the row is missing, the others still count
+        proc.wait()
+        return "killed at --deadline"
+    return None if proc.returncode == 0 else f"exit status {proc.returncode}"
 
 
 if __name__ == "__main__":
