@@ -172,3 +172,58 @@ def test_batched_drafter_proposes_what_the_one_prompt_drafter_proposes(
         one_calls.clear()
         spec_decode.speculative_generate(drafter, tiny_target, prompt[None], MAX_NEW)
         assert one_calls and [step[row] for step in batch_calls[: len(one_calls)]] == one_calls
+
+
+def _count_greedy(monkeypatch):
+    """Count the greedy decodes the eval makes (batched and one prompt at a time)."""
+    calls = []
+    for name in ("greedy_generate_batch_padded", "greedy_generate"):
+        real = getattr(spec_decode, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(spec_decode, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_kept_references_give_the_same_eval_without_decoding_greedy_again(
+    tiny_target, make_drafter, monkeypatch, batch_size
+):
+    """The target is frozen, so a run's second eval reuses the first one's greedy side:
+    the same result, without a greedy decode."""
+    drafter, prompts = make_drafter(seed=3), _prompts()
+    kw = dict(max_new_tokens=MAX_NEW, batch_size=batch_size)
+    fresh = evaluate(drafter, tiny_target, prompts, **kw)
+    calls = _count_greedy(monkeypatch)
+    references = spec_decode.GreedyReferences()
+    first = evaluate(drafter, tiny_target, prompts, references=references, **kw)
+    assert len(calls) == (len(prompts) if batch_size == 1 else 2)  # 4 prompts, batches of 3
+    calls.clear()
+    second = evaluate(drafter, tiny_target, prompts, references=references, **kw)
+    assert calls == []
+    for again in (first, second):
+        assert again.to_dict() == fresh.to_dict()
+
+
+def test_references_are_kept_per_target_and_per_setting(tiny_target):
+    from dflash import build_tiny_target
+
+    other, prompts = build_tiny_target(seed=1), _prompts()[:2]
+    references = spec_decode.GreedyReferences()
+    mine = references.of(tiny_target, prompts, MAX_NEW, None)
+    assert references.of(other, prompts, MAX_NEW, None) == greedy_generate_batch_padded(
+        other, prompts, MAX_NEW
+    )
+    assert references.of(tiny_target, prompts, MAX_NEW - 5, None)[0][0] == mine[0][0][:-5]
+    assert references.of(tiny_target, prompts, MAX_NEW, None) is mine
+
+
+def test_the_pad_id_changes_no_greedy_row(tiny_target):
+    """The eval-prompt walk's answers stand in for the eval's greedy reference: both are
+    left-padded, and a pad slot is hidden from every query, so its id changes nothing."""
+    prompts = _prompts()
+    zero = greedy_generate_batch_padded(tiny_target, prompts, MAX_NEW, pad_id=0)
+    assert greedy_generate_batch_padded(tiny_target, prompts, MAX_NEW, pad_id=77) == zero

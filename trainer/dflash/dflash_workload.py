@@ -37,7 +37,7 @@ from dflash.objective import expected_acceptance_length
 from dflash.pipeline.train_config import TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
 from dflash.serving_walk import blocks_per_token, walk_tau
-from dflash.spec_decode import EvalResult, evaluate
+from dflash.spec_decode import EvalResult, GreedyReferences, evaluate
 from dflash.target import (
     ContextForward,
     context_forward,
@@ -99,6 +99,7 @@ class DFlashWorkload(Workload):
         self.target_config = target_shape(cfg.target)
         self.heldout: list[Sample] = []  # data-file samples kept out of training for eval
         self.walk_set: WalkSet | None = None  # what the tau walk walks (None: the batch)
+        self.references = GreedyReferences()  # the eval's greedy side, made once a run
         self.tokenizer = self._tokenizer()
         self._check_vocabulary()
         self.drafter_cfg = self._drafter_config()
@@ -267,8 +268,8 @@ class DFlashWorkload(Workload):
                     prompts,
                     max_new_tokens=self.cfg.eval.max_new_tokens,
                     stop_token_ids=self._eval_stops(),
-                    pad_id=self._pad_id(),
                     batch_size=self.cfg.eval.batch_size,
+                    references=self.references,
                 )
                 return samples, WalkSet(EVAL_PROMPTS, answer=answer, size=len(prompts))
             self._notes.append(
@@ -507,6 +508,7 @@ class DFlashWorkload(Workload):
             max_new_tokens=ev.max_new_tokens,
             stop_token_ids=self._eval_stops(),
             batch_size=ev.batch_size,
+            references=self.references,
         )
 
     def _eval_stops(self) -> list[int] | None:

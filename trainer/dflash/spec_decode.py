@@ -314,9 +314,11 @@ def evaluate(
     max_new_tokens: int = 64,
     stop_token_ids: list[int] | None = None,
     batch_size: int = 1,
+    references: GreedyReferences | None = None,
 ) -> EvalResult:
     """Speculative decoding over held-out prompts (token id lists or 1-D tensors), checked
-    against greedy; `batch_size` prompts at a time (1: the one-prompt path)."""
+    against greedy; `batch_size` prompts at a time (1: the one-prompt path). `references`
+    keeps the greedy side from one eval to the next (the target is frozen)."""
     if batch_size < 1:
         raise ValueError(f"evaluate: batch_size must be at least 1, got {batch_size}")
     if not prompts:
@@ -332,7 +334,9 @@ def evaluate(
         divergences: list[Divergence] = []
         per_prompt: list[dict] = []
         tensors = [torch.as_tensor(p, dtype=torch.long, device=device).reshape(-1) for p in prompts]
-        decoded = _decode(drafter, target, tensors, max_new_tokens, stop_token_ids, batch_size)
+        references = references or GreedyReferences()
+        decoded = _decode(drafter, target, tensors, max_new_tokens, stop_token_ids, batch_size,
+                          references)  # fmt: skip
         for index, (ids, (spec, reference, margins)) in enumerate(
             zip(tensors, decoded, strict=True)
         ):
@@ -386,26 +390,74 @@ def accepted_by_position(lengths: list[int], block_size: int) -> list[float]:
     ]
 
 
-def _decode(drafter, target, prompts, max_new_tokens, stop_token_ids, batch_size):
+def _decode(drafter, target, prompts, max_new_tokens, stop_token_ids, batch_size, references):
     """Per prompt: (speculative output, greedy reference, the reference's top-2 margins)."""
     if batch_size == 1:
         out = []
         for ids in prompts:
             spec = speculative_generate(drafter, target, ids[None], max_new_tokens, stop_token_ids)
-            margins: list[float] = []
-            reference, _ = greedy_generate(
-                target, ids[None], max_new_tokens, stop_token_ids, margins=margins
+            ((reference, margins),) = references.of(
+                target, [ids], max_new_tokens, stop_token_ids, batched=False
             )
             out.append((spec, reference, margins))
         return out
     # Prompts of like length share a batch (less padding); results go back in prompt order.
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i].numel())
     found: dict[int, tuple] = {}
-    for first in range(0, len(order), batch_size):
-        group = order[first : first + batch_size]
+    for group in length_groups([p.numel() for p in prompts], batch_size):
         chunk = [prompts[i] for i in group]
         specs = speculative_generate_batch(drafter, target, chunk, max_new_tokens, stop_token_ids)
-        greedy = greedy_generate_batch_padded(target, chunk, max_new_tokens, stop_token_ids)
+        greedy = references.of(target, chunk, max_new_tokens, stop_token_ids)
         for i, spec, (reference, margins) in zip(group, specs, greedy, strict=True):
             found[i] = (spec, reference, margins)
     return [found[i] for i in range(len(prompts))]
+
+
+def length_groups(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices in groups of `batch_size`, prompts of like length together: the eval's
+    batches, which the eval-prompt walk's answers reuse (in bf16 the padding a row shares
+    its batch with can move a near-tie, so both must batch alike)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    step = max(1, batch_size)
+    return [order[first : first + step] for first in range(0, len(order), step)]
+
+
+class GreedyReferences:
+    """The target's greedy continuations of prompt batches, with each token's top-2
+    margin, computed once and kept. The target never trains, so a run's evals (mid-run
+    and final) and the eval-prompt walk's answers share one greedy pass instead of one
+    per eval: half of a batched eval's forwards at tau 2 (the reference runs every
+    token; speculative decoding one forward per accepted block)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, list[tuple[list[int], list[float]]]] = {}
+        self._targets: dict[int, nn.Module] = {}  # holds each target: its id stays its own
+
+    def of(
+        self,
+        target: nn.Module,
+        prompts: list[torch.Tensor],
+        max_new_tokens: int,
+        stop_token_ids: list[int] | None,
+        *,
+        batched: bool = True,
+    ) -> list[tuple[list[int], list[float]]]:
+        """Per prompt (1-D tensors, decoded together when `batched`): (tokens, margins).
+        Left padding is masked from every query, so the pad id cannot change a row."""
+        key = (id(target), batched, max_new_tokens, tuple(stop_token_ids or ()),
+               tuple(tuple(p.tolist()) for p in prompts))  # fmt: skip
+        if key not in self._kept:
+            self._targets[id(target)] = target
+            if batched:
+                found = greedy_generate_batch_padded(
+                    target, prompts, max_new_tokens, stop_token_ids
+                )
+            else:
+                found = []
+                for ids in prompts:
+                    margins: list[float] = []
+                    tokens, _ = greedy_generate(
+                        target, ids[None], max_new_tokens, stop_token_ids, margins=margins
+                    )
+                    found.append((tokens, margins))
+            self._kept[key] = found
+        return self._kept[key]

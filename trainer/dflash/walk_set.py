@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .data import Sample, collate, split_by_prompt
-from .decode_batch import greedy_generate_batch_padded
+from .spec_decode import GreedyReferences, length_groups
 from .target import target_context
 
 HELDOUT = "held-out samples"
@@ -91,20 +91,17 @@ def answered_prompts(
     *,
     max_new_tokens: int,
     stop_token_ids: list[int] | None,
-    pad_id: int,
     batch_size: int,
+    references: GreedyReferences,
 ) -> list[Sample]:
     """Each prompt with the target's own greedy answer as the loss region: the reference
-    the eval's speculative decoding must reproduce, token for token."""
+    the eval's speculative decoding must reproduce, token for token, made in the eval's
+    batches and kept in `references`, so the eval does not decode it again."""
     device = next(target.parameters()).device
-    # Batched as the eval batches them (prompts of like length together, the same groups):
-    # in bf16 the padding a row shares its batch with can move a near-tie.
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     found: dict[int, Sample] = {}
-    for start in range(0, len(order), max(1, batch_size)):
-        group = order[start : start + max(1, batch_size)]
+    for group in length_groups([len(p) for p in prompts], batch_size):
         part = [torch.tensor(prompts[i], device=device) for i in group]
-        answers = greedy_generate_batch_padded(target, part, max_new_tokens, stop_token_ids, pad_id)
+        answers = references.of(target, part, max_new_tokens, stop_token_ids)
         for i, (answer, _) in zip(group, answers, strict=True):
             mask = [False] * len(prompts[i]) + [True] * len(answer)
             found[i] = Sample(list(prompts[i]) + answer, mask)
