@@ -424,6 +424,15 @@ def goals_of(r: dict) -> dict:
     return {k: {"value": v, "met": met} for k, (v, met) in goals.items()}
 
 
+def _same(c: dict) -> str:
+    """Batch 1 against greedy: the same tokens, or where they part, near-ties or a bug."""
+    if c["batch1_same_tokens"]:
+        return "same tokens"
+    ties, parted = c["batch1_parted_at_near_ties"], c["batch1_parted"]
+    verdict = "lossless" if c["batch1_lossless"] else "NOT lossless"
+    return f"{verdict}: {parted} of {c['batch1_prompts']} prompts part from greedy, {ties} at near-ties"
+
+
 def table(rows: list[dict]) -> list[str]:
     lines = [
         f"{'target':<9}{'params':>7}{'vocab':>6}{'eval tau':>9}{'tau~':>6}{'walk':>6}"
@@ -450,8 +459,8 @@ def table(rows: list[dict]) -> list[str]:
             f"{c['eval_seconds']} s (tau {c['eval_tau']}); accepted by position "
             f"{c['accepted_by_position']}; batch 1: speculative "
             f"{c['batch1_speculative_tokens_per_s']} tokens/s vs greedy "
-            f"{c['batch1_greedy_tokens_per_s']} ({c['batch1_speedup']}x, same tokens: "
-            f"{c['batch1_same_tokens']}); regenerated {r['regenerate']['answered']} answers, "
+            f"{c['batch1_greedy_tokens_per_s']} ({c['batch1_speedup']}x, {_same(c)}); "
+            f"regenerated {r['regenerate']['answered']} answers, "
             f"{r['regenerate']['capped']} at the length cap"
         )
         lines.append(

@@ -29,7 +29,7 @@ def eval_cost(target_dir: Path, checkpoint: str, out: Path, s: dict) -> dict:
     from dflash.checkpoint import load_drafter
     from dflash.data import load_tokenizer
     from dflash.regenerate import prompt_messages
-    from dflash.spec_decode import evaluate, speculative_generate
+    from dflash.spec_decode import NEAR_TIE_MARGIN, _divergence, evaluate, speculative_generate
     from dflash.target import greedy_generate, load_target, target_parts
 
     device, dtype = s["device"], getattr(torch, s["dtype"])
@@ -73,6 +73,14 @@ def eval_cost(target_dir: Path, checkpoint: str, out: Path, s: dict) -> dict:
     greedy_tokens = sum(len(g) for g in greedy)
     spec_tokens = sum(len(x.tokens) for x in spec)
     greedy_rate, spec_rate = greedy_tokens / greedy_s, spec_tokens / spec_s
+    # Where batch 1 parts from greedy, the eval's judgement (untimed): a bf16 near-tie, or not.
+    parted = []
+    for i, (ids, g, x) in enumerate(zip(few, greedy, spec, strict=True)):
+        if g != x.tokens:
+            margins: list[float] = []
+            with torch.no_grad():
+                greedy_generate(target, ids, s["eval_tokens"], stops, margins=margins)
+            parted.append(_divergence(i, x, g, margins, NEAR_TIE_MARGIN.get(dtype, 0.25)))
     return {
         "eval_prompts": len(prompts),
         "eval_max_new_tokens": s["eval_tokens"],
@@ -83,11 +91,13 @@ def eval_cost(target_dir: Path, checkpoint: str, out: Path, s: dict) -> dict:
         "batch1_greedy_tokens_per_s": round(greedy_rate, 1),
         "batch1_speculative_tokens_per_s": round(spec_rate, 1),
         "batch1_speedup": round(spec_rate / greedy_rate, 2),
-        "batch1_same_tokens": [g for g in greedy] == [x.tokens for x in spec],
+        "batch1_same_tokens": not parted,
+        "batch1_parted": len(parted),
+        "batch1_parted_at_near_ties": sum(d.verdict.startswith("near-tie") for d in parted),
+        "batch1_lossless": all(d.verdict.startswith("near-tie") for d in parted),
     }
 
 
-# -- the table ----------------------------------------------------------------------------------
 def cost_inputs(target_dir: Path, checkpoint: str, evals_dir: Path, settings: dict) -> dict:
     """What `add_eval_cost` needs, kept in a row's results.json so another process runs it."""
     return {"target_dir": str(target_dir), "checkpoint": checkpoint,

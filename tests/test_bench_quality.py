@@ -91,6 +91,8 @@ def test_the_tiny_zoo_runs_the_one_recipe_and_judges_every_goal(tmp_path):
     assert row["target"] == "chat" and row["drafter"]["eval_tau"] >= 1.0
     assert len(row["goals"]) == 5 and row["eval_cost"]["batch1_greedy_tokens_per_s"] > 0
     assert len(row["eval_cost"]["accepted_by_position"]) == 3  # block 4: three drafted slots
+    # batch 1 judged as the eval judges: float32 parts from greedy nowhere
+    assert row["eval_cost"]["batch1_lossless"] and row["eval_cost"]["batch1_parted"] == 0
     # The recipe sized the run to its budget and fitted the shapes to the data.
     log = (tmp_path / "chat.log").read_text()
     assert "train.budget_minutes 0.25:" in log and "data.fit: seq_len" in log
