@@ -295,6 +295,14 @@ def main() -> int:
         result["steps_per_s"] = round(tok / tokens_per_step, 3) if tok else None
         results.append(result)
         print(f"{name}: exit {result['exit_code']}, {result['wall_s']} s, {tok} tok/s", flush=True)
+        if result["exit_code"] == "timeout" and result["first_loss"] is None:
+            compile_s = result["target_compile_s"]
+            took = f"; its target compile took {compile_s} s" if compile_s else ""
+            print(
+                f"  {name} passed --timeout {args.timeout:.0f} s before its first step: raise "
+                f"--timeout (the first variant to run also compiles cold{took})",
+                flush=True,
+            )
         (args.out / "results.json").write_text(
             json.dumps(results, indent=2) + "\n"
         )  # partial runs count
