@@ -256,19 +256,21 @@ def test_warm_up_walks_once_so_the_first_walk_in_training_costs_what_the_rest_do
     assert workload.walked_after == ["in warm-up", "warm-up", "warm-up"]  # not recorded
 
 
-def test_the_eval_reuses_the_walks_answers_as_its_greedy_reference(tmp_path, monkeypatch):
-    """The eval-prompt walk answered the eval prompts in the eval's own batches: the
-    end-of-run eval then decodes only speculatively (no second greedy pass)."""
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_the_eval_reuses_the_walks_answers_as_its_greedy_reference(
+    tmp_path, monkeypatch, batch_size
+):
+    """The eval-prompt walk answered the eval prompts as the eval decodes them (its
+    batches, or one at a time): the end-of-run eval then decodes only speculatively."""
     import dflash.spec_decode as spec_decode
 
-    workload = DFlashWorkload(_eval_config(tmp_path))
+    workload = DFlashWorkload(_eval_config(tmp_path, batch_size=batch_size))
     workload.prepare_walk()
     target = workload.target_for("cpu")
     drafter = workload.build_drafter(torch.device("cpu")).eval()
     calls = []
-    monkeypatch.setattr(
-        spec_decode, "greedy_generate_batch_padded", lambda *a, **k: calls.append(a) or []
-    )
+    for name in ("greedy_generate_batch_padded", "greedy_generate"):
+        monkeypatch.setattr(spec_decode, name, lambda *a, **k: calls.append(a) or [])
     result = workload.evaluate_drafter(drafter, target)
     assert calls == [] and len(result.per_prompt) == 3
     assert [p["greedy_tokens"] for p in result.per_prompt] == [

@@ -101,7 +101,10 @@ def answered_prompts(
     found: dict[int, Sample] = {}
     for group in length_groups([len(p) for p in prompts], batch_size):
         part = [torch.tensor(prompts[i], device=device) for i in group]
-        answers = references.of(target, part, max_new_tokens, stop_token_ids)
+        # decoded as the eval decodes them (eval.batch_size 1: one prompt at a time)
+        answers = references.of(
+            target, part, max_new_tokens, stop_token_ids, batched=batch_size > 1
+        )
         for i, (answer, _) in zip(group, answers, strict=True):
             mask = [False] * len(prompts[i]) + [True] * len(answer)
             found[i] = Sample(list(prompts[i]) + answer, mask)
