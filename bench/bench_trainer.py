@@ -4,6 +4,7 @@
     python bench/bench_trainer.py --config trainer/configs/qwen3-8b.yaml --steps 30 --out /tmp/bench
     python bench/bench_trainer.py --variants eager,eager-sequential   # compare compile modes instead
     python bench/bench_trainer.py --extra target-eager,fp8                # more variants beside the costs
+    python bench/bench_trainer.py --measurements "" --steps 600 --rounds 5  # CPU: defaults vs all off
 
 By default it runs the shipped defaults (the tau~ serving walk and its budget, the stack
 watcher, TensorBoard beside metrics.jsonl, the NCCL flight recorder's variables as
@@ -106,7 +107,9 @@ def _tensorboard_installed() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
-def run_variant(name: str, sets: list[str], args, out: Path, env: dict | None = None) -> dict:
+def run_variant(
+    name: str, sets: list[str], args, out: Path, env: dict | None = None, log_name: str = ""
+) -> dict:
     output_dir = Path(f"/tmp/bench-outputs/{name}")
     shutil.rmtree(output_dir, ignore_errors=True)  # metrics.jsonl is appended to
     overrides = [
@@ -134,7 +137,7 @@ def run_variant(name: str, sets: list[str], args, out: Path, env: dict | None = 
         else:
             environment[key] = value
     started = time.monotonic()
-    log_path = out / f"{name}.log"
+    log_path = out / f"{log_name or name}.log"
     with open(log_path, "w") as log:
         try:
             code = subprocess.run(
@@ -181,6 +184,19 @@ def run_variant(name: str, sets: list[str], args, out: Path, env: dict | None = 
         "tau_and_walk": taus,
         "graph_lines": [line for line in lines if "CUDA graph" in line or "cudagraph" in line],
     }
+
+
+def _median_round(runs: list[dict]) -> dict:
+    """One variant's rounds as one result: the round with the median tokens/s (its
+    other fields stay that round's), every round's tokens/s beside it."""
+    done = sorted((r for r in runs if r["tokens_per_s"]), key=lambda r: r["tokens_per_s"])
+    chosen = dict(done[(len(done) - 1) // 2] if done else runs[-1])
+    if len(done) % 2 == 0 and done:  # an even count: the mean of the middle two
+        middle = done[len(done) // 2 - 1 : len(done) // 2 + 1]
+        chosen["tokens_per_s"] = round(sum(r["tokens_per_s"] for r in middle) / 2, 1)
+        chosen["steps_per_s"] = round(sum(r["steps_per_s"] for r in middle) / 2, 3)
+    chosen["rounds_tokens_per_s"] = [r["tokens_per_s"] for r in runs]
+    return chosen
 
 
 def _step_records(path: Path) -> list[dict]:
@@ -251,7 +267,16 @@ def main() -> int:
         "--set", action="append", default=[], help="extra override for every variant"
     )
     parser.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every variant this many times, interleaved, and take the median "
+        "(a busy or 2-core machine moves single runs by 20-30%%)",
+    )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     import torch
 
     on_gpu = torch.cuda.is_available()
@@ -288,24 +313,30 @@ def main() -> int:
     for name in [e for e in args.extra.split(",") if e]:
         plan.append((name, VARIANTS[args.mode] + on_sets + VARIANTS[name], on_env))
 
-    results = []
-    for name, sets, env in plan:
-        result = run_variant(name, sets, args, args.out, env)
-        tok = result["tokens_per_s"]
-        result["steps_per_s"] = round(tok / tokens_per_step, 3) if tok else None
-        results.append(result)
-        print(f"{name}: exit {result['exit_code']}, {result['wall_s']} s, {tok} tok/s", flush=True)
-        if result["exit_code"] == "timeout" and result["first_loss"] is None:
-            compile_s = result["target_compile_s"]
-            took = f"; its target compile took {compile_s} s" if compile_s else ""
+    rounds: dict[str, list[dict]] = {name: [] for name, _, _ in plan}
+    for round_no in range(1, args.rounds + 1):
+        for name, sets, env in plan:
+            log_name = name if args.rounds == 1 else f"{name}-round{round_no}"
+            result = run_variant(name, sets, args, args.out, env, log_name)
+            tok = result["tokens_per_s"]
+            result["steps_per_s"] = round(tok / tokens_per_step, 3) if tok else None
+            rounds[name].append(result)
+            tag = "" if args.rounds == 1 else f" (round {round_no})"
             print(
-                f"  {name} passed --timeout {args.timeout:.0f} s before its first step: raise "
-                f"--timeout (the first variant to run also compiles cold{took})",
+                f"{name}{tag}: exit {result['exit_code']}, {result['wall_s']} s, {tok} tok/s",
                 flush=True,
             )
-        (args.out / "results.json").write_text(
-            json.dumps(results, indent=2) + "\n"
-        )  # partial runs count
+            if result["exit_code"] == "timeout" and result["first_loss"] is None:
+                compile_s = result["target_compile_s"]
+                took = f"; its target compile took {compile_s} s" if compile_s else ""
+                print(
+                    f"  {name} passed --timeout {args.timeout:.0f} s before its first step: "
+                    f"raise --timeout (the first variant to run also compiles cold{took})",
+                    flush=True,
+                )
+            partial = [r for runs in rounds.values() for r in runs]
+            (args.out / "results.json").write_text(json.dumps(partial, indent=2) + "\n")
+    results = [_median_round(runs) for runs in rounds.values() if runs]
 
     reference = "eager" if args.variants else "all-off"
     base = next((r for r in results if r["variant"] == reference and r["tokens_per_s"]), None)
@@ -333,7 +364,15 @@ def main() -> int:
         print(
             f"defaults on / all off: {defaults['tokens_per_s'] / base['tokens_per_s']:.3f} "
             f"(mfu {_fmt(defaults['mfu_percent'], 0, 1)}% vs {_fmt(base['mfu_percent'], 0, 1)}%)"
+            + (f", medians of {args.rounds} rounds" if args.rounds > 1 else "")
         )
+        if args.rounds > 1:
+            each = [
+                d["tokens_per_s"] / a["tokens_per_s"]
+                for d, a in zip(rounds["defaults"], rounds["all-off"], strict=False)
+                if d["tokens_per_s"] and a["tokens_per_s"]
+            ]
+            print(f"  each round: {', '.join(f'{x:.3f}' for x in each)}")
         for r in results:
             if r["variant"].startswith("no-") and r["tokens_per_s"]:
                 cost = 1 - defaults["tokens_per_s"] / r["tokens_per_s"]
