@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -137,6 +138,7 @@ def run_variant(
         else:
             environment[key] = value
     started = time.monotonic()
+    used_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     log_path = out / f"{log_name or name}.log"
     with open(log_path, "w") as log:
         try:
@@ -151,6 +153,10 @@ def run_variant(
         except subprocess.TimeoutExpired:
             code = "timeout"
     wall = time.monotonic() - started
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The trainer's CPU seconds (start-up included, the same in every variant): the work a
+    # measurement adds, which the clock on a 2-core machine cannot resolve from scheduling.
+    cpu_s = (used.ru_utime - used_before.ru_utime) + (used.ru_stime - used_before.ru_stime)
     lines = log_path.read_text().splitlines()
     windows = [m for m in map(STEP.match, lines) if m]
     records = _step_records(output_dir / "metrics.jsonl")
@@ -170,6 +176,7 @@ def run_variant(
         "env": env or {},
         "exit_code": code,
         "wall_s": round(wall, 1),
+        "cpu_s": round(cpu_s, 2),
         "warmup_s": max(warm) if warm else None,
         "target_compile_s": max(target_warm) if target_warm else None,
         "tokens_per_s": round(tok_s, 1) if tok_s else None,
@@ -196,6 +203,7 @@ def _median_round(runs: list[dict]) -> dict:
         chosen["tokens_per_s"] = round(sum(r["tokens_per_s"] for r in middle) / 2, 1)
         chosen["steps_per_s"] = round(sum(r["steps_per_s"] for r in middle) / 2, 3)
     chosen["rounds_tokens_per_s"] = [r["tokens_per_s"] for r in runs]
+    chosen["cpu_s"] = round(statistics.median(r["cpu_s"] for r in runs), 2)
     return chosen
 
 
@@ -373,6 +381,11 @@ def main() -> int:
                 if d["tokens_per_s"] and a["tokens_per_s"]
             ]
             print(f"  each round: {', '.join(f'{x:.3f}' for x in each)}")
+        if not defaults["mfu_percent"]:  # CPU: the work each one adds, free of scheduling
+            print(
+                f"  trainer CPU seconds (start-up included): defaults {defaults['cpu_s']:.1f}, "
+                f"all off {base['cpu_s']:.1f} ({defaults['cpu_s'] / base['cpu_s']:.3f}x)"
+            )
         for r in results:
             if r["variant"].startswith("no-") and r["tokens_per_s"]:
                 cost = 1 - defaults["tokens_per_s"] / r["tokens_per_s"]
