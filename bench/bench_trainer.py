@@ -184,6 +184,7 @@ def run_variant(
         "first_loss": float(windows[0].group(2)) if windows else None,
         "last_loss": float(windows[-1].group(2)) if windows else None,
         "peak_gib": peak,
+        "windows": len(records),
         "walks": len(walks),
         "walk_s": [float(m.group(1)) for m in walks],
         "walk_share_percent": float(walks[-1].group(3)) if walks else None,
@@ -368,6 +369,16 @@ def main() -> int:
             f"{r['walks']:>5}"
         )
     defaults = next((r for r in results if r["variant"] == "defaults" and r["tokens_per_s"]), None)
+    for r in results:
+        if r["tokens_per_s"] and r.get("windows", 4) < 4:
+            # Three windows leave only the second, which drains the queue the target
+            # filled during the first (and during its walk) and reads over steady state.
+            print(
+                f"warning: {r['variant']} logged {r['windows']} windows (exit {r['exit_code']}): "
+                "its rate is the second window alone, which drains the queue and reads over "
+                "steady state; raise "
+                "--timeout or --steps for a figure"
+            )
     if defaults and base:
         print(
             f"defaults on / all off: {defaults['tokens_per_s'] / base['tokens_per_s']:.3f} "
