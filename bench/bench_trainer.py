@@ -392,7 +392,7 @@ def main() -> int:
                 if d["tokens_per_s"] and a["tokens_per_s"]
             ]
             print(f"  each round: {', '.join(f'{x:.3f}' for x in each)}")
-        if not defaults["mfu_percent"]:  # CPU: the work each one adds, free of scheduling
+        if not defaults["mfu_percent"]:  # CPU: the work each one adds, less moved by scheduling
             print(
                 f"  trainer CPU seconds (start-up included): defaults {defaults['cpu_s']:.1f}, "
                 f"all off {base['cpu_s']:.1f} ({defaults['cpu_s'] / base['cpu_s']:.3f}x)"

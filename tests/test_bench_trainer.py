@@ -64,3 +64,20 @@ def test_the_queue_drained_after_a_first_window_stall_is_not_counted_as_speed():
         records.append(_record(5 * i, elapsed))
     tok_s, _ = bench._throughput(records)
     assert tok_s == pytest.approx(1000.0)  # the steady 10 steps/s, 100 tokens a step
+
+
+def test_rounds_report_the_median_round_and_keep_every_rounds_rate():
+    bench = _bench()
+
+    def run(tok, cpu):
+        return {"tokens_per_s": tok, "steps_per_s": tok and tok / 100, "cpu_s": cpu, "exit_code": 0}
+
+    odd = bench._median_round([run(900.0, 9.0), run(1200.0, 12.0), run(1000.0, 10.0)])
+    assert (odd["tokens_per_s"], odd["cpu_s"]) == (1000.0, 10.0)
+    assert odd["rounds_tokens_per_s"] == [900.0, 1200.0, 1000.0]
+    cut = bench._median_round([run(800.0, 8.0), run(1000.0, 9.0), run(900.0, 7.0), run(None, 6.0)])
+    # A round that logged no rate (cut before its windows) is left out of the median.
+    assert cut["tokens_per_s"] == 900.0 and cut["rounds_tokens_per_s"][-1] is None
+    even = bench._median_round([run(800.0, 8.0), run(1000.0, 9.0)])
+    assert (even["tokens_per_s"], even["steps_per_s"]) == (900.0, 9.0)
+    assert bench._median_round([run(None, 5.0)])["tokens_per_s"] is None
