@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     import transformers
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from dflash.target import build_tiny_target
 
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda:0" if on_gpu else "cpu")
@@ -44,19 +44,16 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {device}")
     for name in shapes:
         vocab, hidden, ffn, layers, heads, kv_heads = SHAPES[name]
-        config = Qwen3Config(
+        target = build_tiny_target(
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=ffn,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
             head_dim=64,
-            max_position_embeddings=4096,
-            tie_word_embeddings=False,
-        )
-        torch.manual_seed(0)
-        target = Qwen3ForCausalLM(config).to(device, dtype).eval()
+            dtype=dtype,
+        ).to(device)
         print(f"{name}: attention {target.config._attn_implementation}", flush=True)
         with torch.no_grad():
             probe(name, target, vocab, device, on_gpu, args)
