@@ -10,6 +10,7 @@ import dflash.budget as budget
 import pytest
 import torch
 from dflash.budget import (
+    BudgetCheck,
     fit_anchors,
     fit_seq_len,
     many_epochs_warning,
@@ -18,6 +19,7 @@ from dflash.budget import (
 )
 from dflash.dflash_workload import DFlashWorkload
 from dflash.pipeline.logging import RunLog
+from dflash.pipeline.optim import CosineWithWarmup
 from dflash.pipeline.run import train
 from dflash.pipeline.train_config import TrainConfigError, config_from_dict
 
@@ -85,6 +87,86 @@ def test_a_budget_far_past_the_data_is_a_warning_that_says_what_to_do(tmp_path, 
     assert len(warned) == 1 and "64 epochs of only 16 samples" in warned[0]
     assert "regenerate answers for more prompts" in warned[0]
     assert many_epochs_warning(20, 500) is None and many_epochs_warning(20.5, 500)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_budget_check_resizes_from_the_rate_of_real_steps():
+    # The probe said 10 ms a step: 1000 steps for the 10 s left. Training steps take 30 ms.
+    clock = FakeClock()
+    check = BudgetCheck(110.0, 0, 1000, queue_size=4, probe_s=0.01, clock=clock)
+    assert (check.first, check.decide_at, check.active) == (5, 55, True)  # 5% of 1000 steps
+    for step in range(1, 56):
+        clock.now += 0.03
+        if step == 30:  # a 0.5 s serving walk inside the timed steps is not a step's cost
+            clock.now += 0.5
+        new_total = check.timed(step, walk_s=0.5 if step >= 30 else 0.0)
+        assert (new_total is None) == (step < 55)
+    # at step 55: 110 - (100 + 55 x 0.03 + 0.5) = 7.85 s left, 261 steps of 30 ms
+    assert new_total == 55 + 261 and round(check.step_ms) == 30
+    assert check.applies_after(56) and not check.applies_after(55)
+    assert "steps 1000 -> 316: training steps take 30 ms (the probe timed 10 ms alone)" in (
+        check.line(1000)
+    )
+    # Past the deadline already: two more steps, never zero.
+    late = BudgetCheck(100.0, 0, 1000, queue_size=4, clock=clock)
+    late.timed(5)
+    clock.now += 5
+    assert late.timed(late.decide_at) == late.decide_at + 2
+
+
+def test_the_budget_check_stays_off_where_the_loops_may_have_ended():
+    # The prefetcher runs up to 2 x queue + 2 steps ahead: a run too short to re-size
+    # before it could have produced its last batch keeps the probe's count.
+    assert not BudgetCheck(0.0, 0, 40, queue_size=4).active
+    assert BudgetCheck(0.0, 0, 60, queue_size=4).active
+    resumed = BudgetCheck(0.0, 500, 1000, queue_size=4)  # timed from the resumed step
+    assert (resumed.first, resumed.decide_at) == (505, 530)
+
+
+def test_a_resized_schedule_ends_its_cosine_at_the_new_count():
+    schedule = CosineWithWarmup(1.0, 1000, warmup_ratio=0.04, min_lr_ratio=0.1)
+    schedule.last_step = 20  # in the 40-step warm-up
+    schedule.resize(300)
+    assert schedule.warmup_steps == 21  # the ramp follows the new count (4% of 300 is 12)
+    assert schedule.lr_at(299) == pytest.approx(0.1, rel=1e-3) and schedule.lr_at(300) == 0.1
+    late = CosineWithWarmup(1.0, 1000, warmup_ratio=0.04, min_lr_ratio=0.1)
+    late.last_step = 100  # past the warm-up: never back into one
+    late.resize(3000)
+    assert late.warmup_steps == 40 and late.lr_at(3000) == pytest.approx(0.1)
+
+
+def test_a_run_whose_steps_are_slower_than_the_probe_ends_with_its_budget(tmp_path, monkeypatch):
+    # The probe claims 5 ms a step, far below what a step takes here: the count it gives
+    # would run past the budget. Two replicas (threads) take the new count at one step.
+    monkeypatch.setattr(budget, "measure_step_seconds", lambda *args, **kw: 0.005)
+    torch.set_num_threads(1)
+    cfg = tiny_config(tmp_path, budget_minutes=0.1)
+    cfg.runtime.drafter_devices = ["cpu", "cpu"]
+    cfg.optim.min_lr_ratio = 0.1
+    workload = DFlashWorkload(cfg)
+    log = RunLog(io.StringIO())
+    result = train(cfg, workload, log, handle_signals=False)
+    assert result.exit_code == 0
+    sized = next(x for x in log.lines if x.startswith("train.budget_minutes 0.1:"))
+    probed = int(sized.split(": ")[1].split(" steps")[0])
+    resized = [x for x in log.lines if " -> " in x and x.startswith("train.budget_minutes:")]
+    assert len(resized) == 1, log.lines
+    new_total = int(resized[0].split(" -> ")[1].split(":")[0])
+    assert new_total < probed
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert steps[-1]["step"] == new_total == steps[-1]["total_steps"] == result.completed_steps
+    # the last step's learning rate is the cosine's floor: the schedule ended with the steps
+    assert steps[-1]["lr"] == pytest.approx(cfg.optim.lr * cfg.optim.min_lr_ratio, rel=0.02)
+    first, second = (r.model.state_dict() for r in result.replicas)
+    assert all(torch.equal(first[k], second[k]) for k in first)  # still one model
 
 
 def test_the_probe_times_real_training_steps(tmp_path):

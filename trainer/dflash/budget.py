@@ -7,6 +7,13 @@ kept for what the steps do not include (logging walks, mid-run and final evals, 
 checkpoint). The LR schedule is sized to that count, so a budgeted run ends its cosine
 where its time ends instead of stopping mid-schedule or leaving the budget unused.
 
+The probe times steps alone; in training they share the devices and the interpreter with
+the target loop, the prefetcher and the optimizer, and the warm-up (a compile) comes
+after the probe. On a small target the probe said 34 ms a step while training took 50:
+the run would end 45% past its budget. So `BudgetCheck` times real training steps early
+in the run, once, and re-sizes the step count (and the LR schedule with it) so the steps
+end when the budget says.
+
 `data.fit` shapes a recipe to the data it sees: data.seq_len becomes the longest
 sample's length (rounded up to a block; data.seq_len is then the ceiling), and
 data.num_anchors the anchors that fit most samples (one per block of loss tokens). A
@@ -114,8 +121,9 @@ def measure_step_seconds(workload, target_device, drafter_device, steps: int = 4
     return (time.perf_counter() - started) / steps
 
 
-def size_to_budget(cfg, workload, num_replicas: int, world_size: int, log) -> None:
-    """train.budget_minutes -> cfg.train.steps (the probe's step time and the count)."""
+def size_to_budget(cfg, workload, num_replicas: int, world_size: int, log) -> tuple[float, float]:
+    """train.budget_minutes -> cfg.train.steps (the probe's step time and the count).
+    Returns when the steps should be done (a perf_counter time) and the probe's step time."""
     import torch
 
     started = time.perf_counter()
@@ -138,6 +146,8 @@ def size_to_budget(cfg, workload, num_replicas: int, world_size: int, log) -> No
     warning = many_epochs_warning(epochs, samples)
     if warning:
         log("warning: " + warning)
+    created = getattr(workload, "created", started)
+    return created + budget_s * (1.0 - BUDGET_RESERVE), step_s
 
 
 def many_epochs_warning(epochs: float, samples: int) -> str | None:
@@ -149,3 +159,76 @@ def many_epochs_warning(epochs: float, samples: int) -> str | None:
         "learn them by heart (training tau~ rises, eval tau does not); regenerate answers "
         "for more prompts, or lower train.budget_minutes to save the GPU time"
     )
+
+
+# The re-size: timing starts this many steps into the run (the first steps pay one-off
+# costs), lasts at least TIMED_STEPS and at least TIMED_SHARE of the run's steps.
+SKIPPED_STEPS = 5
+TIMED_STEPS = 20
+TIMED_SHARE = 0.05
+
+
+class BudgetCheck:
+    """Re-sizes a budgeted run's step count once, from the rate of its own training steps.
+
+    Every rank computes the same `decide_at` from the plan (start, steps, queue depth);
+    the lead drafter times the steps up to it and publishes the new count; every replica
+    of every rank applies it at the end of step `decide_at + 1`, before step
+    `decide_at + 2` updates the weights (a replica cannot finish step decide_at + 1 before
+    the lead published: they average gradients every step). The prefetcher and target
+    loops run at most `2 * queue_size + 2` steps ahead of the drafters; the check is planned
+    only where they cannot have reached the old end by then, so a count that grows still
+    gets its batches."""
+
+    def __init__(
+        self,
+        deadline: float,
+        start_step: int,
+        total_steps: int,
+        queue_size: int,
+        probe_s: float | None = None,
+        clock=time.perf_counter,
+    ) -> None:
+        self.deadline = deadline  # clock() time by which the steps should be done
+        self.probe_s = probe_s
+        self.clock = clock
+        self.first = start_step + SKIPPED_STEPS
+        run = total_steps - start_step
+        self.decide_at = self.first + max(TIMED_STEPS, math.ceil(TIMED_SHARE * run))
+        self.active = total_steps - self.decide_at > 2 * queue_size + 8
+        self.excluded = 0.0  # seconds of walks and evals: not what a step costs
+        self._timing: tuple[float, float] | None = None
+        self.new_total: int | None = None
+        self.step_ms: float | None = None
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+    def timed(self, step_number: int, walk_s: float = 0.0) -> int | None:
+        """The lead drafter, after each step (`walk_s`: the serving walks' seconds so far):
+        the new step count once decided, else None."""
+        if not self.active or step_number not in (self.first, self.decide_at):
+            return None
+        now, excluded = self.clock(), self.excluded + walk_s
+        if step_number == self.first:
+            self._timing = (now, excluded)
+            return None
+        if self._timing is None:
+            return None
+        began, excluded_then = self._timing
+        elapsed = now - began - (excluded - excluded_then)
+        step_s = max(1e-6, elapsed / (step_number - self.first))
+        self.step_ms = 1000 * step_s
+        left = self.deadline - now
+        self.new_total = step_number + max(2, math.floor(left / step_s))
+        return self.new_total
+
+    def applies_after(self, step_number: int) -> bool:
+        return self.active and step_number == self.decide_at + 1
+
+    def line(self, old_total: int) -> str:
+        probe = f" (the probe timed {1000 * self.probe_s:.0f} ms alone)" if self.probe_s else ""
+        return (
+            f"train.budget_minutes: steps {old_total} -> {self.new_total}: training steps take "
+            f"{self.step_ms:.0f} ms{probe}, so the run's steps end within its budget"
+        )

@@ -9,10 +9,13 @@ drafters are joined the main thread reads ``final_loss`` and records the evaluat
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from dflash.pipeline.logging import RunLog, format_step_line
 from dflash.pipeline.metrics_file import MetricsWriter
@@ -299,3 +302,48 @@ class StepMeter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class TargetTimer:
+    """Target forward time per batch: CUDA events on the loop's stream, read once the GPU
+    passed them (never a synchronize: a drafter may be capturing); the wall clock on CPU."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self._open: deque = deque()
+        self._lock = threading.Lock()
+        self.total_ms = 0.0
+        self.count = 0
+        self._started = 0.0
+
+    def start(self) -> None:
+        if self.stream is None:
+            self._started = time.perf_counter()
+            return
+        begin = torch.cuda.Event(enable_timing=True)
+        begin.record(self.stream)
+        self._open.append([begin, None])
+
+    def stop(self) -> None:
+        if self.stream is None:
+            with self._lock:
+                self.total_ms += 1000 * (time.perf_counter() - self._started)
+                self.count += 1
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(self.stream)
+        self._open[-1][1] = end
+        self._collect()
+
+    def _collect(self) -> None:
+        while self._open and self._open[0][1] is not None and self._open[0][1].query():
+            begin, end = self._open.popleft()
+            with self._lock:
+                self.total_ms += begin.elapsed_time(end)
+                self.count += 1
+
+    def take_mean_ms(self) -> float | None:
+        with self._lock:
+            mean = self.total_ms / self.count if self.count else None
+            self.total_ms, self.count = 0.0, 0
+        return mean

@@ -25,9 +25,18 @@ class CosineWithWarmup:
     ) -> None:
         self.peak_lr = peak_lr
         self.total_steps = max(1, total_steps)
+        self.warmup_ratio = warmup_ratio
         self.warmup_steps = int(math.ceil(warmup_ratio * self.total_steps))
         self.min_lr_ratio = min_lr_ratio
         self.last_step = 0  # optimizer steps taken so far
+
+    def resize(self, total_steps: int) -> None:
+        """A new step count mid-run (train.budget_minutes): the cosine ends with it; a
+        warm-up still under way ramps to the new count's length (never back into one)."""
+        self.total_steps = max(1, total_steps)
+        if self.last_step < self.warmup_steps:
+            wanted = int(math.ceil(self.warmup_ratio * self.total_steps))
+            self.warmup_steps = max(self.last_step + 1, wanted)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step number ``step`` (0-based)."""

@@ -213,10 +213,14 @@ def _train(
     target_devices = [torch.device(d) for d in runtime.target_devices]
     num_drafters = len(drafter_devices)
     start_step = resume_state.step if resume_state else 0
+    budget_check = None
     if cfg.train.budget_minutes is not None:  # sizes cfg.train.steps (epochs then unused)
-        from dflash.budget import size_to_budget
+        from dflash.budget import BudgetCheck, size_to_budget
 
-        size_to_budget(cfg, workload, num_drafters, world.size, log.line)
+        deadline, probe_s = size_to_budget(cfg, workload, num_drafters, world.size, log.line)
+        budget_check = BudgetCheck(
+            deadline, start_step, cfg.train.steps, runtime.queue_size, probe_s=probe_s
+        )
     elif cfg.train.epochs is not None:
         per_step = cfg.data.batch_size * num_drafters * world.size
         cfg.train.steps = steps_for_epochs(cfg.train.epochs, workload.num_samples(), per_step)
@@ -294,6 +298,7 @@ def _train(
         ),
         fail_point=parse_fail_in(cfg.debug.fail_in) if cfg.debug.fail_in else None,
         hang_point=parse_fail_in(cfg.debug.hang_in, "debug.hang_in") if cfg.debug.hang_in else None,
+        budget=budget_check,
     )
     ctx.meter.record_start(cfg.to_dict(), start_step)
 
@@ -344,6 +349,8 @@ def _train(
         finally:
             drafter.train(was_training)
         seconds = time.perf_counter() - started
+        if ctx.budget is not None:
+            ctx.budget.exclude(seconds)  # an eval's time is not what a step costs
         if evaluation is None:
             return
         # What it cost: the step lines' throughput leaves the eval out (restart_window).
@@ -367,7 +374,6 @@ def _train(
     interrupts.abandon = supervisor.request_stop
 
     # ---- threads (drafters first: they warm up while everything else waits at the gate)
-    remaining = max(0, total_steps - start_step)
     ctx.warmup_started = time.perf_counter()
     drafter_threads = [
         supervisor.spawn(r.name, lambda r=r: run_drafter(ctx, r), str(r.device)) for r in replicas
@@ -382,7 +388,7 @@ def _train(
             supervisor.spawn(
                 f"target-{i}",
                 lambda i=i, device=device, owned=owned: run_target_loop(
-                    ctx, i, device, workload.target_for(device), batch_queues[i], remaining * owned
+                    ctx, i, device, workload.target_for(device), batch_queues[i], owned
                 ),
                 str(device),
             )
@@ -430,7 +436,7 @@ def _train(
         return result
 
     _log_device_summary(cfg, replicas, log)
-    lead = replicas[0]
+    lead, total_steps = replicas[0], ctx.total_steps  # a budget check may have re-sized it
     if lead.completed_steps < total_steps:
         why = (
             (interrupts.signal_name or "SIGTERM") if term.is_set() else world.stop_cause_elsewhere()

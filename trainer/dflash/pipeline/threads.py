@@ -18,7 +18,6 @@ import os
 import signal
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 from dflash.pipeline import stacks, tls
 from dflash.pipeline.distributed import World
 from dflash.pipeline.logging import RunLog, format_nonfinite_line, stage_line
-from dflash.pipeline.meter import StepMeter
+from dflash.pipeline.meter import StepMeter, TargetTimer
 from dflash.pipeline.optim import MasterWeightAdamW
 from dflash.pipeline.replicas import flatten
 from dflash.pipeline.supervisor import StopQueue, Supervisor
@@ -86,6 +85,7 @@ class RunContext:
     world: World = field(default_factory=World)  # a world of one unless torchrun made more
     warmup_started: float = 0.0  # perf_counter when the drafters began warming up
     target_timer: Any = None  # TargetTimer of target-0: forward time per batch
+    budget: Any = None  # budget.BudgetCheck of a train.budget_minutes run
     _wait_s: float = 0.0  # lead drafter, this window: waiting for inputs, stepping
     _step_s: float = 0.0
 
@@ -160,11 +160,13 @@ def run_prefetcher(ctx: RunContext, shard_queues: list[StopQueue], pin: bool) ->
     """Builds every drafter's batch for every step, in step order, to static shapes."""
     inject(ctx, "prefetcher", "start")
     ctx.gate.wait_all_warm()
-    for step in range(ctx.start_step, ctx.total_steps):
+    step = ctx.start_step
+    while step < ctx.total_steps:  # read each step: a budget check may re-size the run
         inject(ctx, "prefetcher", "step", step + 1)
         for local in range(ctx.num_drafters):
             batch = ctx.workload.batch_for(step, ctx.shard_offset + local, ctx.total_shards)
             shard_queues[local].put(batch.pin_memory() if pin else batch)
+        step += 1
 
 
 # ---------------------------------------------------------------- target loops
@@ -176,7 +178,7 @@ def run_target_loop(
     device: torch.device,
     target: torch.nn.Module,
     batches: StopQueue,
-    num_batches: int,
+    owned: int,
 ) -> None:
     """No-grad target forwards; hidden states of the selected layers go to the drafter
     that owns the batch, on that drafter's device, through its bounded queue."""
@@ -200,7 +202,9 @@ def run_target_loop(
     timer = TargetTimer(stream)
     if index == 0:
         ctx.target_timer = timer
-    for _ in range(num_batches):
+    done = 0
+    while done < (ctx.total_steps - ctx.start_step) * owned:  # `owned` drafters' batches a step
+        done += 1
         batch: Batch = batches.get()
         inject(ctx, name, "step", batch.step + 1)
         replica = ctx.replicas[batch.shard - ctx.shard_offset]
@@ -212,51 +216,6 @@ def run_target_loop(
                 inputs.ready = torch.cuda.Event()
                 inputs.ready.record(stream)
         replica.inputs.put(inputs)
-
-
-class TargetTimer:
-    """Target forward time per batch: CUDA events on the loop's stream, read once the GPU
-    passed them (never a synchronize: a drafter may be capturing); the wall clock on CPU."""
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
-        self._open: deque = deque()
-        self._lock = threading.Lock()
-        self.total_ms = 0.0
-        self.count = 0
-        self._started = 0.0
-
-    def start(self) -> None:
-        if self.stream is None:
-            self._started = time.perf_counter()
-            return
-        begin = torch.cuda.Event(enable_timing=True)
-        begin.record(self.stream)
-        self._open.append([begin, None])
-
-    def stop(self) -> None:
-        if self.stream is None:
-            with self._lock:
-                self.total_ms += 1000 * (time.perf_counter() - self._started)
-                self.count += 1
-            return
-        end = torch.cuda.Event(enable_timing=True)
-        end.record(self.stream)
-        self._open[-1][1] = end
-        self._collect()
-
-    def _collect(self) -> None:
-        while self._open and self._open[0][1] is not None and self._open[0][1].query():
-            begin, end = self._open.popleft()
-            with self._lock:
-                self.total_ms += begin.elapsed_time(end)
-                self.count += 1
-
-    def take_mean_ms(self) -> float | None:
-        with self._lock:
-            mean = self.total_ms / self.count if self.count else None
-            self.total_ms, self.count = 0.0, 0
-        return mean
 
 
 def _target_forward(
@@ -335,7 +294,8 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
         _ProfileWindow(ctx, replica) if replica.rank == 0 and ctx.cfg.debug.profile_steps else None
     )
     shard = ctx.shard_offset + replica.rank
-    for step in range(ctx.start_step, ctx.total_steps):
+    step = ctx.start_step - 1
+    while (step := step + 1) < ctx.total_steps:  # a budget check may re-size the run
         waited = time.perf_counter()
         inputs = _next_inputs(ctx, replica)
         if inputs.step != step or inputs.shard != shard:
@@ -353,6 +313,8 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
             ctx._step_s += time.perf_counter() - stepped
         if profile is not None:
             profile.after(step + 1)
+        if ctx.budget is not None:
+            _check_budget(ctx, replica, step + 1)
         if stop:
             break
         held = step + 1 == ctx.cfg.debug.hold_at_step and step + 1 < ctx.total_steps
@@ -364,6 +326,25 @@ def run_drafter(ctx: RunContext, replica: DrafterReplica) -> None:
     if replica.completed_steps < ctx.total_steps:
         # Stopped early on request: release the threads still feeding us.
         ctx.supervisor.request_stop()
+
+
+def _check_budget(ctx: RunContext, replica: DrafterReplica, step_number: int) -> None:
+    """train.budget_minutes: the lead times real steps and publishes a new step count;
+    every replica of every rank takes it at the same step (budget.BudgetCheck)."""
+    check = ctx.budget
+    if replica.rank == 0 and ctx.is_lead:
+        new_total = check.timed(step_number, ctx.meter.walks.spent)
+        if new_total is not None:
+            ctx.world.publish("budget-steps", str(new_total))
+    if not check.applies_after(step_number):
+        return
+    total = int(ctx.world.read("budget-steps"))
+    replica.optimizer.scheduler.resize(total)  # the cosine ends with the new count
+    if replica.rank == 0:
+        old, ctx.total_steps = ctx.total_steps, total
+        ctx.meter.total_steps = ctx.cfg.train.steps = total
+        if ctx.is_lead:
+            ctx.log.line(check.line(old))
 
 
 def _hold_until_stopped(ctx: RunContext, replica: DrafterReplica, step: int) -> None:
