@@ -273,3 +273,20 @@ def test_a_killed_rank_ends_the_other_naming_it(tmp_path):
     host = socket.gethostname()
     assert f"rank 1 on host {host} stopped answering: no heartbeat for" in text0, text0[-3000:]
     assert f"training failed (rank 0/2 on host {host}" in text0
+
+
+def test_two_ranks_take_a_budget_check_at_the_same_step(tmp_path):
+    """train.budget_minutes on two ranks: rank 0 times the steps and publishes the new
+    count through the store; both ranks train exactly that many steps, in step."""
+    out = tmp_path / "out"
+    config = write_config(tmp_path, out, steps=STEPS)
+    config.write_text(config.read_text().replace(f"steps: {STEPS},", "budget_minutes: 0.05,"))
+    results = finish(start_ranks(config), timeout=120)
+    assert [code for code, _ in results] == [0, 0], "\n".join(text for _, text in results)
+    lead = results[0][1]
+    resized = [x for x in lead.splitlines() if "train.budget_minutes: steps " in x]
+    assert len(resized) == 1, lead
+    new_total = int(resized[0].split(" -> ")[1].split(":")[0])
+    assert (out / "checkpoints" / "latest").read_text().strip().endswith(f"{new_total:06d}")
+    for _, text in results:
+        assert f"step {new_total}/{new_total}" in text or "training complete" in text, text

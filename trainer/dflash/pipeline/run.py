@@ -218,6 +218,12 @@ def _train(
         from dflash.budget import BudgetCheck, size_to_budget
 
         deadline, probe_s = size_to_budget(cfg, workload, num_drafters, world.size, log.line)
+        if world.size > 1:  # every rank probed its own devices: rank 0's count rules
+            if world.is_main:
+                world.publish("budget-probe-steps", str(cfg.train.steps))
+            cfg.train.steps = int(world.read("budget-probe-steps"))
+            if not world.is_main:
+                log.line(f"train.budget_minutes: {cfg.train.steps} steps, rank 0's count")
         budget_check = BudgetCheck(
             deadline, start_step, cfg.train.steps, runtime.queue_size, probe_s=probe_s
         )
