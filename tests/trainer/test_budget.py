@@ -130,6 +130,16 @@ def test_the_budget_check_stays_off_where_the_loops_may_have_ended():
     assert (resumed.first, resumed.decide_at) == (505, 530)
 
 
+def test_a_resumed_run_keeps_what_was_left_of_its_budget():
+    # Resumed at step 500 of the probe's 1000 (10 ms a step): 470 steps x 10 ms = 4.7 s
+    # were still planned, not a whole new budget; at 30 ms a step that is 156 more.
+    clock = FakeClock()
+    check = BudgetCheck(clock.now + 600, 500, 1000, queue_size=4, probe_s=0.01, clock=clock)
+    check.timed(505)
+    clock.now += 25 * 0.03
+    assert check.timed(530) == 530 + 156
+
+
 def test_a_resized_schedule_ends_its_cosine_at_the_new_count():
     schedule = CosineWithWarmup(1.0, 1000, warmup_ratio=0.04, min_lr_ratio=0.1)
     schedule.last_step = 20  # in the 40-step warm-up

@@ -191,6 +191,7 @@ class BudgetCheck:
     ) -> None:
         self.deadline = deadline  # clock() time by which the steps should be done
         self.probe_s = probe_s
+        self.total = total_steps
         self.clock = clock
         self.first = start_step + SKIPPED_STEPS
         run = total_steps - start_step
@@ -219,7 +220,12 @@ class BudgetCheck:
         elapsed = now - began - (excluded - excluded_then)
         step_s = max(1e-6, elapsed / (step_number - self.first))
         self.step_ms = 1000 * step_s
+        # A resumed run's probe count starts at step 0: the steps still planned, at the
+        # probe's rate, are what is left of its budget (a fresh run: the deadline, which
+        # also takes the warm-up's compile, after the probe, into account).
         left = self.deadline - now
+        if self.probe_s:
+            left = min(left, (self.total - step_number) * self.probe_s)
         self.new_total = step_number + max(2, math.floor(left / step_s))
         return self.new_total
 
