@@ -215,7 +215,10 @@ class BudgetCheck:
             self._timing = (now, excluded)
             return None
         if self._timing is None:
-            return None
+            # Never timed (steps come in order, so it cannot happen): keep the count, but
+            # publish it all the same, so no replica or rank waits for a decision forever.
+            self.new_total, self.step_ms = self.total, 0.0
+            return self.total
         began, excluded_then = self._timing
         elapsed = now - began - (excluded - excluded_then)
         step_s = max(1e-6, elapsed / (step_number - self.first))
