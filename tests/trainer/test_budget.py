@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import types
 
 import dflash.budget as budget
@@ -161,6 +162,9 @@ def test_a_run_whose_steps_are_slower_than_the_probe_ends_with_its_budget(tmp_pa
     cfg.runtime.drafter_devices = ["cpu", "cpu"]
     cfg.optim.min_lr_ratio = 0.1
     workload = DFlashWorkload(cfg)
+    # The budget counts from here: a slow machine's set-up cannot eat it before the probe
+    # (5.1 s of steps: about 1,000 at the probe's 5 ms).
+    workload.created = time.perf_counter()
     log = RunLog(io.StringIO())
     result = train(cfg, workload, log, handle_signals=False)
     assert result.exit_code == 0
