@@ -304,6 +304,7 @@ def recipe_config(scale: str, target_dir: Path, data: Path, evals: Path, out: Pa
 
 
 REGENERATED = "regenerated.done"  # written once a target's regeneration is complete
+PARTIAL = "partial.json"  # a row's results once its drafter is trained and evaluated
 
 
 def run_fp8_twin(name: str, scale: str, out: Path, wait_s: float = 900.0) -> dict:
@@ -357,6 +358,7 @@ def run_target(name: str, scale: str, out: Path) -> dict:
 
     s, r = ZOO[scale][name], RECIPE[scale]
     out.mkdir(parents=True, exist_ok=True)
+    (out / PARTIAL).unlink(missing_ok=True)  # an earlier run's: not this one's
     began = time.perf_counter()
     corpus, template, specials = CORPORA[name]
     texts, data, held, regen_prompts, evals = corpus(s, 4 * r["eval"]["num_prompts"])
@@ -392,6 +394,7 @@ def run_target(name: str, scale: str, out: Path) -> dict:
     (out / REGENERATED).write_text(json.dumps(results) + "\n")  # for an FP8 twin
     results["drafter"] = train_drafter_from(name, config_from_dict(drafter_cfg), out / "drafter")
     results["budget_seconds"] = round(time.perf_counter() - measured, 1)
+    (out / PARTIAL).write_text(json.dumps(results) + "\n")  # what a deadline cannot take back
     s_lookup = lookup_settings(drafter_cfg, r)
     results["prompt_lookup"] = prompt_lookup_tau(target_dir, out / "eval.jsonl", s_lookup)
     results["cost_inputs"] = cost_inputs(
@@ -400,6 +403,23 @@ def run_target(name: str, scale: str, out: Path) -> dict:
     results["seconds"] = round(time.perf_counter() - began, 1)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return results
+
+
+def partial_line(name: str, row: Path) -> str | None:
+    """What a row stopped before its end (--deadline, a crash) had measured, once its
+    drafter was trained and evaluated; None before that."""
+    path = row / PARTIAL
+    if not path.exists():
+        return None
+    r = json.loads(path.read_text())
+    d = r["drafter"]
+    walk = d.get("heldout_tau")
+    against = f", walk {walk:.2f} (eval {d['eval_tau'] / walk - 1:+.0%})" if walk else ""
+    return (
+        f"{name} before it stopped: eval tau {d['eval_tau']:.2f}{against}, {d['headline']}, "
+        f"{d['steps']} steps, regen + drafter {r['budget_seconds']:.0f} s; not measured: "
+        "prompt lookup, eval cost (rerun the row with a later --deadline)"
+    )
 
 
 def _tau_estimate(d: dict) -> float:
@@ -537,6 +557,11 @@ def main(argv=None) -> int:
         rows.append(r)
     summary = {"scale": args.scale, "recipe": RECIPE[args.scale], "rows": rows}
     summary["seconds"] = round(time.perf_counter() - began, 1)
+    summary["stopped"] = {
+        name: {"why": why, "measured": partial_line(name, args.out / name)}
+        for name, why in failed.items()
+        if why
+    }
     (args.out / "zoo.json").write_text(json.dumps(summary, indent=1) + "\n")
     log(f"one recipe ({json.dumps(RECIPE[args.scale])}), {len(rows)} targets")
     for line in table(rows):
@@ -544,6 +569,8 @@ def main(argv=None) -> int:
     for name, why in failed.items():
         if why:
             log(f"{name}: FAILED ({why}): see {args.out / name}.log")
+            if line := partial_line(name, args.out / name):
+                log(line)
     log(f"total {summary['seconds']:.0f} s")
     return 1 if any(failed.values()) else 0
 

@@ -102,3 +102,22 @@ def test_the_tiny_zoo_runs_the_one_recipe_and_judges_every_goal(tmp_path):
     assert "| eval prompts" in log and row["drafter"]["heldout_set"] == "eval prompts"
     assert row["drafter"]["heldout_tau"] >= 1.0 and row["drafter"]["heldout_walks"] == 1
     assert "chat goals: eval tau >= 3.0" in done.stdout and "target    params" in done.stdout
+
+
+def test_a_row_stopped_after_its_drafter_still_says_what_it_measured(tmp_path):
+    """A row killed at --deadline after the drafter's eval (as the code row was on one
+    H100): the zoo prints what it had, and what it did not measure."""
+    sys.path.insert(0, str(BENCH.parent))
+    import quality_zoo
+
+    row = tmp_path / "code"
+    row.mkdir()
+    assert quality_zoo.partial_line("code", row) is None  # nothing trained yet
+    drafter = {"eval_tau": 3.67, "heldout_tau": 3.72, "steps": 5667, "headline": "lossless yes"}
+    (row / quality_zoo.PARTIAL).write_text(
+        json.dumps({"drafter": drafter, "budget_seconds": 471.2})
+    )
+    line = quality_zoo.partial_line("code", row)
+    assert line.startswith("code before it stopped: eval tau 3.67, walk 3.72 (eval -1%)")
+    assert "5667 steps, regen + drafter 471 s" in line
+    assert "not measured: prompt lookup, eval cost" in line
