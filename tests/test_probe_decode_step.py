@@ -1,0 +1,21 @@
+"""bench/probe_decode_step.py on CPU at a tiny shape: every measurement prints its line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_the_probe_times_warm_steps_and_fresh_lengths_cold_and_warm(capsys):
+    sys.path.insert(0, str(BENCH))
+    import probe_decode_step
+
+    assert probe_decode_step.main(["--shape", "tiny", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    for label in ("batch 1 greedy", "padded greedy (mixed lengths)", "padded greedy (one length)"):
+        assert f"{label}: " in out and "ms a step" in out
+    # CPU: one fresh round (the cuDNN on/off pair is the GPU's)
+    fresh = [x for x in out.splitlines() if "lengths never decoded before" in x]
+    assert len(fresh) == 1 and "the first time" in fresh[0], out
