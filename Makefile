@@ -43,8 +43,9 @@ system-deps:
 	fi
 
 # Two processes share the test files out (each with its own test hosts; the tiny trainer
-# runs are trained once and shared): 19 min against 40 on a 2-core machine.
-# TEST_WORKERS=0 runs them all in this one.
+# runs are trained once and shared): 19 min against 40 on a 2-core machine. Four are
+# slower there (28 min 42 s against 24 min 48 s for two, idle, 2026-12-07): the
+# container tests then fight for the cores. TEST_WORKERS=0 runs them all in this one.
 # Each run gets a temporary folder of its own (--basetemp): in pytest's shared numbered
 # folders, a second run beside this one could clean up folders this one still uses.
 TEST_WORKERS ?= 2
