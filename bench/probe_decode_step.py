@@ -1,6 +1,7 @@
 """Where a batched greedy decode step's time goes, on the zoo's target shapes.
 
     python bench/probe_decode_step.py [--shape docs|code|both|tiny] [--steps 64] [--profile]
+                                      [--fresh-only]
 
 Times per step: the one-prompt greedy (target.greedy_generate), the padded batched
 greedy of the eval (decode_batch.greedy_generate_batch_padded) on 32 prompts of mixed
@@ -43,10 +44,16 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--shape", choices=[*SHAPES, "both"], default="both")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--fresh-only",
+        action="store_true",
+        help="only the fresh length sets (cold against warm, cuDNN on and off)",
+    )
     args = parser.parse_args(argv)
     import transformers
     from dflash.target import build_tiny_target
 
+    began = time.perf_counter()
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda:0" if on_gpu else "cpu")
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -64,7 +71,13 @@ def main(argv=None) -> int:
             head_dim=64,
             dtype=dtype,
         ).to(device)
-        print(f"{name}: attention {target.config._attn_implementation}", flush=True)
+        # The set-up's own time: on 2026-12-07 a 60-second call ended before the fresh
+        # lines, and nothing said whether building the target or the decoding took it.
+        print(
+            f"{name}: attention {target.config._attn_implementation}, built at "
+            f"{time.perf_counter() - began:.1f} s",
+            flush=True,
+        )
         with torch.no_grad():
             probe(name, target, vocab, device, on_gpu, args)
         del target
@@ -101,17 +114,18 @@ def probe(name, target, vocab, device, on_gpu, args) -> None:
         ms = (long - short) / steps * 1000
         print(f"{name}: {label}: {ms:.2f} ms a step", flush=True)
 
-    per_step("batch 1 greedy", lambda n: greedy_generate(target, mixed[0][None], n), args.steps)
-    per_step(
-        "batch 32 padded greedy (mixed lengths)",
-        lambda n: greedy_generate_batch_padded(target, mixed, n),
-        args.steps,
-    )
-    per_step(
-        "batch 32 padded greedy (one length)",
-        lambda n: greedy_generate_batch_padded(target, even, n),
-        args.steps,
-    )
+    if not args.fresh_only:
+        per_step("batch 1 greedy", lambda n: greedy_generate(target, mixed[0][None], n), args.steps)
+        per_step(
+            "batch 32 padded greedy (mixed lengths)",
+            lambda n: greedy_generate_batch_padded(target, mixed, n),
+            args.steps,
+        )
+        per_step(
+            "batch 32 padded greedy (one length)",
+            lambda n: greedy_generate_batch_padded(target, even, n),
+            args.steps,
+        )
     # Fresh length sets, decoded once (cold) then again (warm): a per-shape first-time cost.
     sdpa = torch.backends.cuda
     # Longer than any fresh set (so none of their shapes), to warm the allocator first.

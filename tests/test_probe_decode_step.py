@@ -19,3 +19,13 @@ def test_the_probe_times_warm_steps_and_fresh_lengths_cold_and_warm(capsys):
     # CPU: one fresh round (the cuDNN on/off pair is the GPU's)
     fresh = [x for x in out.splitlines() if "lengths never decoded before" in x]
     assert len(fresh) == 1 and "the first time" in fresh[0], out
+
+
+def test_fresh_only_skips_the_warm_steps(capsys):
+    sys.path.insert(0, str(BENCH))
+    import probe_decode_step
+
+    assert probe_decode_step.main(["--shape", "tiny", "--steps", "2", "--fresh-only"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy: " not in out and "built at" in out
+    assert "lengths never decoded before" in out and "the first time" in out, out
