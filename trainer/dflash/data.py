@@ -82,11 +82,31 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     )
 
 
+# Any one of these makes a folder a tokenizer's (fast, sentencepiece, byte-level BPE).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class TokenizerError(ValueError):
+    """No tokenizer in the folder named, said with what to do (not transformers' traceback)."""
+
+
 def load_tokenizer(path: str | Path):
     """The target's own tokenizer from a local directory (never downloads)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    fix = "copy the target's tokenizer files there, or name a folder that holds them"
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise TokenizerError(
+            f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); {fix}"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:  # transformers' words for "no usable tokenizer here"
+        said = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise TokenizerError(
+            f"the tokenizer in {path} could not be loaded ({said}); {fix}"
+        ) from exc
 
 
 # -- tokenizing --------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from dflash.budget import fit_to_data
 from dflash.checkpoint import load_drafter, save_drafter, save_drafter_weights
 from dflash.data import (
     Sample,
+    TokenizerError,
     build_tiny_tokenizer,
     collate,
     load_samples,
@@ -38,12 +39,7 @@ from dflash.pipeline.train_config import TrainConfig, TrainConfigError
 from dflash.pipeline.workload import Batch, DrafterInputs, Workload
 from dflash.serving_walk import blocks_per_token, walk_tau
 from dflash.spec_decode import EvalResult, GreedyReferences, evaluate
-from dflash.target import (
-    ContextForward,
-    context_forward,
-    layers_run_for_context,
-    load_target,
-)
+from dflash.target import ContextForward, context_forward, layers_run_for_context, load_target
 from dflash.target_presets import QWEN3_MASK_ID, build_random_target, target_shape
 from dflash.walk_set import (
     EVAL_PROMPTS,
@@ -112,7 +108,11 @@ class DFlashWorkload(Workload):
     def _tokenizer(self):
         source = self.cfg.data.tokenizer or self.cfg.target.path
         if source:
-            return load_tokenizer(source)
+            try:
+                return load_tokenizer(source)
+            except TokenizerError as exc:
+                key = "data.tokenizer" if self.cfg.data.tokenizer else "target.path"
+                raise TrainConfigError(f"{key}: {exc}") from None
         if self.cfg.target.preset == "tiny":
             return build_tiny_tokenizer()
         return None  # random-weight large presets train on token ids only

@@ -10,15 +10,27 @@ from __future__ import annotations
 
 from .config import DrafterConfig
 
+# Families whose MLP is two matrices (up, down) instead of the gated three (gate, up,
+# down) of Llama, Qwen, Mistral, Gemma, Phi-3 and OLMo.
+TWO_MATRIX_MLP = frozenset(
+    {"gpt_neox", "gpt2", "gptj", "gpt_bigcode", "codegen", "opt", "bloom", "falcon", "phi",
+     "starcoder2", "mpt"}
+)  # fmt: skip
+
 
 def target_flops(config, layers_run: int, batch_size: int, seq_len: int) -> float:
-    """The target forward over [batch_size, seq_len] (a transformers config's shape)."""
+    """The target forward over [batch_size, seq_len] (a transformers config's shape).
+
+    Configs without grouped-query attention (GPT-NeoX, say) name no key/value heads: one
+    per query head; those without an intermediate size have the customary 4x hidden."""
     n, s, t = batch_size, seq_len, config
     h, L = int(t.hidden_size), layers_run
-    heads, kv = int(t.num_attention_heads), int(t.num_key_value_heads)
+    heads = int(t.num_attention_heads)
+    kv = int(getattr(t, "num_key_value_heads", None) or heads)
     hd = int(getattr(t, "head_dim", None) or h // heads)
-    ffn = int(t.intermediate_size)
-    layer_params = h * heads * hd * 2 + h * kv * hd * 2 + 3 * h * ffn
+    ffn = int(getattr(t, "intermediate_size", None) or 4 * h)
+    mlp = 2 if getattr(t, "model_type", "") in TWO_MATRIX_MLP else 3
+    layer_params = h * heads * hd * 2 + h * kv * hd * 2 + mlp * h * ffn
     return float(2 * layer_params * L * n * s + 2 * L * n * s * s * heads * hd)
 
 

@@ -384,8 +384,9 @@ def run(cfg, *, log=print, on_mismatch: str = "refuse") -> dict:
     device = section.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    target = load_target(cfg.target.path, device=device, dtype=getattr(torch, cfg.target.dtype))
+    # The tokenizer first: a folder without one fails at once, not after the target's weights.
     tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.target.path)
+    target = load_target(cfg.target.path, device=device, dtype=getattr(torch, cfg.target.dtype))
     generator = Generator(target, tokenizer, section, device)
     settings = answer_settings(cfg, tokenizer, generator)
     extra = extra_settings(settings, generator, section.seed)
