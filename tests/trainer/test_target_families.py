@@ -1,5 +1,5 @@
-"""Targets the recipe was never built on: other transformers families train, evaluate and
-checkpoint end to end, and a target folder without its tokenizer is a config error that
+"""Targets the recipe was never built on: other transformers families regenerate, train,
+evaluate and checkpoint end to end, and a target folder without its tokenizer is a config error that
 says what to do.
 
 GPT-NeoX (Pythia's family) names no key/value heads in its config and has a two-matrix
@@ -7,11 +7,13 @@ MLP: its runs died in the FLOP count before the first step line (AttributeError)
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 VOCAB, HIDDEN, LAYERS = 512, 64, 6
@@ -70,10 +72,34 @@ def train(tmp_path: Path, target: Path, *sets: str) -> subprocess.CompletedProce
     return subprocess.run(args, cwd=TRAINER, capture_output=True, text=True, timeout=300)
 
 
+def regenerate(folder: Path, target: Path, batch_size: int) -> list[str]:
+    """The target's answers to chat prompts (`python -m dflash.regenerate`)."""
+    from dflash.regenerate import main
+
+    folder.mkdir()
+    questions = ["what is two plus two?", "hello", "name three colours and a short answer"]
+    chats = [
+        [{"role": "user", "content": q}, {"role": "assistant", "content": "old"}] for q in questions
+    ]
+    (folder / "chat.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in chats))
+    section = {"input": str(folder / "chat.jsonl"), "output": str(folder / "out.jsonl")}
+    section.update(max_new_tokens=12, device="cpu", batch_size=batch_size)
+    config = folder / "regen.yaml"
+    config.write_text(yaml.safe_dump({"target": {"path": str(target)}, "regenerate": section}))
+    assert main(["--config", str(config)]) == 0
+    lines = (folder / "out.jsonl").read_text().splitlines()
+    return [json.loads(line)["messages"][-1]["content"] for line in lines]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt_neox", "llama", "gemma2"])
 def test_a_target_of_another_family_trains_evaluates_and_checkpoints(tmp_path, family):
     target = save_target(tmp_path / family, family)
+    # Regeneration: left-padded batches answer as one prompt at a time does, in this
+    # family's attention and positions too.
+    batched = regenerate(tmp_path / "batched", target, batch_size=3)
+    assert batched == regenerate(tmp_path / "one", target, batch_size=1)
+    assert all(answer != "old" for answer in batched)
     run = train(tmp_path, target)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
@@ -98,13 +124,24 @@ def test_target_flops_read_configs_without_grouped_query_attention():
     assert target_flops(llama, 3, 2, 10) == matmuls(3) + scores
 
 
-def test_a_target_folder_without_a_tokenizer_is_a_config_error_that_says_what_to_do(tmp_path):
+def test_a_target_folder_without_a_tokenizer_is_a_config_error_that_says_what_to_do(
+    tmp_path, capsys
+):
     target = save_target(tmp_path / "bare", "llama", tokenizer=False)
     run = train(tmp_path, target)
     assert run.returncode == 2, run.stdout + run.stderr
     assert f"config error: target.path: {target} holds no tokenizer" in run.stderr
     assert "copy the target's tokenizer files there" in run.stderr
     assert "Traceback" not in run.stdout + run.stderr
+    # Regeneration says the same, before it reads the target's weights.
+    from dflash.regenerate import EXIT_BAD_INPUT, main
+
+    (tmp_path / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    section = {"input": str(tmp_path / "chat.jsonl"), "output": str(tmp_path / "o.jsonl")}
+    config = tmp_path / "regen.yaml"
+    config.write_text(yaml.safe_dump({"target": {"path": str(target)}, "regenerate": section}))
+    assert main(["--config", str(config)]) == EXIT_BAD_INPUT
+    assert f"error: {target} holds no tokenizer" in capsys.readouterr().err
     # A tokenizer folder that transformers cannot read: its reason, on one line.
     (target / "tokenizer_config.json").write_text("{}")
     broken = train(tmp_path, target)
