@@ -1,6 +1,6 @@
 """Targets the recipe was never built on: other transformers families regenerate, train,
-evaluate and checkpoint end to end, and a target folder without its tokenizer is a config error that
-says what to do.
+evaluate and checkpoint end to end, and a target folder without its tokenizer is a config
+error that says what to do.
 
 GPT-NeoX (Pythia's family) names no key/value heads in its config and has a two-matrix
 MLP: its runs died in the FLOP count before the first step line (AttributeError)."""
@@ -132,6 +132,7 @@ def test_a_target_folder_without_a_tokenizer_is_a_config_error_that_says_what_to
     assert run.returncode == 2, run.stdout + run.stderr
     assert f"config error: target.path: {target} holds no tokenizer" in run.stderr
     assert "copy the target's tokenizer files there" in run.stderr
+    assert "name a folder that holds them with data.tokenizer" in run.stderr
     assert "Traceback" not in run.stdout + run.stderr
     # Regeneration says the same, before it reads the target's weights.
     from dflash.regenerate import EXIT_BAD_INPUT, main

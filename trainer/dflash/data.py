@@ -94,7 +94,10 @@ def load_tokenizer(path: str | Path):
     """The target's own tokenizer from a local directory (never downloads)."""
     from transformers import AutoTokenizer
 
-    fix = "copy the target's tokenizer files there, or name a folder that holds them"
+    fix = (
+        "copy the target's tokenizer files there, or name a folder that holds them with "
+        "data.tokenizer"
+    )
     folder = Path(path)
     if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise TokenizerError(
