@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.trainer.test_regenerate import regenerate_config
 
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 VOCAB, HIDDEN, LAYERS = 512, 64, 6
@@ -73,22 +74,13 @@ def train(tmp_path: Path, target: Path, *sets: str) -> subprocess.CompletedProce
 
 
 def regenerate(folder: Path, target: Path, batch_size: int) -> list[str]:
-    """The target's answers to chat prompts (`python -m dflash.regenerate`)."""
+    """The target's answers to test_regenerate's chat prompts (`python -m dflash.regenerate`)."""
     from dflash.regenerate import main
 
     folder.mkdir()
-    questions = ["what is two plus two?", "hello", "name three colours and a short answer"]
-    chats = [
-        [{"role": "user", "content": q}, {"role": "assistant", "content": "old"}] for q in questions
-    ]
-    (folder / "chat.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in chats))
-    section = {"input": str(folder / "chat.jsonl"), "output": str(folder / "out.jsonl")}
-    section.update(max_new_tokens=12, device="cpu", batch_size=batch_size)
-    config = folder / "regen.yaml"
-    config.write_text(yaml.safe_dump({"target": {"path": str(target)}, "regenerate": section}))
+    config, output = regenerate_config(folder, target, batch_size=batch_size)
     assert main(["--config", str(config)]) == 0
-    lines = (folder / "out.jsonl").read_text().splitlines()
-    return [json.loads(line)["messages"][-1]["content"] for line in lines]
+    return [json.loads(line)["messages"][-1]["content"] for line in output.read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -97,7 +89,7 @@ def test_a_target_of_another_family_trains_evaluates_and_checkpoints(tmp_path, f
     target = save_target(tmp_path / family, family)
     # Regeneration: left-padded batches answer as one prompt at a time does, in this
     # family's attention and positions too.
-    batched = regenerate(tmp_path / "batched", target, batch_size=3)
+    batched = regenerate(tmp_path / "batched", target, batch_size=4)
     assert batched == regenerate(tmp_path / "one", target, batch_size=1)
     assert all(answer != "old" for answer in batched)
     run = train(tmp_path, target)
@@ -137,10 +129,7 @@ def test_a_target_folder_without_a_tokenizer_is_a_config_error_that_says_what_to
     # Regeneration says the same, before it reads the target's weights.
     from dflash.regenerate import EXIT_BAD_INPUT, main
 
-    (tmp_path / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
-    section = {"input": str(tmp_path / "chat.jsonl"), "output": str(tmp_path / "o.jsonl")}
-    config = tmp_path / "regen.yaml"
-    config.write_text(yaml.safe_dump({"target": {"path": str(target)}, "regenerate": section}))
+    config, _ = regenerate_config(tmp_path, target)
     assert main(["--config", str(config)]) == EXIT_BAD_INPUT
     assert f"error: {target} holds no tokenizer" in capsys.readouterr().err
     # A tokenizer folder that transformers cannot read: its reason, on one line.
