@@ -1,7 +1,7 @@
 """Where a batched greedy decode step's time goes, on the zoo's target shapes.
 
     python bench/probe_decode_step.py [--shape docs|code|both|tiny] [--steps 64] [--profile]
-                                      [--fresh-only]
+                                      [--fresh-only] [--eval [--eval-tokens 256]]
 
 Times per step: the one-prompt greedy (target.greedy_generate), the padded batched
 greedy of the eval (decode_batch.greedy_generate_batch_padded) on 32 prompts of mixed
@@ -15,13 +15,18 @@ among them) take the time.
 The timed steps repeat shapes already decoded once (best of 3). The eval meets each
 prompt-length set once, and its key/value length grows every step: a cost paid the first
 time a shape is seen (an attention plan built per shape, say) shows only there. So the
-probe also decodes fresh length sets once, cold against warm, with cuDNN attention on and
-off (on 2026-12-07 an H100 stepped docs at 9-14 ms warm against ~60 ms in the eval).
+probe also decodes fresh length sets once, cold against warm, with cuDNN attention left on
+and as shipped (on 2026-12-07 an H100 stepped docs at 9-14 ms warm against ~60 ms in the
+eval; cold, cuDNN attention cost +47.8 ms a step, so decoding now switches it off:
+trainer/dflash/decode_attention.py). `--eval` times the zoo's eval cold the same two ways.
+
+    python bench/probe_decode_step.py --shape docs --fresh-only --eval
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -49,6 +54,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="only the fresh length sets (cold against warm, cuDNN on and off)",
     )
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="also time the zoo's eval (32 prompts, batch 32) cold, cuDNN on and as shipped",
+    )
+    parser.add_argument("--eval-tokens", type=int, default=256, help="new tokens a prompt")
     args = parser.parse_args(argv)
     import transformers
     from dflash.target import build_tiny_target
@@ -126,25 +137,20 @@ def probe(name, target, vocab, device, on_gpu, args) -> None:
             lambda n: greedy_generate_batch_padded(target, even, n),
             args.steps,
         )
-    # Fresh length sets, decoded once (cold) then again (warm): a per-shape first-time cost.
-    sdpa = torch.backends.cuda
-    # Longer than any fresh set (so none of their shapes), to warm the allocator first.
+    # Fresh length sets, decoded once (cold) then again (warm): a per-shape first-time cost,
+    # with cuDNN attention left on (as before dflash/decode_attention.py) and as shipped.
     longest = [torch.randint(0, vocab, (700,), generator=gen).to(device) for _ in range(32)]
-    greedy_generate_batch_padded(target, longest, 4 + args.steps)
-    switches = (
-        [("cuDNN attention on", True), ("cuDNN attention off", False)] if on_gpu else [("", None)]
-    )
-    for round_, (what, cudnn) in enumerate(switches):
-        if cudnn is not None:
-            sdpa.enable_cudnn_sdp(cudnn)
+    greedy_generate_batch_padded(target, longest, 4 + args.steps)  # warms the allocator
+    for round_, (what, shipped) in enumerate(switches(on_gpu)):
         fresh_gen = torch.Generator().manual_seed(100 + round_)
         fresh = [
             torch.randint(0, vocab, (n,), generator=fresh_gen).to(device)
             for n in torch.randint(301, 600, (32,), generator=fresh_gen).tolist()
         ]
         run = lambda n, fresh=fresh: greedy_generate_batch_padded(target, fresh, n)  # noqa: E731
-        cold = timed(run, 4 + args.steps)
-        warm = min(timed(run, 4 + args.steps) for _ in range(2))
+        with decode_switch(shipped):
+            cold = timed(run, 4 + args.steps)
+            warm = min(timed(run, 4 + args.steps) for _ in range(2))
         extra = (cold - warm) / args.steps * 1000
         tail = f" ({what})" if what else ""
         print(
@@ -152,8 +158,8 @@ def probe(name, target, vocab, device, on_gpu, args) -> None:
             f"{cold:.2f} s, again {warm:.2f} s: {extra:+.2f} ms a step the first time",
             flush=True,
         )
-    if on_gpu:
-        sdpa.enable_cudnn_sdp(True)
+    if args.eval:
+        eval_rounds(name, target, vocab, device, on_gpu, timed, args.eval_tokens)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -168,6 +174,72 @@ def probe(name, target, vocab, device, on_gpu, args) -> None:
                 sort_by="cpu_time_total", row_limit=25, max_name_column_width=60
             )
         )
+
+
+def switches(on_gpu: bool) -> list[tuple[str, bool]]:
+    """(label, shipped): cuDNN attention left on through the decode, then as shipped."""
+    if not on_gpu:
+        return [("", True)]
+    return [("cuDNN attention left on", False), ("as shipped: cuDNN attention off to decode", True)]
+
+
+@contextlib.contextmanager
+def decode_switch(shipped: bool):
+    """As shipped, or with decoding's cuDNN switch made a no-op and cuDNN attention on."""
+    import dflash.decode_attention as decode_attention
+
+    if shipped:
+        yield
+        return
+    was_switch, was_on = decode_attention._switch, torch.backends.cuda.cudnn_sdp_enabled()
+    decode_attention._switch = lambda: None
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        yield
+    finally:
+        decode_attention._switch = was_switch
+        torch.backends.cuda.enable_cudnn_sdp(was_on)
+
+
+def eval_rounds(name, target, vocab, device, on_gpu, timed, tokens: int) -> None:
+    """The zoo's eval, timed cold: 32 prompts of 16-32 tokens, 256 new tokens, batch 32,
+    speculative (an untrained 3-layer drafter, block 16: nearly every block rejected, so
+    the most verify steps an eval can take) and its greedy reference, fresh prompts each
+    round so no shape was met before."""
+    from dflash import DFlashDrafter, DrafterConfig, target_parts
+    from dflash.spec_decode import evaluate
+
+    layers = 3 if target.config.num_hidden_layers >= 6 else 1  # the CPU smoke shape has 2
+    cfg = DrafterConfig.from_target_config(
+        target.config, num_layers=layers, block_size=16, mask_token_id=vocab - 1
+    )
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg).bind_target(*target_parts(target)).to(device, target.dtype)
+    drafter.eval()
+    for round_, (what, shipped) in enumerate(switches(on_gpu)):
+        gen = torch.Generator().manual_seed(200 + round_)
+        prompts = [
+            torch.randint(0, vocab - 1, (n,), generator=gen).to(device)
+            for n in torch.randint(16, 33, (32,), generator=gen).tolist()
+        ]
+        with decode_switch(shipped):
+            result, seconds = timed_value(timed, evaluate, drafter, target, prompts, tokens)
+        tail = f" ({what})" if what else ""
+        print(
+            f"{name}: eval 32 prompts x {tokens} tokens, batch 32, cold{tail}: {seconds:.2f} s "
+            f"(tau {result.tau:.2f}, {result.num_tokens} tokens, lossless {result.lossless})",
+            flush=True,
+        )
+
+
+def timed_value(timed, fn, drafter, target, prompts, tokens: int):
+    box = {}
+
+    def call(_n):
+        box["value"] = fn(drafter, target, prompts, max_new_tokens=tokens, batch_size=32)
+
+    seconds = timed(call, 0)
+    return box["value"], seconds
 
 
 if __name__ == "__main__":

@@ -29,3 +29,14 @@ def test_fresh_only_skips_the_warm_steps(capsys):
     out = capsys.readouterr().out
     assert "greedy: " not in out and "built at" in out
     assert "lengths never decoded before" in out and "the first time" in out, out
+
+
+def test_the_eval_round_times_the_zoos_eval_and_checks_it_lossless(capsys):
+    sys.path.insert(0, str(BENCH))
+    import probe_decode_step
+
+    args = ["--shape", "tiny", "--steps", "2", "--fresh-only", "--eval", "--eval-tokens", "6"]
+    assert probe_decode_step.main(args) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "eval 32 prompts x 6 tokens" in x]
+    assert "cold: " in line and "192 tokens, lossless True" in line, out

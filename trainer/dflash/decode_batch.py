@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .decode_attention import decoding
 from .masks import sdpa_attend
 from .model import DFlashDrafter, LayerKV
 from .target import masked_forward, new_cache, select_layers
@@ -109,6 +110,7 @@ def _active(out: SpecOutput, max_new_tokens: int, stops: set[int]) -> bool:
     return len(out.tokens) < max_new_tokens and out.tokens[-1] not in stops
 
 
+@decoding
 @torch.no_grad()
 def speculative_generate_batch(
     drafter: DFlashDrafter,
@@ -183,6 +185,7 @@ def speculative_generate_batch(
         start = start + accepted + 1
 
 
+@decoding
 @torch.no_grad()
 def greedy_generate_batch_padded(
     target: nn.Module,

@@ -317,13 +317,15 @@ class Generator:
         `extra`: with the extra answers' (sampled) settings."""
         import torch
 
+        from .decode_attention import without_cudnn_attention
+
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):  # left padding: every prompt ends at the same column
             ids[row, width - len(p) :] = torch.tensor(p)
             mask[row, width - len(p) :] = 1
-        with torch.no_grad():
+        with torch.no_grad(), without_cudnn_attention():  # new lengths every step
             out = self.target.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),

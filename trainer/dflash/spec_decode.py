@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .decode_attention import decoding
 from .decode_batch import (
     SpecOutput,
     accepted_prefix,
@@ -80,6 +81,7 @@ def draft_block_logits(
     return drafter.logits(hidden).float()
 
 
+@decoding
 @torch.no_grad()
 def speculative_generate(
     drafter: DFlashDrafter,
@@ -305,6 +307,7 @@ def _divergence(
     )
 
 
+@decoding
 @torch.no_grad()
 def evaluate(
     drafter: DFlashDrafter,

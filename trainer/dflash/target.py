@@ -22,6 +22,7 @@ from dflash.context_decoder import (  # noqa: F401 (Fp8Linear: its public home w
     relative_error,
     unsupported_reason,
 )
+from dflash.decode_attention import decoding
 
 
 def build_tiny_target(
@@ -408,6 +409,7 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-excess)
 
 
+@decoding
 @torch.no_grad()
 def greedy_generate(
     target: nn.Module,
@@ -444,6 +446,7 @@ def _record_margin(margins: list[float] | None, logits: torch.Tensor) -> None:
         margins.append(float(top[0] - top[1]))
 
 
+@decoding
 @torch.no_grad()
 def greedy_generate_batch(
     target: nn.Module, prompt_ids: torch.Tensor, num_new_tokens: int
