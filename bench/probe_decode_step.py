@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--fresh-only",
         action="store_true",
-        help="only the fresh length sets (cold against warm, cuDNN on and off)",
+        help="only the fresh length sets (cold against warm, cuDNN left on and as shipped)",
     )
     parser.add_argument(
         "--eval",
