@@ -378,6 +378,7 @@ def prompt_lookup_tau(target_dir: Path, evals: Path, s: dict) -> dict:
     """transformers' prompt-lookup decoding on the eval prompts: tokens per verifying
     forward (prefill left out, as eval tau counts it) and tokens per target forward."""
     from dflash.data import load_tokenizer
+    from dflash.decode_attention import without_cudnn_attention
     from dflash.regenerate import prompt_messages
     from dflash.target import load_target
 
@@ -391,7 +392,9 @@ def prompt_lookup_tau(target_dir: Path, evals: Path, s: dict) -> dict:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         calls[0] = 0
-        with torch.no_grad():
+        # Without cuDNN attention, as the drafter's eval decodes: it builds a plan per new
+        # length, 48-136 ms a step cold on an H100 (dflash/decode_attention.py).
+        with torch.no_grad(), without_cudnn_attention():
             out = target.generate(
                 input_ids=ids.to(s["device"]),
                 attention_mask=torch.ones_like(ids).to(s["device"]),
