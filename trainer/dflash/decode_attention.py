@@ -6,7 +6,9 @@ it meets a shape. On one H100 (torch 2.11, bench/probe_decode_step.py --fresh-on
 batch-32 decode of the docs zoo target paid +47.8 ms a step the first time its lengths
 were seen with cuDNN on and +0.15 ms with it off, and took the same time warm either way
 (0.76 against 0.74 s). An eval's lengths are almost all new, so building plans was most of
-a 26.5 s eval. Training repeats its shapes, so training keeps whatever the process chose.
+a 26.5 s eval; with it off, the zoo's 32 x 256 eval timed cold went from 35.4 to 9.4 s
+(docs) and 35.5 to 6.7 s (code) (`probe_decode_step.py --eval`). Training repeats its
+shapes, so training keeps whatever the process chose.
 
 PyTorch holds the switch for the whole process, not per thread: a count of the decodes in
 flight turns it off at the first and back to what it was at the last, so decodes that
