@@ -397,6 +397,7 @@ def run_target(name: str, scale: str, out: Path) -> dict:
     (out / PARTIAL).write_text(json.dumps(results) + "\n")  # what a deadline cannot take back
     s_lookup = lookup_settings(drafter_cfg, r)
     results["prompt_lookup"] = prompt_lookup_tau(target_dir, out / "eval.jsonl", s_lookup)
+    (out / PARTIAL).write_text(json.dumps(results) + "\n")  # a later deadline keeps the ratio
     results["cost_inputs"] = cost_inputs(
         target_dir, results["drafter"]["checkpoint"], out, s_lookup
     )
@@ -415,10 +416,14 @@ def partial_line(name: str, row: Path) -> str | None:
     d = r["drafter"]
     walk = d.get("heldout_tau")
     against = f", walk {walk:.2f} (eval {d['eval_tau'] / walk - 1:+.0%})" if walk else ""
+    lookup, missing = "", "prompt lookup, eval cost"
+    if "prompt_lookup" in r:
+        tau = r["prompt_lookup"]["tau"]
+        lookup, missing = f", {d['eval_tau'] / tau:.2f}x prompt lookup ({tau:.2f})", "eval cost"
     return (
-        f"{name} before it stopped: eval tau {d['eval_tau']:.2f}{against}, {d['headline']}, "
-        f"{d['steps']} steps, regen + drafter {r['budget_seconds']:.0f} s; not measured: "
-        "prompt lookup, eval cost (rerun the row with a later --deadline)"
+        f"{name} before it stopped: eval tau {d['eval_tau']:.2f}{against}{lookup}, "
+        f"{d['headline']}, {d['steps']} steps, regen + drafter {r['budget_seconds']:.0f} s; "
+        f"not measured: {missing} (rerun the row with a later --deadline)"
     )
 
 

@@ -121,3 +121,10 @@ def test_a_row_stopped_after_its_drafter_still_says_what_it_measured(tmp_path):
     assert line.startswith("code before it stopped: eval tau 3.67, walk 3.72 (eval -1%)")
     assert "5667 steps, regen + drafter 471 s" in line
     assert "not measured: prompt lookup, eval cost" in line
+    # Stopped after prompt lookup: the ratio (a goal) is kept, only the eval cost is missing.
+    (row / quality_zoo.PARTIAL).write_text(
+        json.dumps({"drafter": drafter, "budget_seconds": 471.2, "prompt_lookup": {"tau": 1.91}})
+    )
+    line = quality_zoo.partial_line("code", row)
+    assert "eval -1%), 1.92x prompt lookup (1.91), lossless yes" in line
+    assert "not measured: eval cost (rerun" in line
