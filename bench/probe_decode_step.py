@@ -222,24 +222,21 @@ def eval_rounds(name, target, vocab, device, on_gpu, timed, tokens: int) -> None
             torch.randint(0, vocab - 1, (n,), generator=gen).to(device)
             for n in torch.randint(16, 33, (32,), generator=gen).tolist()
         ]
+        kept = {}
         with decode_switch(shipped):
-            result, seconds = timed_value(timed, evaluate, drafter, target, prompts, tokens)
+            seconds = timed(
+                lambda _n, prompts=prompts, kept=kept: kept.update(
+                    result=evaluate(drafter, target, prompts, max_new_tokens=tokens, batch_size=32)
+                ),
+                0,
+            )
+        result = kept["result"]
         tail = f" ({what})" if what else ""
         print(
             f"{name}: eval 32 prompts x {tokens} tokens, batch 32, cold{tail}: {seconds:.2f} s "
             f"(tau {result.tau:.2f}, {result.num_tokens} tokens, lossless {result.lossless})",
             flush=True,
         )
-
-
-def timed_value(timed, fn, drafter, target, prompts, tokens: int):
-    box = {}
-
-    def call(_n):
-        box["value"] = fn(drafter, target, prompts, max_new_tokens=tokens, batch_size=32)
-
-    seconds = timed(call, 0)
-    return box["value"], seconds
 
 
 if __name__ == "__main__":
