@@ -1,7 +1,7 @@
 """What the container sees of its GPUs: the device nodes and their majors, the size of
 /dev/shm, the version of its NVIDIA user-space libraries (from its nvidia-smi, which
 fails with `Driver/library version mismatch` when they are not the host driver's), and
-whether torch imports. One shell script, one `pct exec`."""
+whether torch is installed. One shell script, one `pct exec`."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from dataclasses import dataclass, field
 
 from dflashctl.remote.deploy_target import Target
 
+# torch's version from its package metadata, not an import: importing it costs ~3 s of
+# every probe; whether it imports and sees CUDA is the doctor's check, run after.
 _PROBE = r"""for f in /dev/nvidia* /dev/nvidia-caps/*; do
   [ -c "$f" ] && echo "node $(stat -c '%t %T' "$f") $f"
 done
 echo "shm $(df -Pk /dev/shm 2>/dev/null | tail -n 1 | awk '{print $2}')"
 out=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1)
 echo "smi $? $(echo "$out" | tr '\n' ' ')"
-"$0" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo "torch -"
+"$0" -c 'from importlib.metadata import version; print("torch", version("torch"))' \
+  2>/dev/null || echo "torch -"
 """
 _LIBRARY = re.compile(r"NVML library version:\s*([0-9.]+)")
 
