@@ -2,6 +2,7 @@
 
     python bench/bench_eval_cost.py [--prompts 32] [--tokens 256] [--old PATH]
     python bench/bench_eval_cost.py --prompts 8 --tokens 48      # CPU: tiny-cpu.yaml
+    python bench/bench_eval_cost.py --cudnn-both   # only the eval: as shipped, then cuDNN on
 
 The trainer's eval (spec_decode.evaluate, batched) on random-weight Qwen3-8B-shape
 target and 5-layer drafter (trainer/configs/qwen3-8b.yaml), random prompts of 64
@@ -11,6 +12,10 @@ greedy reference pass (the lossless check), and with --old, the same with a deco
 file of an earlier commit (git show REV:trainer/dflash/decode_batch.py > PATH). Then
 a run's first eval against a later one: the greedy reference is decoded once a run and
 kept (the target is frozen), so later evals decode only speculatively.
+
+--cudnn-both times only the eval, cold, on fresh prompts each time: as shipped (decoding
+switches cuDNN attention off, trainer/dflash/decode_attention.py), then with cuDNN
+attention left on as before 14c73c3 (probe_decode_step.py's switch), in one process.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--old", type=Path, help="an earlier decode_batch.py to time beside")
+    parser.add_argument(
+        "--cudnn-both", action="store_true", help="only the eval: as shipped, then cuDNN left on"
+    )
     args = parser.parse_args(argv)
     import dflash.spec_decode as spec_decode
     from dflash.dflash_workload import DFlashWorkload
@@ -62,6 +70,8 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
         return value, time.perf_counter() - began
 
+    if args.cudnn_both:
+        return cudnn_both(drafter, target, args, high, device, on_gpu, timed)
     decoders = {
         "now": (spec_decode.speculative_generate_batch, spec_decode.greedy_generate_batch_padded)
     }
@@ -111,6 +121,38 @@ def main(argv=None) -> int:
             f"({first_s / later_s:.2f}x faster, the same result): the greedy reference is kept",
             flush=True,
         )
+    return 0
+
+
+def cudnn_both(drafter, target, args, high, device, on_gpu, timed) -> int:
+    """The eval cold as shipped, then with cuDNN attention left on: fresh prompts each
+    round (no attention plan built before), shipped first so the cuDNN round's plans are
+    its own and it is the one that meets a warm allocator."""
+    import dflash.spec_decode as spec_decode
+    from probe_decode_step import decode_switch
+
+    with torch.no_grad():
+        spec_decode.evaluate(drafter, target, [torch.arange(8, device=device)] * 2,
+                             max_new_tokens=8, batch_size=2)  # fmt: skip
+        rounds = [("as shipped: cuDNN attention off to decode", True)]
+        rounds += [("cuDNN attention left on", False)] if on_gpu else []
+        seconds = {}
+        for i, (label, shipped) in enumerate(rounds):
+            gen = torch.Generator().manual_seed(10 + i)
+            prompts = list(torch.randint(0, high, (args.prompts, 64), generator=gen).to(device))
+            with decode_switch(shipped):
+                result, seconds[shipped] = timed(
+                    lambda p=prompts: spec_decode.evaluate(
+                        drafter, target, p, max_new_tokens=args.tokens, batch_size=len(p)
+                    )
+                )
+            print(
+                f"eval {args.prompts} x {args.tokens}, batch {args.prompts}, cold ({label}): "
+                f"{seconds[shipped]:.2f} s (tau {result.tau:.2f}, lossless {result.lossless})",
+                flush=True,
+            )
+    if len(seconds) == 2:
+        print(f"as shipped: {seconds[False] / seconds[True]:.2f}x faster than cuDNN left on")
     return 0
 
 
