@@ -128,6 +128,7 @@ def test_a_second_create_changes_nothing(gpu_host, gpu_config, pve_host):
     assert "already: devices: /dev/nvidia0, /dev/nvidia1" in out
     assert "already: /dev/shm: 1G" in out
     assert f"already: NVIDIA user-space libraries {DRIVER}" in out
+    assert "already: torch 2." in out  # its version, read from the container's python
     assert conf_text(pve_host) == before
     assert ct.init_pid() == init  # not restarted
     after = sorted((pve_host.state_dir / "tasks").glob("*.json"))

@@ -107,8 +107,8 @@ def test_the_container_library_version_comes_from_its_nvidia_smi():
     assert seen.shm_bytes == 64 << 20
     assert seen.library_version == "535.104" and not seen.libraries_match("550.54.14")
     assert "mismatch" in seen.library_problem("550.54.14") and seen.torch is None
-    ok = inside.parse("smi 0 550.54.14 550.54.14\ntorch torch 2.5.1\n")
-    assert ok.libraries_match("550.54.14") and ok.torch == "torch 2.5.1"
+    ok = inside.parse("smi 0 550.54.14 550.54.14\ntorch 2.5.1\n")
+    assert ok.libraries_match("550.54.14") and ok.torch == "2.5.1"
 
 
 def test_run_gpus_sets_cuda_visible_devices_nproc_and_meta(tmp_path):
@@ -148,3 +148,34 @@ def test_container_template_takes_a_volume_or_an_oci_reference():
         with pytest.raises(ConfigError, match="neither a CT template volume nor an OCI image"):
             oci.reference_of(bad)
     assert oci.version_tuple("9.1.1") >= oci.OCI_RELEASE > oci.version_tuple("9.0.11")
+
+
+def _probe_torch(tmp_path, python: str, pythonpath: str | None = None) -> str | None:
+    """The probe script itself, run here with `python` as the container's interpreter."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    done = subprocess.run(
+        ["sh", "-c", inside._PROBE, python], capture_output=True, text=True, env=env, timeout=120
+    )
+    return inside.parse(done.stdout).torch
+
+
+def test_the_probe_finds_torch_by_its_metadata_by_import_or_not_at_all(tmp_path):
+    import sys
+
+    import torch
+
+    assert _probe_torch(tmp_path, sys.executable) == torch.__version__  # its metadata
+    # An interpreter that sees no site-packages: no torch at all ...
+    bare = tmp_path / "python-bare"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    assert _probe_torch(tmp_path, str(bare)) is None
+    # ... and a torch without metadata on PYTHONPATH (a source tree) is found by importing it.
+    (tmp_path / "src" / "torch").mkdir(parents=True)
+    (tmp_path / "src" / "torch" / "__init__.py").write_text('__version__ = "9.9.0a0+git1"\n')
+    assert _probe_torch(tmp_path, str(bare), str(tmp_path / "src")) == "9.9.0a0+git1"

@@ -395,7 +395,7 @@ def inside_plan(config: Any, target: Target, host_gpus: HostGpus) -> Plan:
             libraries_action(config, target, version, seen.library_problem(version))
         )
     if seen.torch:
-        plan.matches.append(seen.torch)
+        plan.matches.append(f"torch {seen.torch}")
     else:
         plan.actions.append(torch_action(config, target))
     return plan

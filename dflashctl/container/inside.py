@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from dflashctl.remote.deploy_target import Target
 
 # torch's version from its package metadata, not an import: importing it costs ~3 s of
-# every probe; whether it imports and sees CUDA is the doctor's check, run after.
+# every probe; whether it imports and sees CUDA is the doctor's check, run after. A torch
+# without metadata (a source tree on PYTHONPATH, Python < 3.8) is still found by importing.
 _PROBE = r"""for f in /dev/nvidia* /dev/nvidia-caps/*; do
   [ -c "$f" ] && echo "node $(stat -c '%t %T' "$f") $f"
 done
@@ -20,7 +21,8 @@ echo "shm $(df -Pk /dev/shm 2>/dev/null | tail -n 1 | awk '{print $2}')"
 out=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1)
 echo "smi $? $(echo "$out" | tr '\n' ' ')"
 "$0" -c 'from importlib.metadata import version; print("torch", version("torch"))' \
-  2>/dev/null || echo "torch -"
+  2>/dev/null || "$0" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null \
+  || echo "torch -"
 """
 _LIBRARY = re.compile(r"NVML library version:\s*([0-9.]+)")
 
