@@ -150,7 +150,7 @@ def test_container_template_takes_a_volume_or_an_oci_reference():
     assert oci.version_tuple("9.1.1") >= oci.OCI_RELEASE > oci.version_tuple("9.0.11")
 
 
-def _probe_torch(tmp_path, python: str, pythonpath: str | None = None) -> str | None:
+def _probe_torch(python: str, pythonpath: str | None = None) -> str | None:
     """The probe script itself, run here with `python` as the container's interpreter."""
     import os
     import subprocess
@@ -169,13 +169,13 @@ def test_the_probe_finds_torch_by_its_metadata_by_import_or_not_at_all(tmp_path)
 
     import torch
 
-    assert _probe_torch(tmp_path, sys.executable) == torch.__version__  # its metadata
+    assert _probe_torch(sys.executable) == torch.__version__  # its metadata
     # An interpreter that sees no site-packages: no torch at all ...
     bare = tmp_path / "python-bare"
     bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     bare.chmod(0o755)
-    assert _probe_torch(tmp_path, str(bare)) is None
+    assert _probe_torch(str(bare)) is None
     # ... and a torch without metadata on PYTHONPATH (a source tree) is found by importing it.
     (tmp_path / "src" / "torch").mkdir(parents=True)
     (tmp_path / "src" / "torch" / "__init__.py").write_text('__version__ = "9.9.0a0+git1"\n')
-    assert _probe_torch(tmp_path, str(bare), str(tmp_path / "src")) == "9.9.0a0+git1"
+    assert _probe_torch(str(bare), str(tmp_path / "src")) == "9.9.0a0+git1"
