@@ -159,7 +159,7 @@ def probe(name, target, vocab, device, on_gpu, args) -> None:
             flush=True,
         )
     if args.eval:
-        eval_rounds(name, target, vocab, device, on_gpu, timed, args.eval_tokens)
+        eval_rounds(name, target, vocab, device, on_gpu, args.eval_tokens)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -201,7 +201,7 @@ def decode_switch(shipped: bool):
         torch.backends.cuda.enable_cudnn_sdp(was_on)
 
 
-def eval_rounds(name, target, vocab, device, on_gpu, timed, tokens: int) -> None:
+def eval_rounds(name, target, vocab, device, on_gpu, tokens: int) -> None:
     """The zoo's eval, timed cold: 32 prompts of 16-32 tokens, 256 new tokens, batch 32,
     speculative (an untrained 3-layer drafter, block 16: nearly every block rejected, so
     the most verify steps an eval can take) and its greedy reference, fresh prompts each
@@ -222,15 +222,14 @@ def eval_rounds(name, target, vocab, device, on_gpu, timed, tokens: int) -> None
             torch.randint(0, vocab - 1, (n,), generator=gen).to(device)
             for n in torch.randint(16, 33, (32,), generator=gen).tolist()
         ]
-        kept = {}
         with decode_switch(shipped):
-            seconds = timed(
-                lambda _n, prompts=prompts, kept=kept: kept.update(
-                    result=evaluate(drafter, target, prompts, max_new_tokens=tokens, batch_size=32)
-                ),
-                0,
-            )
-        result = kept["result"]
+            if on_gpu:
+                torch.cuda.synchronize()
+            began = time.perf_counter()
+            result = evaluate(drafter, target, prompts, max_new_tokens=tokens, batch_size=32)
+            if on_gpu:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - began
         tail = f" ({what})" if what else ""
         print(
             f"{name}: eval 32 prompts x {tokens} tokens, batch 32, cold{tail}: {seconds:.2f} s "
